@@ -1,0 +1,1 @@
+//! Builds the C example driver (see build.rs).

@@ -1,0 +1,1 @@
+//! devhost library (placeholder)
