@@ -1,1 +1,244 @@
-fn main() {}
+//! The `devhost` command line: run the daemon, or inspect a manifest, its
+//! drivers and what they would advertise without a kubelet.
+
+use clap::{Parser, Subcommand, ValueEnum};
+use devhost::manifest::Manifest;
+use devhost::registry::{Registry, Slot};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+#[derive(Parser)]
+#[command(name = "devhost", version, about = "One kubelet device-plugin host for every accelerator driver module")]
+struct Cli {
+    /// Log output format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve every resource of the manifest to the kubelet.
+    Run {
+        #[arg(long)]
+        config: PathBuf,
+        /// Overrides the manifest's kubelet_dir.
+        #[arg(long)]
+        kubelet_dir: Option<PathBuf>,
+    },
+    /// Show what would be advertised, without a kubelet.
+    List {
+        #[arg(long)]
+        config: PathBuf,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Validate the manifest and load its modules; non-zero exit on any problem.
+    Check {
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// List the driver modules in a folder without enabling anything.
+    Drivers {
+        #[arg(long, default_value = devhost::manifest::DEFAULT_DRIVER_DIR)]
+        dir: PathBuf,
+    },
+}
+
+fn init_logs(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("DEVHOST_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logs(cli.log_format);
+    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("devhost: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    rt.block_on(async move {
+        match cli.command {
+            Command::Run { config, kubelet_dir } => run(&config, kubelet_dir.as_deref()).await,
+            Command::List { config, json } => list(&config, json).await,
+            Command::Check { config } => check(&config).await,
+            Command::Drivers { dir } => drivers(&dir),
+        }
+    })
+}
+
+fn load_manifest(path: &Path, kubelet_dir: Option<&Path>) -> Option<Manifest> {
+    match Manifest::load(path, kubelet_dir) {
+        Ok(m) => {
+            for w in &m.warnings {
+                tracing::warn!("{w}");
+            }
+            Some(m)
+        }
+        Err(errors) => {
+            eprintln!("devhost: {} has {} problem(s):", path.display(), errors.0.len());
+            for d in &errors.0 {
+                eprintln!("  {d}");
+            }
+            None
+        }
+    }
+}
+
+async fn run(config: &Path, kubelet_dir: Option<&Path>) -> ExitCode {
+    let Some(manifest) = load_manifest(config, kubelet_dir) else { return ExitCode::from(2) };
+    let registry = Arc::new(Registry::open(&manifest, true).await);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    registry.spawn_watchers(stop_rx.clone());
+    let server = tokio::spawn(devhost::kubelet::serve(registry.clone(), manifest.kubelet_dir.clone(), stop_rx));
+    let signal = wait_for_signal().await;
+    tracing::info!("{signal}: removing our sockets and exiting");
+    let _ = stop_tx.send(true);
+    if tokio::time::timeout(std::time::Duration::from_secs(2), server).await.is_err() {
+        tracing::warn!("endpoints did not stop within 2 s");
+    }
+    registry.shutdown();
+    ExitCode::SUCCESS
+}
+
+async fn wait_for_signal() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        tracing::error!("cannot install signal handlers; running until killed");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    }
+}
+
+async fn list(config: &Path, json: bool) -> ExitCode {
+    let Some(manifest) = load_manifest(config, None) else { return ExitCode::from(2) };
+    let registry = Registry::open(&manifest, false).await;
+    if json {
+        let out: Vec<serde_json::Value> = registry
+            .resources
+            .iter()
+            .map(|r| {
+                let view = r.snapshot();
+                let devices: Vec<serde_json::Value> = view
+                    .devices
+                    .iter()
+                    .map(|d| {
+                        serde_json::json!({
+                            "id": d.id,
+                            "health": if d.healthy { "Healthy" } else { "Unhealthy" },
+                            "numa_node": d.numa_node,
+                            "attributes": d.attributes,
+                        })
+                    })
+                    .collect();
+                let mut v = serde_json::json!({ "resource": r.config.name, "driver": r.config.driver, "devices": devices });
+                if let Some(e) = &r.error {
+                    v["error"] = serde_json::Value::String(e.clone());
+                }
+                v
+            })
+            .collect();
+        match serde_json::to_string_pretty(&out) {
+            Ok(s) => println!("{s}"),
+            Err(e) => {
+                eprintln!("devhost: cannot encode JSON: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        for r in &registry.resources {
+            println!("{} (driver {})", r.config.name, r.config.driver);
+            if let Some(e) = &r.error {
+                println!("  NOT SERVED: {e}");
+                continue;
+            }
+            let view = r.snapshot();
+            if view.devices.is_empty() {
+                println!("  (no devices)");
+            }
+            for d in &view.devices {
+                let numa = d.numa_node.map(|n| n.to_string()).unwrap_or_else(|| "-".into());
+                let attrs: Vec<String> = d.attributes.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                let health = if d.healthy { "Healthy" } else { "Unhealthy" };
+                println!("  {:<40} {:<9} numa={:<2} {}", d.id, health, numa, attrs.join(" "));
+            }
+        }
+    }
+    registry.shutdown();
+    ExitCode::SUCCESS
+}
+
+async fn check(config: &Path) -> ExitCode {
+    let Some(manifest) = load_manifest(config, None) else { return ExitCode::from(2) };
+    let registry = Registry::open(&manifest, false).await;
+    let problems: Vec<String> = registry
+        .drivers
+        .iter()
+        .filter_map(|(_, slot)| match slot {
+            Slot::Failed(e) => Some(e.clone()),
+            Slot::Ready(_) => None,
+        })
+        .collect();
+    registry.shutdown();
+    if problems.is_empty() {
+        println!("{}: OK ({} driver(s), {} resource(s))", config.display(), manifest.drivers.len(), manifest.resources.len());
+        ExitCode::SUCCESS
+    } else {
+        eprintln!("devhost: {} has {} problem(s):", config.display(), problems.len());
+        for p in &problems {
+            eprintln!("  {p}");
+        }
+        ExitCode::from(1)
+    }
+}
+
+fn drivers(dir: &Path) -> ExitCode {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("devhost: cannot read driver folder {}: {e}", dir.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut paths: Vec<PathBuf> =
+        entries.filter_map(Result::ok).map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "so")).collect();
+    paths.sort();
+    if paths.is_empty() {
+        println!("no .so files in {}", dir.display());
+    }
+    for p in paths {
+        let file = p.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+        match devhost::loader::load(&p) {
+            Ok(m) => println!(
+                "{file}: {} {} (ABI {}) [{}]{}",
+                m.name,
+                m.version,
+                m.abi_version(),
+                m.capabilities().join(", "),
+                if m.description.is_empty() { String::new() } else { format!(" — {}", m.description) }
+            ),
+            Err(e) => println!("{file}: cannot be loaded: {e}"),
+        }
+    }
+    ExitCode::SUCCESS
+}

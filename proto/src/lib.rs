@@ -1,1 +1,34 @@
-//! placeholder
+//! The kubelet Device Plugin API v1beta1 as Rust types, tonic clients and
+//! tonic servers, generated at build time from `v1beta1/api.proto`.
+//!
+//! Both the devhost host and the kubelet emulator speak this API over unix
+//! sockets; [`connect_uds`] is the shared client-side dialer.
+
+mod uds;
+
+pub use uds::{connect_uds, connect_uds_timeout};
+
+/// Generated messages plus `registration_*` and `device_plugin_*` client and
+/// server modules. The proto package is exactly `v1beta1`, so the wire paths
+/// are `/v1beta1.Registration/Register` and `/v1beta1.DevicePlugin/<Method>`.
+pub mod v1beta1 {
+    tonic::include_proto!("v1beta1");
+}
+
+/// The only API version the kubelet accepts in `RegisterRequest.version`.
+pub const VERSION: &str = "v1beta1";
+
+/// `Device.health` for a usable device (exact, case-sensitive).
+pub const HEALTHY: &str = "Healthy";
+
+/// `Device.health` for an unusable device. The kubelet treats any value other
+/// than [`HEALTHY`] as unhealthy; this is the one plugins should send.
+pub const UNHEALTHY: &str = "Unhealthy";
+
+/// File name of the kubelet's registration socket inside the device-plugins
+/// directory.
+pub const KUBELET_SOCKET: &str = "kubelet.sock";
+
+/// The kubelet's default device-plugins directory (the kubelet writes it with
+/// a trailing slash; this form joins cleanly with `Path::join`).
+pub const DEVICE_PLUGIN_PATH: &str = "/var/lib/kubelet/device-plugins";

@@ -1,1 +1,22 @@
-//! placeholder
+//! An in-process emulation of the kubelet's device manager, for tests and for
+//! `devhost sim`/`devhost demo`.
+//!
+//! [`Kubelet`] serves `v1beta1.Registration` on `<dir>/kubelet.sock`, validates
+//! and accepts registrations the way the kubelet does, keeps one connection
+//! per resource, records every ListAndWatch list, and makes the calls the
+//! kubelet makes (Allocate, GetPreferredAllocation, PreStartContainer). It can
+//! also restart or stop like a real kubelet, deleting sockets as it does.
+//! Observations are cheap getters plus waiters woken on every change.
+
+mod kubelet;
+mod names;
+mod registration;
+mod state;
+
+pub use kubelet::Kubelet;
+pub use names::{check_extended_resource_name, is_extended_resource_name, join_endpoint};
+pub use state::WaitError;
+
+/// Re-exported so users need not depend on `devhost-proto` for the types in
+/// this crate's signatures.
+pub use devhost_proto::v1beta1::{AllocateResponse, Device, DevicePluginOptions};

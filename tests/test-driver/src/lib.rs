@@ -1,1 +1,120 @@
-//! placeholder
+//! A Rust SDK driver for the host's tests. With no options it reports
+//! `count` healthy devices; options make it misbehave on purpose:
+//! `panic_in` / `hang_in` name a call (create, scan, allocate, preferred,
+//! pre_start, watch_start), `hang_ms` bounds a hang, `fail_create` makes
+//! create refuse with that message, `bad_ids` emits invalid and duplicate
+//! IDs next to good ones, `propose` makes the preferred hook propose these
+//! comma-separated IDs verbatim.
+
+use devhost_sdk::{Driver, Edits, Error, Health, Hooks, Host, Options, Preferred, PreferredRequest, Result, Scan};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+struct TestDriver {
+    count: u32,
+    prefix: String,
+    panic_in: String,
+    hang_in: String,
+    hang: Duration,
+    bad_ids: bool,
+    propose: Option<Vec<String>>,
+    scans: AtomicU32,
+    host: Host,
+}
+
+impl TestDriver {
+    fn misbehave(&self, call: &str) {
+        if self.panic_in == call {
+            panic!("test driver told to panic in {call}");
+        }
+        if self.hang_in == call {
+            std::thread::sleep(self.hang);
+        }
+    }
+}
+
+fn misbehave_create(options: &Options) -> Result<()> {
+    if options.get("panic_in") == Some("create") {
+        panic!("test driver told to panic in create");
+    }
+    if let Some(msg) = options.get("fail_create") {
+        return Err(Error::invalid_argument(msg.to_string()));
+    }
+    Ok(())
+}
+
+impl Driver for TestDriver {
+    const HOOKS: Hooks = Hooks { allocate: true, preferred_allocation: true, pre_start: true, watch: true };
+
+    fn create(host: Host, options: &Options) -> Result<Self> {
+        options.deny_unknown(&["count", "prefix", "panic_in", "hang_in", "hang_ms", "fail_create", "bad_ids", "propose"])?;
+        misbehave_create(options)?;
+        Ok(TestDriver {
+            count: options.parse_or("count", 4u32)?,
+            prefix: options.get_or("prefix", "t").to_string(),
+            panic_in: options.get_or("panic_in", "").to_string(),
+            hang_in: options.get_or("hang_in", "").to_string(),
+            hang: Duration::from_millis(options.parse_or("hang_ms", 60_000u64)?),
+            bad_ids: options.bool_or("bad_ids", false)?,
+            propose: options.list("propose"),
+            scans: AtomicU32::new(0),
+            host,
+        })
+    }
+
+    fn scan(&self, scan: &mut Scan<'_>) -> Result<()> {
+        // The first scan (at start-up) behaves, so that hangs and panics hit
+        // a resource that is already registered.
+        if self.scans.fetch_add(1, Ordering::Relaxed) > 0 {
+            self.misbehave("scan");
+        }
+        for i in 0..self.count {
+            let id = format!("{}-{i}", self.prefix);
+            scan.device(&id, Health::Healthy, Some(i % 2))
+                .attr("index", &i.to_string())
+                .attr("model", "testdrv")
+                .env("TESTDRV_VISIBLE", &id)
+                .device_node("/dev/null", "/dev/testdrv", "rw");
+        }
+        if self.bad_ids {
+            scan.device("", Health::Healthy, None);
+            scan.device(&"x".repeat(64), Health::Healthy, None);
+            scan.device("has space", Health::Healthy, None);
+            scan.device("a::b", Health::Healthy, None);
+            scan.device(&format!("{}-0", self.prefix), Health::Healthy, None);
+        }
+        Ok(())
+    }
+
+    fn allocate(&self, device_ids: &[&str], edits: &mut Edits<'_>) -> Result<()> {
+        self.misbehave("allocate");
+        edits.env("TESTDRV_ALLOCATED", &device_ids.join(","));
+        Ok(())
+    }
+
+    fn preferred_allocation(&self, request: &PreferredRequest<'_>, out: &mut Preferred<'_>) -> Result<()> {
+        self.misbehave("preferred");
+        match &self.propose {
+            Some(ids) => ids.iter().for_each(|id| {
+                out.prefer(id);
+            }),
+            None => request.available.iter().rev().take(request.size).for_each(|id| {
+                out.prefer(id);
+            }),
+        }
+        Ok(())
+    }
+
+    fn pre_start(&self, _device_ids: &[&str]) -> Result<()> {
+        self.misbehave("pre_start");
+        Ok(())
+    }
+
+    fn watch_start(&self) -> Result<()> {
+        self.misbehave("watch_start");
+        self.host.devices_changed();
+        Ok(())
+    }
+}
+
+devhost_sdk::export_driver!(TestDriver, name = "testdrv", version = "0.0.1");

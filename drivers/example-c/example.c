@@ -1,0 +1,429 @@
+/*
+ * example.c — the devhost example driver in C, and the template to copy.
+ *
+ * It invents `count` devices, reports them in scan with their container
+ * edits, adds an env var and an annotation in allocate, and watches a text
+ * file for health changes on a thread of its own. Only libc and pthreads;
+ * it compiles cleanly with -std=c11 -Wall -Wextra -Werror.
+ *
+ * Options (all optional, see README.md):
+ *   count        number of devices, 0..1024 (default 2); IDs are <prefix>-<i>
+ *   prefix       ID prefix (default "example")
+ *   numa_nodes   device i is on NUMA node i % numa_nodes; 0 = no NUMA (default 1)
+ *   health_file  text file whose lines name unhealthy device IDs
+ *   model        value of the `model` attribute (default "example-v1")
+ */
+#define _POSIX_C_SOURCE 200809L /* getline, nanosleep, struct stat.st_mtim */
+
+#include "devhost_driver.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#define MAX_COUNT 1024u
+#define MAX_NUMA_NODES 1024u
+/* Longest prefix that keeps "<prefix>-1023" within the ABI's 63-byte ID limit. */
+#define MAX_PREFIX_LEN 58u
+#define WATCH_PERIOD_NS 50000000L /* 50 ms */
+
+#if defined(__GNUC__)
+#define PRINTF_LIKE(fmt, args) __attribute__((format(printf, fmt, args)))
+#else
+#define PRINTF_LIKE(fmt, args)
+#endif
+
+/*
+ * True when the host's API table contains `field` and it is set. A host built
+ * against an older minor passes a smaller table, so check the declared
+ * struct_size before using any callback added after v1.0. Everything used
+ * here is v1.0, so a v1 host always passes; the check is the pattern to copy.
+ */
+#define HOST_HAS(host, field)                                                          \
+    ((host)->struct_size >= offsetof(devhost_host_api, field) + sizeof((host)->field) && \
+     (host)->field != NULL)
+
+/* printf arguments for a borrowed string: "%.*s", SHOW(s). Long values are cut. */
+#define SHOW(s) (int)((s).len > 200 ? 200 : (s).len), ((s).ptr != NULL ? (s).ptr : "")
+
+typedef struct file_stamp {
+    bool exists;
+    off_t size;
+    struct timespec mtime;
+} file_stamp;
+
+/* One driver instance: the parsed options, then the watch thread's state. */
+typedef struct example {
+    const devhost_host_api *host;
+    unsigned count;
+    unsigned numa_nodes;
+    char *prefix;
+    char *model;
+    char *health_file; /* NULL: every device is healthy */
+
+    pthread_t thread;      /* valid while `watching` */
+    bool watching;         /* touched only by host calls, which never overlap */
+    file_stamp last_stamp; /* owned by the watch thread while it runs */
+    pthread_mutex_t lock;  /* guards `stop`, shared with the watch thread */
+    bool stop;
+} example;
+
+/* ---- strings: the host's are (pointer, length) views, not C strings ---- */
+
+static devhost_str str_of(const char *s) {
+    devhost_str out = {s, strlen(s)};
+    return out;
+}
+
+static bool str_is(devhost_str s, const char *literal) {
+    return s.len == strlen(literal) && (s.len == 0 || memcmp(s.ptr, literal, s.len) == 0);
+}
+
+/* A NUL-terminated copy: borrowed strings die with the call, so keep copies. */
+static char *str_dup(devhost_str s) {
+    char *out = malloc(s.len + 1);
+    if (out != NULL) {
+        if (s.len > 0) memcpy(out, s.ptr, s.len);
+        out[s.len] = '\0';
+    }
+    return out;
+}
+
+/* Parses a decimal number in 0..=max; no sign, no spaces. */
+static bool parse_uint(devhost_str s, unsigned max, unsigned *out) {
+    unsigned value = 0;
+    if (s.len == 0) return false;
+    for (size_t i = 0; i < s.len; i++) {
+        if (s.ptr[i] < '0' || s.ptr[i] > '9') return false;
+        value = value * 10u + (unsigned)(s.ptr[i] - '0');
+        if (value > max) return false; /* stops before it could overflow */
+    }
+    *out = value;
+    return true;
+}
+
+/* ---- reporting errors and logging --------------------------------------- */
+
+/* Attaches a formatted message to the current call and returns `status`. */
+PRINTF_LIKE(4, 5)
+static devhost_status fail(const devhost_host_api *host, devhost_call *call,
+                           devhost_status status, const char *fmt, ...) {
+    char message[512];
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(message, sizeof message, fmt, args);
+    va_end(args);
+    host->set_error(call, str_of(message));
+    return status;
+}
+
+PRINTF_LIKE(3, 4)
+static void log_msg(const example *ex, devhost_log_level level, const char *fmt, ...) {
+    char message[1024];
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(message, sizeof message, fmt, args);
+    va_end(args);
+    ex->host->log(ex->host->host_ctx, level, str_of(message));
+}
+
+/* ---- devices --------------------------------------------------------------- */
+
+static void format_id(const example *ex, unsigned index, char id[64]) {
+    snprintf(id, 64, "%s-%u", ex->prefix, index);
+}
+
+/* Resolves "<prefix>-<i>" to i; false when `id` is not one of our devices. */
+static bool device_index(const example *ex, devhost_str id, unsigned *out) {
+    size_t plen = strlen(ex->prefix);
+    if (ex->count == 0 || id.len < plen + 2 || memcmp(id.ptr, ex->prefix, plen) != 0 ||
+        id.ptr[plen] != '-')
+        return false;
+    devhost_str digits = {id.ptr + plen + 1, id.len - plen - 1};
+    if (digits.len > 1 && digits.ptr[0] == '0') return false; /* "x-01" is not "x-1" */
+    return parse_uint(digits, ex->count - 1, out);
+}
+
+/* Marks the devices the health file names. A missing file means all healthy. */
+static devhost_status read_health(const example *ex, devhost_call *call, bool *unhealthy) {
+    if (ex->health_file == NULL) return DEVHOST_OK;
+    FILE *file = fopen(ex->health_file, "r");
+    if (file == NULL) {
+        if (errno == ENOENT) return DEVHOST_OK;
+        return fail(ex->host, call, DEVHOST_ERR_UNAVAILABLE, "cannot open health_file \"%s\": %s",
+                    ex->health_file, strerror(errno));
+    }
+    char *line = NULL;
+    size_t capacity = 0;
+    ssize_t n;
+    while ((n = getline(&line, &capacity, file)) >= 0) {
+        devhost_str s = {line, (size_t)n};
+        while (s.len > 0 && strchr(" \t\r\n", s.ptr[s.len - 1]) != NULL) s.len--;
+        while (s.len > 0 && (s.ptr[0] == ' ' || s.ptr[0] == '\t')) s.ptr++, s.len--;
+        unsigned index;
+        if (device_index(ex, s, &index)) unhealthy[index] = true; /* other IDs: not ours */
+    }
+    free(line);
+    bool failed = ferror(file) != 0;
+    fclose(file);
+    if (failed)
+        return fail(ex->host, call, DEVHOST_ERR_UNAVAILABLE, "cannot read health_file \"%s\"",
+                    ex->health_file);
+    return DEVHOST_OK;
+}
+
+/* Reports device `index`: identity, attributes, container edits and links. */
+static devhost_status report_device(const example *ex, devhost_call *call, unsigned index,
+                                    bool unhealthy) {
+    const devhost_host_api *host = ex->host;
+    char id[64], number[16], node[32], partner_id[64];
+    format_id(ex, index, id);
+    snprintf(number, sizeof number, "%u", index);
+    snprintf(node, sizeof node, "/dev/example%u", index);
+    int32_t numa = ex->numa_nodes == 0 ? DEVHOST_NUMA_NONE : (int32_t)(index % ex->numa_nodes);
+
+    devhost_status st = host->device_begin(
+        call, str_of(id), unhealthy ? DEVHOST_HEALTH_UNHEALTHY : DEVHOST_HEALTH_HEALTHY, numa);
+    if (st == DEVHOST_OK) st = host->device_attr(call, str_of("model"), str_of(ex->model));
+    if (st == DEVHOST_OK) st = host->device_attr(call, str_of("index"), str_of(number));
+    if (st == DEVHOST_OK) st = host->device_attr(call, str_of("vendor"), str_of("example.com"));
+    /* What a container that gets this device sees: the host hands these out. */
+    if (st == DEVHOST_OK)
+        st = host->add_device_node(call, str_of("/dev/null"), str_of(node), str_of("rw"));
+    if (st == DEVHOST_OK) st = host->add_env(call, str_of("EXAMPLE_VISIBLE_DEVICES"), str_of(id));
+    /* Devices 2k and 2k+1 are a pair (say, two chips on one board). */
+    unsigned partner = index ^ 1u;
+    if (st == DEVHOST_OK && partner < ex->count) {
+        format_id(ex, partner, partner_id);
+        st = host->device_link(call, str_of(partner_id), 10);
+    }
+    return st;
+}
+
+/* Comma-joins IDs into a new heap string; NULL when out of memory. */
+static char *join_ids(const devhost_str *ids, size_t count) {
+    size_t total = 1;
+    for (size_t i = 0; i < count; i++) total += ids[i].len + 1;
+    char *out = malloc(total), *end = out;
+    if (out == NULL) return NULL;
+    for (size_t i = 0; i < count; i++) {
+        if (i > 0) *end++ = ',';
+        if (ids[i].len > 0) memcpy(end, ids[i].ptr, ids[i].len);
+        end += ids[i].len;
+    }
+    *end = '\0';
+    return out;
+}
+
+/* ---- the health watch thread ----------------------------------------------- */
+
+static file_stamp stamp_of(const char *path) {
+    file_stamp stamp = {0};
+    struct stat st;
+    if (stat(path, &st) == 0) {
+        stamp.exists = true;
+        stamp.size = st.st_size;
+        stamp.mtime = st.st_mtim;
+    }
+    return stamp;
+}
+
+static bool stamp_equal(file_stamp a, file_stamp b) {
+    return a.exists == b.exists && a.size == b.size && a.mtime.tv_sec == b.mtime.tv_sec &&
+           a.mtime.tv_nsec == b.mtime.tv_nsec;
+}
+
+/* Polls the file and tells the host when it changed; the host then re-scans. */
+static void *watch_main(void *arg) {
+    example *ex = arg;
+    const struct timespec period = {0, WATCH_PERIOD_NS};
+    for (;;) {
+        nanosleep(&period, NULL);
+        pthread_mutex_lock(&ex->lock);
+        bool stop = ex->stop;
+        pthread_mutex_unlock(&ex->lock);
+        if (stop) return NULL;
+        file_stamp now = stamp_of(ex->health_file);
+        if (!stamp_equal(now, ex->last_stamp)) {
+            ex->last_stamp = now;
+            ex->host->devices_changed(ex->host->host_ctx); /* never blocks */
+        }
+    }
+}
+
+static void stop_watching(example *ex) {
+    if (!ex->watching) return;
+    pthread_mutex_lock(&ex->lock);
+    ex->stop = true;
+    pthread_mutex_unlock(&ex->lock);
+    pthread_join(ex->thread, NULL);
+    ex->watching = false;
+}
+
+/* ---- the driver hooks -------------------------------------------------------- */
+
+static devhost_status bad_option(const devhost_host_api *host, devhost_call *call, devhost_kv opt,
+                                 const char *problem) {
+    return fail(host, call, DEVHOST_ERR_INVALID_ARGUMENT, "option \"%.*s\": \"%.*s\" %s",
+                SHOW(opt.key), SHOW(opt.value), problem);
+}
+
+static void example_destroy(void *instance) {
+    example *ex = instance;
+    stop_watching(ex); /* the host calls watch_stop first; destroy must join regardless */
+    pthread_mutex_destroy(&ex->lock);
+    free(ex->prefix);
+    free(ex->model);
+    free(ex->health_file);
+    free(ex);
+}
+
+static devhost_status example_create(const devhost_host_api *host, const devhost_kv *options,
+                                     size_t option_count, devhost_call *call, void **out_instance) {
+    if (host->abi_major != DEVHOST_ABI_MAJOR || !HOST_HAS(host, set_error))
+        return DEVHOST_ERR_UNSUPPORTED;
+    if (!HOST_HAS(host, log) || !HOST_HAS(host, devices_changed) || !HOST_HAS(host, device_begin) ||
+        !HOST_HAS(host, device_attr) || !HOST_HAS(host, device_link) ||
+        !HOST_HAS(host, add_device_node) || !HOST_HAS(host, add_env) ||
+        !HOST_HAS(host, add_annotation))
+        return fail(host, call, DEVHOST_ERR_UNSUPPORTED, "the host API lacks a v1.0 callback");
+
+    unsigned count = 2, numa_nodes = 1;
+    devhost_str prefix = str_of("example"), model = str_of("example-v1"), health_file = {NULL, 0};
+    for (size_t i = 0; i < option_count; i++) {
+        devhost_kv opt = options[i];
+        if (str_is(opt.key, "count")) {
+            if (!parse_uint(opt.value, MAX_COUNT, &count))
+                return bad_option(host, call, opt, "is not a number between 0 and 1024");
+        } else if (str_is(opt.key, "numa_nodes")) {
+            if (!parse_uint(opt.value, MAX_NUMA_NODES, &numa_nodes))
+                return bad_option(host, call, opt, "is not a number between 0 and 1024");
+        } else if (str_is(opt.key, "prefix")) {
+            bool ok = opt.value.len > 0 && opt.value.len <= MAX_PREFIX_LEN;
+            for (size_t j = 0; ok && j < opt.value.len; j++) {
+                char c = opt.value.ptr[j];
+                ok = c > ' ' && c <= '~' && !(c == ':' && j > 0 && opt.value.ptr[j - 1] == ':');
+            }
+            if (!ok)
+                return bad_option(host, call, opt,
+                                  "is not 1 to 58 printable ASCII characters without spaces or \"::\"");
+            prefix = opt.value;
+        } else if (str_is(opt.key, "health_file")) {
+            if (opt.value.len == 0 || memchr(opt.value.ptr, '\0', opt.value.len) != NULL)
+                return bad_option(host, call, opt, "is not a file path");
+            health_file = opt.value;
+        } else if (str_is(opt.key, "model")) {
+            model = opt.value;
+        } else {
+            return fail(host, call, DEVHOST_ERR_INVALID_ARGUMENT,
+                        "unknown option \"%.*s\" (value \"%.*s\"); known options: count, prefix, "
+                        "numa_nodes, health_file, model",
+                        SHOW(opt.key), SHOW(opt.value));
+        }
+    }
+
+    example *ex = calloc(1, sizeof *ex);
+    if (ex == NULL || pthread_mutex_init(&ex->lock, NULL) != 0) {
+        free(ex);
+        return fail(host, call, DEVHOST_ERR_INTERNAL, "out of memory");
+    }
+    ex->host = host;
+    ex->count = count;
+    ex->numa_nodes = numa_nodes;
+    ex->prefix = str_dup(prefix);
+    ex->model = str_dup(model);
+    ex->health_file = health_file.len > 0 ? str_dup(health_file) : NULL;
+    if (ex->prefix == NULL || ex->model == NULL || (health_file.len > 0 && ex->health_file == NULL)) {
+        example_destroy(ex);
+        return fail(host, call, DEVHOST_ERR_INTERNAL, "out of memory");
+    }
+    *out_instance = ex;
+    return DEVHOST_OK;
+}
+
+static devhost_status example_scan(void *instance, devhost_call *call) {
+    example *ex = instance;
+    bool *unhealthy = calloc(ex->count + 1u, sizeof *unhealthy);
+    if (unhealthy == NULL) return fail(ex->host, call, DEVHOST_ERR_INTERNAL, "out of memory");
+    devhost_status st = read_health(ex, call, unhealthy);
+    for (unsigned i = 0; st == DEVHOST_OK && i < ex->count; i++)
+        st = report_device(ex, call, i, unhealthy[i]);
+    free(unhealthy);
+    return st;
+}
+
+/* The host already hands out each device's scan edits; add what is per-request. */
+static devhost_status example_allocate(void *instance, const devhost_str *ids, size_t count,
+                                       devhost_call *call) {
+    example *ex = instance;
+    for (size_t i = 0; i < count; i++) {
+        unsigned index;
+        if (!device_index(ex, ids[i], &index))
+            return fail(ex->host, call, DEVHOST_ERR_NOT_FOUND, "unknown device \"%.*s\"",
+                        SHOW(ids[i]));
+    }
+    char *joined = join_ids(ids, count), number[24];
+    if (joined == NULL) return fail(ex->host, call, DEVHOST_ERR_INTERNAL, "out of memory");
+    snprintf(number, sizeof number, "%zu", count);
+    devhost_status st = ex->host->add_env(call, str_of("EXAMPLE_ALLOCATED"), str_of(joined));
+    if (st == DEVHOST_OK)
+        st = ex->host->add_annotation(call, str_of("example.com/allocated-count"), str_of(number));
+    free(joined);
+    return st;
+}
+
+static devhost_status example_pre_start(void *instance, const devhost_str *ids, size_t count,
+                                        devhost_call *call) {
+    example *ex = instance;
+    char *joined = join_ids(ids, count);
+    if (joined == NULL) return fail(ex->host, call, DEVHOST_ERR_INTERNAL, "out of memory");
+    log_msg(ex, DEVHOST_LOG_INFO, "pre_start: devices %s are ready", joined);
+    free(joined);
+    return DEVHOST_OK;
+}
+
+static devhost_status example_watch_start(void *instance, devhost_call *call) {
+    example *ex = instance;
+    if (ex->health_file == NULL || ex->watching) return DEVHOST_OK; /* nothing to watch */
+    ex->last_stamp = stamp_of(ex->health_file); /* before the host's first scan */
+    ex->stop = false;
+    int rc = pthread_create(&ex->thread, NULL, watch_main, ex);
+    if (rc != 0)
+        return fail(ex->host, call, DEVHOST_ERR_INTERNAL, "cannot start the watch thread: %s",
+                    strerror(rc));
+    ex->watching = true;
+    return DEVHOST_OK;
+}
+
+static void example_watch_stop(void *instance) { stop_watching(instance); }
+
+/* ---- the entry point ----------------------------------------------------------- */
+
+static const devhost_driver_desc DESCRIPTOR = {
+    .magic = DEVHOST_DRIVER_MAGIC,
+    .struct_size = sizeof(devhost_driver_desc),
+    .abi_major = DEVHOST_ABI_MAJOR,
+    .abi_minor = DEVHOST_ABI_MINOR,
+    .reserved0 = 0,
+    .capabilities = 0, /* calls are serialised: no DEVHOST_CAP_CONCURRENT */
+    .name = "example-c",
+    .version = "0.1.0",
+    .description = "Fake devices for trying devhost; the template for C drivers",
+    .create = example_create,
+    .destroy = example_destroy,
+    .scan = example_scan,
+    .allocate = example_allocate,
+    .preferred_allocation = NULL, /* the host's default: NUMA, then links */
+    .pre_start = example_pre_start,
+    .watch_start = example_watch_start,
+    .watch_stop = example_watch_stop,
+};
+
+/* The only exported symbol. Everything above is static. */
+const devhost_driver_desc *devhost_driver_entry_v1(void) { return &DESCRIPTOR; }

@@ -1,0 +1,380 @@
+//! The host side of one driver call: the `devhost_call` state and the
+//! `extern "C"` callbacks a driver uses to report devices, edits and errors.
+//! Every callback validates its input, never unwinds into the driver, and
+//! only touches the call it was handed.
+
+use crate::device::{Device, DeviceNode, Edits, Mount};
+use devhost_abi as abi;
+use std::collections::{BTreeMap, HashSet};
+use std::ffi::c_void;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Mutex;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallKind {
+    Create,
+    Scan,
+    Allocate,
+    Preferred,
+    PreStart,
+    Watch,
+}
+
+/// What one call collected. Behind a mutex because a driver may emit from
+/// helper threads while its call is running.
+#[derive(Default)]
+pub struct CallState {
+    pub error: Option<String>,
+    pub devices: Vec<Device>,
+    pub edits: Edits,
+    pub preferred: Vec<String>,
+    /// Problems with what the driver emitted (logged by the caller).
+    pub problems: Vec<String>,
+    seen_ids: HashSet<String>,
+    /// Whether the device being built was rejected (its details are dropped).
+    current_rejected: bool,
+}
+
+pub struct CallCtx {
+    pub kind: CallKind,
+    pub state: Mutex<CallState>,
+}
+
+impl CallCtx {
+    pub fn new(kind: CallKind) -> Self {
+        CallCtx { kind, state: Mutex::new(CallState::default()) }
+    }
+
+    pub fn as_raw(&self) -> *mut abi::devhost_call {
+        self as *const CallCtx as *mut abi::devhost_call
+    }
+
+    pub fn into_state(self) -> CallState {
+        self.state.into_inner().unwrap_or_else(|poison| poison.into_inner())
+    }
+}
+
+/// Checks a device ID as the kubelet and our replicas need it.
+pub fn check_device_id(id: &str) -> Result<(), &'static str> {
+    if id.is_empty() {
+        return Err("empty device ID");
+    }
+    if id.len() > 63 {
+        return Err("device ID longer than 63 bytes");
+    }
+    if !id.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err("device ID has spaces or non-printable characters");
+    }
+    if id.contains("::") {
+        return Err("device ID contains the reserved \"::\"");
+    }
+    Ok(())
+}
+
+/// Runs a callback body with the call's state, converting panics and misuse
+/// into status codes.
+fn with_call(call: *mut abi::devhost_call, f: impl FnOnce(CallKind, &mut CallState) -> abi::devhost_status) -> abi::devhost_status {
+    if call.is_null() {
+        return abi::DEVHOST_ERR_INVALID_ARGUMENT;
+    }
+    // SAFETY: the handle is a &CallCtx the host created for a call in progress.
+    let ctx = unsafe { &*(call as *const CallCtx) };
+    catch_unwind(AssertUnwindSafe(|| {
+        let mut st = ctx.state.lock().unwrap_or_else(|p| p.into_inner());
+        f(ctx.kind, &mut st)
+    }))
+    .unwrap_or(abi::DEVHOST_ERR_INTERNAL)
+}
+
+/// Reads a borrowed string, or None when NULL with a length or not UTF-8.
+fn text(s: abi::devhost_str) -> Option<String> {
+    // SAFETY: the ABI says the bytes are valid for the duration of the callback.
+    let bytes = unsafe { s.as_bytes() }?;
+    std::str::from_utf8(bytes).ok().map(str::to_owned)
+}
+
+macro_rules! strs {
+    ($st:ident, $what:literal, $($s:ident),+) => {
+        ($(match text($s) {
+            Some(v) => v,
+            None => {
+                $st.problems.push(format!("{}: {} is not valid UTF-8 (or NULL)", $what, stringify!($s)));
+                return abi::DEVHOST_ERR_INVALID_ARGUMENT;
+            }
+        }),+)
+    };
+}
+
+pub unsafe extern "C" fn set_error(call: *mut abi::devhost_call, message: abi::devhost_str) {
+    with_call(call, |_, st| {
+        // Keep whatever is readable: an error message is for humans.
+        // SAFETY: borrowed for the callback.
+        let bytes = unsafe { message.as_bytes() }.unwrap_or(b"(NULL message)");
+        st.error = Some(String::from_utf8_lossy(bytes).into_owned());
+        abi::DEVHOST_OK
+    });
+}
+
+pub unsafe extern "C" fn device_begin(
+    call: *mut abi::devhost_call,
+    id: abi::devhost_str,
+    health: abi::devhost_health,
+    numa_node: i32,
+) -> abi::devhost_status {
+    with_call(call, |kind, st| {
+        if kind != CallKind::Scan {
+            st.problems.push("device_begin called outside scan".into());
+            return abi::DEVHOST_ERR_FAILED_PRECONDITION;
+        }
+        let id = strs!(st, "device_begin", id);
+        if let Err(why) = check_device_id(&id) {
+            st.problems.push(format!("device {id:?} dropped: {why}"));
+            st.current_rejected = true;
+            return abi::DEVHOST_ERR_INVALID_ARGUMENT;
+        }
+        if !st.seen_ids.insert(id.clone()) {
+            st.problems.push(format!("device {id:?} dropped: duplicate ID in one scan"));
+            st.current_rejected = true;
+            return abi::DEVHOST_ERR_INVALID_ARGUMENT;
+        }
+        if numa_node < abi::DEVHOST_NUMA_NONE {
+            st.problems.push(format!("device {id:?}: NUMA node {numa_node} is invalid, using none"));
+        }
+        st.current_rejected = false;
+        st.devices.push(Device {
+            id,
+            healthy: health == abi::DEVHOST_HEALTH_HEALTHY,
+            numa_node: (numa_node >= 0).then_some(i64::from(numa_node)),
+            attributes: BTreeMap::new(),
+            edits: Edits::default(),
+            links: Vec::new(),
+        });
+        abi::DEVHOST_OK
+    })
+}
+
+/// The device the scan is describing, or the reason there is none.
+fn current_device(kind: CallKind, st: &mut CallState, what: &str) -> Result<usize, abi::devhost_status> {
+    if kind != CallKind::Scan || st.devices.is_empty() && !st.current_rejected {
+        st.problems.push(format!("{what} called before device_begin or outside scan"));
+        return Err(abi::DEVHOST_ERR_FAILED_PRECONDITION);
+    }
+    if st.current_rejected {
+        // Details of a dropped device are ignored quietly: it was reported once.
+        return Err(abi::DEVHOST_ERR_INVALID_ARGUMENT);
+    }
+    Ok(st.devices.len() - 1)
+}
+
+pub unsafe extern "C" fn device_attr(call: *mut abi::devhost_call, key: abi::devhost_str, value: abi::devhost_str) -> abi::devhost_status {
+    with_call(call, |kind, st| {
+        let i = match current_device(kind, st, "device_attr") {
+            Ok(i) => i,
+            Err(s) => return s,
+        };
+        let (key, value) = strs!(st, "device_attr", key, value);
+        if key.is_empty() {
+            st.problems.push(format!("device {:?}: attribute with an empty key ignored", st.devices[i].id));
+            return abi::DEVHOST_ERR_INVALID_ARGUMENT;
+        }
+        st.devices[i].attributes.insert(key, value);
+        abi::DEVHOST_OK
+    })
+}
+
+pub unsafe extern "C" fn device_link(call: *mut abi::devhost_call, other: abi::devhost_str, score: u32) -> abi::devhost_status {
+    with_call(call, |kind, st| {
+        let i = match current_device(kind, st, "device_link") {
+            Ok(i) => i,
+            Err(s) => return s,
+        };
+        let other = strs!(st, "device_link", other);
+        st.devices[i].links.push((other, score));
+        abi::DEVHOST_OK
+    })
+}
+
+/// The edits a callback should add to: the current device in scan, the
+/// response in allocate.
+fn edits_target<'a>(kind: CallKind, st: &'a mut CallState, what: &str) -> Result<&'a mut Edits, abi::devhost_status> {
+    match kind {
+        CallKind::Allocate => Ok(&mut st.edits),
+        CallKind::Scan => {
+            let i = current_device(kind, st, what)?;
+            Ok(&mut st.devices[i].edits)
+        }
+        _ => {
+            st.problems.push(format!("{what} called outside scan and allocate"));
+            Err(abi::DEVHOST_ERR_FAILED_PRECONDITION)
+        }
+    }
+}
+
+pub unsafe extern "C" fn add_device_node(
+    call: *mut abi::devhost_call,
+    host_path: abi::devhost_str,
+    container_path: abi::devhost_str,
+    permissions: abi::devhost_str,
+) -> abi::devhost_status {
+    with_call(call, |kind, st| {
+        let (host_path, container_path, permissions) = strs!(st, "add_device_node", host_path, container_path, permissions);
+        if host_path.is_empty() || !permissions.chars().all(|c| matches!(c, 'r' | 'w' | 'm')) {
+            st.problems.push(format!("device node {host_path:?} ignored: empty path or permissions {permissions:?} not within \"rwm\""));
+            return abi::DEVHOST_ERR_INVALID_ARGUMENT;
+        }
+        let container_path = if container_path.is_empty() { host_path.clone() } else { container_path };
+        let permissions = if permissions.is_empty() { "rw".to_string() } else { permissions };
+        match edits_target(kind, st, "add_device_node") {
+            Ok(e) => {
+                e.device_nodes.push(DeviceNode { host_path, container_path, permissions });
+                abi::DEVHOST_OK
+            }
+            Err(s) => s,
+        }
+    })
+}
+
+pub unsafe extern "C" fn add_mount(
+    call: *mut abi::devhost_call,
+    host_path: abi::devhost_str,
+    container_path: abi::devhost_str,
+    read_only: u32,
+) -> abi::devhost_status {
+    with_call(call, |kind, st| {
+        let (host_path, container_path) = strs!(st, "add_mount", host_path, container_path);
+        if host_path.is_empty() || container_path.is_empty() {
+            st.problems.push("mount with an empty path ignored".into());
+            return abi::DEVHOST_ERR_INVALID_ARGUMENT;
+        }
+        match edits_target(kind, st, "add_mount") {
+            Ok(e) => {
+                e.mounts.push(Mount { host_path, container_path, read_only: read_only != 0 });
+                abi::DEVHOST_OK
+            }
+            Err(s) => s,
+        }
+    })
+}
+
+fn add_pair(call: *mut abi::devhost_call, key: abi::devhost_str, value: abi::devhost_str, env: bool) -> abi::devhost_status {
+    let what = if env { "add_env" } else { "add_annotation" };
+    with_call(call, |kind, st| {
+        let (key, value) = strs!(st, "add_env/add_annotation", key, value);
+        if key.is_empty() || (env && key.contains('=')) {
+            st.problems.push(format!("{what}: key {key:?} ignored (empty or contains '=')"));
+            return abi::DEVHOST_ERR_INVALID_ARGUMENT;
+        }
+        match edits_target(kind, st, what) {
+            Ok(e) => {
+                let list = if env { &mut e.envs } else { &mut e.annotations };
+                match list.iter_mut().find(|(k, _)| *k == key) {
+                    Some(entry) => entry.1 = value,
+                    None => list.push((key, value)),
+                }
+                abi::DEVHOST_OK
+            }
+            Err(s) => s,
+        }
+    })
+}
+
+pub unsafe extern "C" fn add_env(call: *mut abi::devhost_call, key: abi::devhost_str, value: abi::devhost_str) -> abi::devhost_status {
+    add_pair(call, key, value, true)
+}
+
+pub unsafe extern "C" fn add_annotation(call: *mut abi::devhost_call, key: abi::devhost_str, value: abi::devhost_str) -> abi::devhost_status {
+    add_pair(call, key, value, false)
+}
+
+pub unsafe extern "C" fn add_cdi_device(call: *mut abi::devhost_call, name: abi::devhost_str) -> abi::devhost_status {
+    with_call(call, |kind, st| {
+        let name = strs!(st, "add_cdi_device", name);
+        if !name.contains('/') || !name.contains('=') {
+            st.problems.push(format!("CDI name {name:?} ignored: expected vendor.com/class=name"));
+            return abi::DEVHOST_ERR_INVALID_ARGUMENT;
+        }
+        match edits_target(kind, st, "add_cdi_device") {
+            Ok(e) => {
+                if !e.cdi_devices.contains(&name) {
+                    e.cdi_devices.push(name);
+                }
+                abi::DEVHOST_OK
+            }
+            Err(s) => s,
+        }
+    })
+}
+
+pub unsafe extern "C" fn prefer_device(call: *mut abi::devhost_call, id: abi::devhost_str) -> abi::devhost_status {
+    with_call(call, |kind, st| {
+        if kind != CallKind::Preferred {
+            st.problems.push("prefer_device called outside preferred_allocation".into());
+            return abi::DEVHOST_ERR_FAILED_PRECONDITION;
+        }
+        let id = strs!(st, "prefer_device", id);
+        st.preferred.push(id);
+        abi::DEVHOST_OK
+    })
+}
+
+/// Per-instance context behind `host_ctx`: where logs and change
+/// notifications go.
+pub struct HostCtx {
+    pub driver: String,
+    pub changed: std::sync::Arc<tokio::sync::Notify>,
+}
+
+pub unsafe extern "C" fn log(host_ctx: *mut c_void, level: abi::devhost_log_level, message: abi::devhost_str) {
+    if host_ctx.is_null() {
+        return;
+    }
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: host_ctx is the HostCtx the host created for this instance.
+        let ctx = unsafe { &*(host_ctx as *const HostCtx) };
+        // SAFETY: borrowed for the callback.
+        let bytes = unsafe { message.as_bytes() }.unwrap_or(b"(NULL message)");
+        let msg = String::from_utf8_lossy(bytes);
+        let driver = ctx.driver.as_str();
+        match level {
+            abi::DEVHOST_LOG_ERROR => tracing::error!(driver, "{msg}"),
+            abi::DEVHOST_LOG_WARN => tracing::warn!(driver, "{msg}"),
+            abi::DEVHOST_LOG_INFO => tracing::info!(driver, "{msg}"),
+            abi::DEVHOST_LOG_DEBUG => tracing::debug!(driver, "{msg}"),
+            _ => tracing::trace!(driver, "{msg}"),
+        }
+    }));
+}
+
+pub unsafe extern "C" fn devices_changed(host_ctx: *mut c_void) {
+    if host_ctx.is_null() {
+        return;
+    }
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: as in `log`.
+        let ctx = unsafe { &*(host_ctx as *const HostCtx) };
+        // One stored permit: bursts collapse into a single rescan.
+        ctx.changed.notify_one();
+    }));
+}
+
+/// The host API table for one instance.
+pub fn host_api(ctx: *mut c_void) -> abi::devhost_host_api {
+    abi::devhost_host_api {
+        struct_size: std::mem::size_of::<abi::devhost_host_api>() as u32,
+        abi_major: abi::DEVHOST_ABI_MAJOR,
+        abi_minor: abi::DEVHOST_ABI_MINOR,
+        host_ctx: ctx,
+        log: Some(log),
+        devices_changed: Some(devices_changed),
+        set_error: Some(set_error),
+        device_begin: Some(device_begin),
+        device_attr: Some(device_attr),
+        device_link: Some(device_link),
+        add_device_node: Some(add_device_node),
+        add_mount: Some(add_mount),
+        add_env: Some(add_env),
+        add_annotation: Some(add_annotation),
+        add_cdi_device: Some(add_cdi_device),
+        prefer_device: Some(prefer_device),
+    }
+}

@@ -1,0 +1,206 @@
+//! What a driver reports about a device, and the container edits the host
+//! composes from several devices for one Allocate.
+
+use std::collections::BTreeMap;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceNode {
+    pub host_path: String,
+    pub container_path: String,
+    pub permissions: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mount {
+    pub host_path: String,
+    pub container_path: String,
+    pub read_only: bool,
+}
+
+/// Container edits: what a container receives for a device (from scan) or
+/// for an allocation (composed, then amended by the driver's hook).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Edits {
+    pub device_nodes: Vec<DeviceNode>,
+    pub mounts: Vec<Mount>,
+    pub envs: Vec<(String, String)>,
+    pub annotations: Vec<(String, String)>,
+    pub cdi_devices: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Device {
+    pub id: String,
+    pub healthy: bool,
+    pub numa_node: Option<i64>,
+    pub attributes: BTreeMap<String, String>,
+    pub edits: Edits,
+    /// Link scores to other devices of the same driver instance.
+    pub links: Vec<(String, u32)>,
+}
+
+/// Appends `value` to a comma-joined map entry unless already present.
+fn join_value(map: &mut BTreeMap<String, String>, order: &mut Vec<String>, key: &str, value: &str) {
+    match map.get_mut(key) {
+        Some(existing) => {
+            if !existing.split(',').any(|v| v == value) {
+                existing.push(',');
+                existing.push_str(value);
+            }
+        }
+        None => {
+            order.push(key.to_string());
+            map.insert(key.to_string(), value.to_string());
+        }
+    }
+}
+
+/// What composing edits noticed: conflicts an operator should hear about.
+pub type Conflicts = Vec<String>;
+
+/// Composes the edits of several devices (in request order):
+/// device nodes and mounts de-duplicated by container path (first wins, a
+/// different host path is a conflict); env vars and annotations set by
+/// several devices joined with ',' (each distinct value once); CDI names
+/// de-duplicated.
+pub fn compose<'a>(devices: impl IntoIterator<Item = &'a Device>) -> (Edits, Conflicts) {
+    let mut out = Edits::default();
+    let mut conflicts = Vec::new();
+    let (mut envs, mut env_order) = (BTreeMap::new(), Vec::new());
+    let (mut ann, mut ann_order) = (BTreeMap::new(), Vec::new());
+    for d in devices {
+        for n in &d.edits.device_nodes {
+            match out.device_nodes.iter().find(|e| e.container_path == n.container_path) {
+                Some(e) if e.host_path != n.host_path => conflicts.push(format!(
+                    "device {}: device node {} -> {} conflicts with {} (kept)",
+                    d.id, n.host_path, n.container_path, e.host_path
+                )),
+                Some(_) => {}
+                None => out.device_nodes.push(n.clone()),
+            }
+        }
+        for m in &d.edits.mounts {
+            match out.mounts.iter().find(|e| e.container_path == m.container_path) {
+                Some(e) if e.host_path != m.host_path || e.read_only != m.read_only => conflicts.push(format!(
+                    "device {}: mount {} -> {} conflicts with {} (kept)",
+                    d.id, m.host_path, m.container_path, e.host_path
+                )),
+                Some(_) => {}
+                None => out.mounts.push(m.clone()),
+            }
+        }
+        for (k, v) in &d.edits.envs {
+            join_value(&mut envs, &mut env_order, k, v);
+        }
+        for (k, v) in &d.edits.annotations {
+            join_value(&mut ann, &mut ann_order, k, v);
+        }
+        for c in &d.edits.cdi_devices {
+            if !out.cdi_devices.contains(c) {
+                out.cdi_devices.push(c.clone());
+            }
+        }
+    }
+    out.envs = env_order.into_iter().filter_map(|k| envs.remove(&k).map(|v| (k, v))).collect();
+    out.annotations = ann_order.into_iter().filter_map(|k| ann.remove(&k).map(|v| (k, v))).collect();
+    (out, conflicts)
+}
+
+impl Edits {
+    /// Applies a driver hook's edits on top: its env and annotation keys
+    /// replace composed values, its nodes and mounts replace entries with the
+    /// same container path, its CDI names are added.
+    pub fn amend(&mut self, hook: Edits) {
+        for n in hook.device_nodes {
+            match self.device_nodes.iter_mut().find(|e| e.container_path == n.container_path) {
+                Some(e) => *e = n,
+                None => self.device_nodes.push(n),
+            }
+        }
+        for m in hook.mounts {
+            match self.mounts.iter_mut().find(|e| e.container_path == m.container_path) {
+                Some(e) => *e = m,
+                None => self.mounts.push(m),
+            }
+        }
+        for (k, v) in hook.envs {
+            set_kv(&mut self.envs, k, v);
+        }
+        for (k, v) in hook.annotations {
+            set_kv(&mut self.annotations, k, v);
+        }
+        for c in hook.cdi_devices {
+            if !self.cdi_devices.contains(&c) {
+                self.cdi_devices.push(c);
+            }
+        }
+    }
+}
+
+fn set_kv(list: &mut Vec<(String, String)>, k: String, v: String) {
+    match list.iter_mut().find(|(key, _)| *key == k) {
+        Some(e) => e.1 = v,
+        None => list.push((k, v)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dev(id: &str, node: (&str, &str), env: (&str, &str)) -> Device {
+        Device {
+            id: id.into(),
+            healthy: true,
+            numa_node: None,
+            attributes: BTreeMap::new(),
+            edits: Edits {
+                device_nodes: vec![DeviceNode {
+                    host_path: node.0.into(),
+                    container_path: node.1.into(),
+                    permissions: "rw".into(),
+                }],
+                envs: vec![(env.0.into(), env.1.into())],
+                cdi_devices: vec!["v.com/c=all".into()],
+                ..Edits::default()
+            },
+            links: vec![],
+        }
+    }
+
+    #[test]
+    fn compose_joins_env_in_request_order_and_dedups_nodes() {
+        let a = dev("a", ("/dev/ctl", "/dev/ctl"), ("VIS", "a"));
+        let b = dev("b", ("/dev/ctl", "/dev/ctl"), ("VIS", "b"));
+        let c = dev("c", ("/dev/ctl", "/dev/ctl"), ("VIS", "a"));
+        let (e, conflicts) = compose([&b, &a, &c]);
+        assert_eq!(e.envs, vec![("VIS".to_string(), "b,a".to_string())]);
+        assert_eq!(e.device_nodes.len(), 1);
+        assert_eq!(e.cdi_devices, vec!["v.com/c=all".to_string()]);
+        assert!(conflicts.is_empty());
+    }
+
+    #[test]
+    fn conflicting_device_node_keeps_first_and_reports() {
+        let a = dev("a", ("/dev/x0", "/dev/x"), ("K", "1"));
+        let b = dev("b", ("/dev/x1", "/dev/x"), ("K", "1"));
+        let (e, conflicts) = compose([&a, &b]);
+        assert_eq!(e.device_nodes[0].host_path, "/dev/x0");
+        assert_eq!(conflicts.len(), 1);
+        assert!(conflicts[0].contains("device b") && conflicts[0].contains("/dev/x1"), "{conflicts:?}");
+    }
+
+    #[test]
+    fn hook_edits_override_composed_ones() {
+        let a = dev("a", ("/dev/x0", "/dev/x"), ("K", "1"));
+        let (mut e, _) = compose([&a]);
+        e.amend(Edits {
+            envs: vec![("K".into(), "2".into()), ("NEW".into(), "y".into())],
+            device_nodes: vec![DeviceNode { host_path: "/dev/y".into(), container_path: "/dev/x".into(), permissions: "r".into() }],
+            ..Edits::default()
+        });
+        assert_eq!(e.envs, vec![("K".to_string(), "2".to_string()), ("NEW".to_string(), "y".to_string())]);
+        assert_eq!(e.device_nodes.len(), 1);
+        assert_eq!(e.device_nodes[0].host_path, "/dev/y");
+    }
+}

@@ -1,0 +1,213 @@
+//! One kubelet DevicePlugin endpoint: the gRPC service for a single
+//! resource. It answers from the registry's latest view and routes the
+//! optional hooks to the driver instance that owns the resource.
+
+use crate::device::{self, Edits};
+use crate::preferred::{self, Candidate};
+use crate::registry::Resource;
+use devhost_proto::v1beta1 as pb;
+use pb::device_plugin_server::DevicePlugin;
+use std::collections::{HashMap, HashSet};
+use std::pin::Pin;
+use std::sync::Arc;
+use tokio::sync::watch;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+pub struct Endpoint {
+    pub resource: Arc<Resource>,
+    /// Fires when this endpoint generation is retired (kubelet restart,
+    /// socket lost, shutdown): open ListAndWatch streams end with it.
+    pub retired: watch::Receiver<bool>,
+}
+
+impl Endpoint {
+    pub fn options(resource: &Resource) -> pb::DevicePluginOptions {
+        pb::DevicePluginOptions {
+            pre_start_required: resource.driver.as_ref().is_some_and(|d| d.module.pre_start().is_some()),
+            get_preferred_allocation_available: true,
+        }
+    }
+
+    fn name(&self) -> &str {
+        &self.resource.config.name
+    }
+}
+
+fn to_response(e: Edits) -> pb::ContainerAllocateResponse {
+    pb::ContainerAllocateResponse {
+        envs: e.envs.into_iter().collect(),
+        mounts: e
+            .mounts
+            .into_iter()
+            .map(|m| pb::Mount { container_path: m.container_path, host_path: m.host_path, read_only: m.read_only })
+            .collect(),
+        devices: e
+            .device_nodes
+            .into_iter()
+            .map(|n| pb::DeviceSpec { container_path: n.container_path, host_path: n.host_path, permissions: n.permissions })
+            .collect(),
+        annotations: e.annotations.into_iter().collect(),
+        cdi_devices: e.cdi_devices.into_iter().map(|name| pb::CdiDevice { name }).collect(),
+    }
+}
+
+type ListStream = Pin<Box<dyn Stream<Item = Result<pb::ListAndWatchResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl DevicePlugin for Endpoint {
+    async fn get_device_plugin_options(&self, _: Request<pb::Empty>) -> Result<Response<pb::DevicePluginOptions>, Status> {
+        Ok(Response::new(Self::options(&self.resource)))
+    }
+
+    type ListAndWatchStream = ListStream;
+
+    async fn list_and_watch(&self, _: Request<pb::Empty>) -> Result<Response<Self::ListAndWatchStream>, Status> {
+        let mut views = self.resource.view.subscribe();
+        let mut retired = self.retired.clone();
+        let resource = self.name().to_string();
+        let stream = async_stream(move |tx| async move {
+            loop {
+                let msg = views.borrow_and_update().list.clone();
+                if tx.send(Ok(msg)).await.is_err() {
+                    return;
+                }
+                tokio::select! {
+                    changed = views.changed() => if changed.is_err() { return },
+                    _ = retired.wait_for(|r| *r) => {
+                        tracing::debug!(resource, "endpoint retired, ending ListAndWatch");
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(stream))
+    }
+
+    async fn get_preferred_allocation(
+        &self,
+        request: Request<pb::PreferredAllocationRequest>,
+    ) -> Result<Response<pb::PreferredAllocationResponse>, Status> {
+        let req = request.into_inner();
+        if req.container_requests.is_empty() {
+            return Err(Status::invalid_argument("preferred allocation request has no container requests"));
+        }
+        let view = self.resource.snapshot();
+        let mut responses = Vec::with_capacity(req.container_requests.len());
+        for c in req.container_requests {
+            let size = preferred::validate(&c.available_device_i_ds, &c.must_include_device_i_ds, c.allocation_size)
+                .map_err(|e| Status::invalid_argument(format!("resource {}: {e}", self.name())))?;
+            if let Some(unknown) = c.available_device_i_ds.iter().find(|id| view.get(id).is_none()) {
+                return Err(Status::invalid_argument(format!("resource {}: unknown device ID {unknown:?}", self.name())));
+            }
+            let links: HashMap<(&str, &str), u32> = c
+                .available_device_i_ds
+                .iter()
+                .filter_map(|id| view.get(id))
+                .flat_map(|d| d.links.iter().map(move |(o, s)| ((d.id.as_str(), o.as_str()), *s)))
+                .collect();
+            let cands = c
+                .available_device_i_ds
+                .iter()
+                .filter_map(|id| view.index.get(id.as_str()).map(|&order| (id, order)))
+                .map(|(id, order)| Candidate { id, numa: view.devices[order].numa_node, order })
+                .collect();
+            let default =
+                preferred::choose(cands, &c.must_include_device_i_ds, size, |a, b| links.get(&(a, b)).copied().unwrap_or(0));
+            let ids = match &self.resource.driver {
+                Some(drv) if drv.module.preferred_allocation().is_some() => {
+                    let size32 = u32::try_from(size).unwrap_or(u32::MAX);
+                    match drv.preferred(c.available_device_i_ds.clone(), c.must_include_device_i_ds.clone(), size32).await {
+                        Ok(Some(proposal)) => {
+                            let fixed = preferred::repair(&proposal, &c.available_device_i_ds, &c.must_include_device_i_ds, size, &default);
+                            if fixed != proposal {
+                                tracing::warn!(resource = self.name(), ?proposal, repaired = ?fixed, "driver proposed an invalid preferred allocation; repaired");
+                            }
+                            fixed
+                        }
+                        Ok(None) => default,
+                        Err(e) => {
+                            tracing::warn!(resource = self.name(), "preferred_allocation hook failed, using the host default: {e}");
+                            default
+                        }
+                    }
+                }
+                _ => default,
+            };
+            responses.push(pb::ContainerPreferredAllocationResponse { device_i_ds: ids });
+        }
+        Ok(Response::new(pb::PreferredAllocationResponse { container_responses: responses }))
+    }
+
+    async fn allocate(&self, request: Request<pb::AllocateRequest>) -> Result<Response<pb::AllocateResponse>, Status> {
+        let req = request.into_inner();
+        let name = self.name();
+        if req.container_requests.is_empty() {
+            return Err(Status::invalid_argument(format!("resource {name}: allocate request has no container requests")));
+        }
+        let Some(driver) = &self.resource.driver else {
+            return Err(Status::unavailable(format!("resource {name}: driver not loaded")));
+        };
+        let view = self.resource.snapshot();
+        // Validate everything first: nothing is allocated unless all of it is valid.
+        for (i, c) in req.container_requests.iter().enumerate() {
+            if c.devices_ids.is_empty() {
+                return Err(Status::invalid_argument(format!("resource {name}: container request {i} has no device IDs")));
+            }
+            let mut seen = HashSet::with_capacity(c.devices_ids.len());
+            for id in &c.devices_ids {
+                if view.get(id).is_none() {
+                    return Err(Status::invalid_argument(format!("resource {name}: unknown device ID {id:?}")));
+                }
+                if !seen.insert(id.as_str()) {
+                    return Err(Status::invalid_argument(format!("resource {name}: device ID {id:?} requested twice")));
+                }
+            }
+        }
+        let mut responses = Vec::with_capacity(req.container_requests.len());
+        for c in req.container_requests {
+            let (mut edits, conflicts) = device::compose(c.devices_ids.iter().filter_map(|id| view.get(id)));
+            for conflict in conflicts {
+                tracing::warn!(resource = name, "conflicting container edits: {conflict}");
+            }
+            match driver.allocate(c.devices_ids).await {
+                Ok(Some(hook)) => edits.amend(hook),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(resource = name, "allocate failed: {e}");
+                    return Err(e.to_status());
+                }
+            }
+            responses.push(to_response(edits));
+        }
+        Ok(Response::new(pb::AllocateResponse { container_responses: responses }))
+    }
+
+    async fn pre_start_container(
+        &self,
+        request: Request<pb::PreStartContainerRequest>,
+    ) -> Result<Response<pb::PreStartContainerResponse>, Status> {
+        let ids = request.into_inner().devices_ids;
+        let Some(driver) = &self.resource.driver else {
+            return Err(Status::unavailable(format!("resource {}: driver not loaded", self.name())));
+        };
+        let view = self.resource.snapshot();
+        if let Some(unknown) = ids.iter().find(|id| view.get(id).is_none()) {
+            return Err(Status::invalid_argument(format!("resource {}: unknown device ID {unknown:?}", self.name())));
+        }
+        driver.pre_start(ids).await.map_err(|e| e.to_status())?;
+        Ok(Response::new(pb::PreStartContainerResponse {}))
+    }
+}
+
+/// A stream fed by a task through a small channel; the task stops when the
+/// client goes away (send fails).
+fn async_stream<F, Fut>(f: F) -> ListStream
+where
+    F: FnOnce(tokio::sync::mpsc::Sender<Result<pb::ListAndWatchResponse, Status>>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tokio::spawn(f(tx));
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+}

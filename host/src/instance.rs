@@ -1,0 +1,362 @@
+//! One live driver instance: created from a module and its options, served
+//! by a dedicated worker thread so that driver code never runs on the async
+//! runtime. Every call has a deadline; a panic poisons the instance and a
+//! missed deadline marks it hung until the call returns.
+
+use crate::callbacks::{self, CallCtx, CallKind, CallState, HostCtx};
+use crate::device::{Device, Edits};
+use crate::loader::Module;
+use devhost_abi as abi;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
+use tokio::sync::{Notify, oneshot};
+
+/// Why a driver call did not succeed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CallError {
+    #[error("driver {driver}: {call} failed ({status}): {message}")]
+    Status { driver: String, call: &'static str, code: abi::devhost_status, status: &'static str, message: String },
+    #[error("driver {driver}: {call} did not return within {timeout:?}")]
+    Timeout { driver: String, call: &'static str, timeout: Duration },
+    #[error("driver {driver} is hung in {call} for {secs} s; call refused")]
+    Hung { driver: String, call: &'static str, secs: u64 },
+    #[error("driver {driver} is broken after a panic; call refused")]
+    Poisoned { driver: String },
+    #[error("driver {driver}: worker thread is gone")]
+    WorkerGone { driver: String },
+}
+
+impl CallError {
+    /// The gRPC status a kubelet call gets for this error.
+    pub fn to_status(&self) -> tonic::Status {
+        use tonic::Code;
+        let code = match self {
+            CallError::Status { code, .. } => match *code {
+                abi::DEVHOST_ERR_INVALID_ARGUMENT => Code::InvalidArgument,
+                abi::DEVHOST_ERR_NOT_FOUND => Code::NotFound,
+                abi::DEVHOST_ERR_UNAVAILABLE => Code::Unavailable,
+                abi::DEVHOST_ERR_TIMEOUT => Code::DeadlineExceeded,
+                abi::DEVHOST_ERR_UNSUPPORTED => Code::Unimplemented,
+                abi::DEVHOST_ERR_RESOURCE_EXHAUSTED => Code::ResourceExhausted,
+                abi::DEVHOST_ERR_FAILED_PRECONDITION => Code::FailedPrecondition,
+                _ => Code::Internal,
+            },
+            CallError::Timeout { .. } | CallError::Hung { .. } => Code::DeadlineExceeded,
+            CallError::Poisoned { .. } => Code::Internal,
+            CallError::WorkerGone { .. } => Code::Unavailable,
+        };
+        tonic::Status::new(code, self.to_string())
+    }
+}
+
+fn status_name(code: abi::devhost_status) -> &'static str {
+    match code {
+        abi::DEVHOST_ERR_INVALID_ARGUMENT => "INVALID_ARGUMENT",
+        abi::DEVHOST_ERR_NOT_FOUND => "NOT_FOUND",
+        abi::DEVHOST_ERR_UNAVAILABLE => "UNAVAILABLE",
+        abi::DEVHOST_ERR_TIMEOUT => "TIMEOUT",
+        abi::DEVHOST_ERR_INTERNAL => "INTERNAL",
+        abi::DEVHOST_ERR_PANIC => "PANIC",
+        abi::DEVHOST_ERR_UNSUPPORTED => "UNSUPPORTED",
+        abi::DEVHOST_ERR_RESOURCE_EXHAUSTED => "RESOURCE_EXHAUSTED",
+        abi::DEVHOST_ERR_FAILED_PRECONDITION => "FAILED_PRECONDITION",
+        _ => "unknown status code",
+    }
+}
+
+type Job = Box<dyn FnOnce(*mut c_void) + Send>;
+
+/// Host-owned memory the driver points into for the instance's lifetime.
+struct HostSide {
+    ctx: HostCtx,
+    api: abi::devhost_host_api,
+}
+
+// SAFETY: the raw pointers inside point at this same box (host_ctx) or are
+// NULL; the box moves to the worker thread once and stays there.
+unsafe impl Send for HostSide {}
+
+#[derive(Default)]
+struct Busy {
+    call: Option<(&'static str, Instant)>,
+    hung: bool,
+}
+
+pub struct Instance {
+    pub name: String,
+    pub module: Module,
+    pub changed: Arc<Notify>,
+    timeout: Duration,
+    jobs: Mutex<Option<mpsc::Sender<Job>>>,
+    poisoned: Arc<AtomicBool>,
+    busy: Arc<Mutex<Busy>>,
+}
+
+/// Borrowed ID lists for one call, kept alive while the driver reads them.
+fn str_views(ids: &[String]) -> Vec<abi::devhost_str> {
+    ids.iter().map(|s| abi::devhost_str::from_str(s)).collect()
+}
+
+/// A devices list from scan plus what was wrong with it.
+pub struct ScanOutput {
+    pub devices: Vec<Device>,
+    pub problems: Vec<String>,
+}
+
+impl Instance {
+    /// Starts the worker and calls the driver's `create` on it.
+    pub async fn create(name: &str, module: Module, options: &[(String, String)], timeout: Duration) -> Result<Arc<Instance>, CallError> {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let changed = Arc::new(Notify::new());
+        let host = Box::new(HostSide {
+            ctx: HostCtx { driver: name.to_string(), changed: changed.clone() },
+            api: callbacks::host_api(std::ptr::null_mut()),
+        });
+        let ptr = Arc::new(AtomicPtr::new(std::ptr::null_mut()));
+        let poisoned = Arc::new(AtomicBool::new(false));
+        let busy = Arc::new(Mutex::new(Busy::default()));
+        let worker_ptr = ptr.clone();
+        let worker_busy = busy.clone();
+        let worker_changed = changed.clone();
+        std::thread::Builder::new()
+            .name(format!("drv-{name}"))
+            .spawn(move || {
+                // The host side lives as long as the worker, which outlives
+                // every call into the driver, destroy included.
+                let mut host = host;
+                let host_ctx: *mut HostCtx = &mut host.ctx;
+                host.api.host_ctx = host_ctx.cast();
+                WORKER_API.with(|c| c.set(&host.api));
+                while let Ok(job) = rx.recv() {
+                    job(worker_ptr.load(Ordering::Acquire));
+                    let mut b = worker_busy.lock().unwrap_or_else(|p| p.into_inner());
+                    b.call = None;
+                    if std::mem::take(&mut b.hung) {
+                        // Back from a hang: let the registry re-evaluate health.
+                        worker_changed.notify_one();
+                    }
+                }
+                let inst = worker_ptr.swap(std::ptr::null_mut(), Ordering::AcqRel);
+                if !inst.is_null() {
+                    if let Some(stop) = module.watch_stop() {
+                        // SAFETY: instance from create; no other call runs now.
+                        unsafe { stop(inst) };
+                    }
+                    if let Some(destroy) = module.desc.destroy {
+                        // SAFETY: as above; destroy is called exactly once.
+                        unsafe { destroy(inst) };
+                    }
+                }
+                WORKER_API.with(|c| c.set(std::ptr::null()));
+                drop(host);
+            })
+            .map_err(|e| CallError::Status {
+                driver: name.to_string(),
+                call: "create",
+                code: abi::DEVHOST_ERR_INTERNAL,
+                status: "INTERNAL",
+                message: format!("cannot start worker thread: {e}"),
+            })?;
+        let inst = Arc::new(Instance {
+            name: name.to_string(),
+            module,
+            changed,
+            timeout,
+
+            jobs: Mutex::new(Some(tx)),
+            poisoned,
+            busy,
+        });
+        let opts: Vec<(String, String)> = options.to_vec();
+        let create_ptr = ptr;
+        let (status, state) = inst
+            .run("create", move |_, api| {
+                let kvs: Vec<abi::devhost_kv> = opts
+                    .iter()
+                    .map(|(k, v)| abi::devhost_kv { key: abi::devhost_str::from_str(k), value: abi::devhost_str::from_str(v) })
+                    .collect();
+                let ctx = CallCtx::new(CallKind::Create);
+                let mut out: *mut c_void = std::ptr::null_mut();
+                let Some(create) = module.desc.create else { return (abi::DEVHOST_ERR_INTERNAL, ctx.into_state()) };
+                // SAFETY: API table and options live for the call; out is a valid slot.
+                let status = unsafe { create(api, kvs.as_ptr(), kvs.len(), ctx.as_raw(), &mut out) };
+                if status == abi::DEVHOST_OK && out.is_null() {
+                    let mut st = ctx.into_state();
+                    st.error = Some("create returned OK but no instance".into());
+                    return (abi::DEVHOST_ERR_INTERNAL, st);
+                }
+                create_ptr.store(out, Ordering::Release);
+                (status, ctx.into_state())
+            })
+            .await?;
+        inst.check("create", status, state)?;
+        Ok(inst)
+    }
+
+    /// Runs `f` on the worker thread with the instance pointer and the host API.
+    async fn run<T: Send + 'static>(
+        &self,
+        call: &'static str,
+        f: impl FnOnce(*mut c_void, *const abi::devhost_host_api) -> T + Send + 'static,
+    ) -> Result<T, CallError> {
+        if self.poisoned.load(Ordering::Acquire) {
+            return Err(CallError::Poisoned { driver: self.name.clone() });
+        }
+        if let Some((hung_call, since)) = self.hung() {
+            return Err(CallError::Hung { driver: self.name.clone(), call: hung_call, secs: since.as_secs() });
+        }
+        let (tx, rx) = oneshot::channel();
+        let busy = self.busy.clone();
+        let job: Job = Box::new(move |inst| {
+            if let Ok(mut b) = busy.lock() {
+                b.call = Some((call, Instant::now()));
+            }
+            let api = worker_api();
+            let _ = tx.send(f(inst, api));
+        });
+        {
+            let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+            let sent = jobs.as_ref().map(|j| j.send(job).is_ok()).unwrap_or(false);
+            if !sent {
+                return Err(CallError::WorkerGone { driver: self.name.clone() });
+            }
+        }
+        match tokio::time::timeout(self.timeout, rx).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(_)) => Err(CallError::WorkerGone { driver: self.name.clone() }),
+            Err(_) => {
+                if let Ok(mut b) = self.busy.lock()
+                    && b.call.is_some()
+                {
+                    b.hung = true;
+                }
+                self.changed.notify_one();
+                Err(CallError::Timeout { driver: self.name.clone(), call, timeout: self.timeout })
+            }
+        }
+    }
+
+    /// The call the worker has been stuck in past its deadline, if any.
+    pub fn hung(&self) -> Option<(&'static str, Duration)> {
+        let b = self.busy.lock().unwrap_or_else(|p| p.into_inner());
+        match (b.hung, b.call) {
+            (true, Some((call, since))) => Some((call, since.elapsed())),
+            _ => None,
+        }
+    }
+
+    pub fn poisoned(&self) -> bool {
+        self.poisoned.load(Ordering::Acquire)
+    }
+
+    /// Logs emission problems and turns a status into a result.
+    fn check(&self, call: &'static str, status: abi::devhost_status, state: CallState) -> Result<CallState, CallError> {
+        for p in &state.problems {
+            tracing::warn!(driver = %self.name, call, "driver emitted bad data: {p}");
+        }
+        if status == abi::DEVHOST_OK {
+            return Ok(state);
+        }
+        if status == abi::DEVHOST_ERR_PANIC {
+            self.poisoned.store(true, Ordering::Release);
+            self.changed.notify_one();
+        }
+        let message = match (state.error, status_name(status)) {
+            (Some(m), _) => m,
+            (None, "unknown status code") => format!("driver returned unknown status code {status}"),
+            (None, name) => format!("driver returned {name} without a message"),
+        };
+        Err(CallError::Status { driver: self.name.clone(), call, code: status, status: status_name(status), message })
+    }
+
+    pub async fn scan(&self) -> Result<ScanOutput, CallError> {
+        let scan = self.module.desc.scan;
+        let (status, state) = self
+            .run("scan", move |inst, _| {
+                let ctx = CallCtx::new(CallKind::Scan);
+                let status = match scan {
+                    // SAFETY: live instance on its worker thread; ctx outlives the call.
+                    Some(f) => unsafe { f(inst, ctx.as_raw()) },
+                    None => abi::DEVHOST_ERR_INTERNAL,
+                };
+                (status, ctx.into_state())
+            })
+            .await?;
+        let state = self.check("scan", status, state)?;
+        Ok(ScanOutput { devices: state.devices, problems: state.problems })
+    }
+
+    pub async fn watch_start(&self) -> Result<(), CallError> {
+        let Some(f) = self.module.watch_start() else { return Ok(()) };
+        let (status, state) = self
+            .run("watch_start", move |inst, _| {
+                let ctx = CallCtx::new(CallKind::Watch);
+                // SAFETY: live instance on its worker thread.
+                let status = unsafe { f(inst, ctx.as_raw()) };
+                (status, ctx.into_state())
+            })
+            .await?;
+        self.check("watch_start", status, state).map(drop)
+    }
+
+    /// The driver's allocate hook for one container, if it has one.
+    pub async fn allocate(&self, ids: Vec<String>) -> Result<Option<Edits>, CallError> {
+        let Some(f) = self.module.allocate() else { return Ok(None) };
+        let (status, state) = self
+            .run("allocate", move |inst, _| {
+                let views = str_views(&ids);
+                let ctx = CallCtx::new(CallKind::Allocate);
+                // SAFETY: views borrow `ids`, alive for the call.
+                let status = unsafe { f(inst, views.as_ptr(), views.len(), ctx.as_raw()) };
+                (status, ctx.into_state())
+            })
+            .await?;
+        Ok(Some(self.check("allocate", status, state)?.edits))
+    }
+
+    pub async fn preferred(&self, available: Vec<String>, must: Vec<String>, size: u32) -> Result<Option<Vec<String>>, CallError> {
+        let Some(f) = self.module.preferred_allocation() else { return Ok(None) };
+        let (status, state) = self
+            .run("preferred_allocation", move |inst, _| {
+                let (a, m) = (str_views(&available), str_views(&must));
+                let ctx = CallCtx::new(CallKind::Preferred);
+                // SAFETY: views borrow the vectors, alive for the call.
+                let status = unsafe { f(inst, a.as_ptr(), a.len(), m.as_ptr(), m.len(), size, ctx.as_raw()) };
+                (status, ctx.into_state())
+            })
+            .await?;
+        Ok(Some(self.check("preferred_allocation", status, state)?.preferred))
+    }
+
+    pub async fn pre_start(&self, ids: Vec<String>) -> Result<(), CallError> {
+        let Some(f) = self.module.pre_start() else { return Ok(()) };
+        let (status, state) = self
+            .run("pre_start", move |inst, _| {
+                let views = str_views(&ids);
+                let ctx = CallCtx::new(CallKind::PreStart);
+                // SAFETY: views borrow `ids`, alive for the call.
+                let status = unsafe { f(inst, views.as_ptr(), views.len(), ctx.as_raw()) };
+                (status, ctx.into_state())
+            })
+            .await?;
+        self.check("pre_start", status, state).map(drop)
+    }
+
+    /// Stops the worker: watch_stop and destroy run on it after queued calls.
+    /// A hung worker keeps its thread; the module is never unloaded anyway.
+    pub fn shutdown(&self) {
+        if let Ok(mut jobs) = self.jobs.lock() {
+            jobs.take();
+        }
+    }
+}
+
+thread_local! {
+    static WORKER_API: std::cell::Cell<*const abi::devhost_host_api> = const { std::cell::Cell::new(std::ptr::null()) };
+}
+
+fn worker_api() -> *const abi::devhost_host_api {
+    WORKER_API.with(|c| c.get())
+}

@@ -1,0 +1,212 @@
+//! Serving the kubelet: one gRPC server per resource on its own socket in
+//! the kubelet's device-plugins folder, registered once it is serving, and
+//! served again and re-registered whenever the kubelet restarts (a new
+//! `kubelet.sock`) or our socket disappears. The kubelet may be absent for
+//! as long as it likes: we retry with capped backoff and never exit for it.
+
+use crate::endpoint::Endpoint;
+use crate::registry::{Registry, Resource};
+use devhost_proto::v1beta1 as pb;
+use notify::Watcher;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use tokio::sync::{Notify, watch};
+
+const BACKOFF_START: Duration = Duration::from_millis(20);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// Safety net behind inotify: how often socket files are checked by stat.
+const RECHECK: Duration = Duration::from_secs(2);
+
+/// What the folder watcher tells the endpoints.
+struct Signals {
+    /// Bumped whenever a new kubelet.sock appears.
+    kubelet_gen: watch::Sender<u64>,
+    /// One per resource: its socket file was removed.
+    socket_lost: Vec<(PathBuf, Arc<Notify>)>,
+}
+
+fn inode(path: &Path) -> Option<u64> {
+    std::fs::symlink_metadata(path).ok().filter(|m| m.file_type().is_socket()).map(|m| m.ino())
+}
+
+/// Serves every loadable resource until `stop` fires; then removes our
+/// sockets and returns.
+pub async fn serve(registry: Arc<Registry>, dir: PathBuf, stop: watch::Receiver<bool>) {
+    let served: Vec<Arc<Resource>> = registry.resources.iter().filter(|r| r.driver.is_some()).cloned().collect();
+    for r in registry.resources.iter().filter(|r| r.driver.is_none()) {
+        tracing::error!(resource = %r.config.name, "not served: {}", r.error.as_deref().unwrap_or("driver unavailable"));
+    }
+    let signals = Arc::new(Signals {
+        kubelet_gen: watch::channel(0).0,
+        socket_lost: served.iter().map(|r| (dir.join(&r.config.socket_name), Arc::new(Notify::new()))).collect(),
+    });
+    let _watcher = watch_dir(&dir, signals.clone());
+    let checker = tokio::spawn(recheck(dir.clone(), signals.clone(), stop.clone()));
+    let mut tasks = Vec::new();
+    for (res, (_, lost)) in served.into_iter().zip(signals.socket_lost.iter()) {
+        let (dir, lost, gen_rx, stop) = (dir.clone(), lost.clone(), signals.kubelet_gen.subscribe(), stop.clone());
+        tasks.push(tokio::spawn(serve_resource(res, dir, lost, gen_rx, stop)));
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    checker.abort();
+}
+
+/// inotify on the folder: kubelet.sock created → restart signal; one of our
+/// sockets removed → that resource's signal. Errors leave the stat checker.
+fn watch_dir(dir: &Path, signals: Arc<Signals>) -> Option<notify::RecommendedWatcher> {
+    let handler = move |ev: notify::Result<notify::Event>| {
+        let Ok(ev) = ev else { return };
+        for p in &ev.paths {
+            let is_kubelet = p.file_name().is_some_and(|n| n == devhost_proto::KUBELET_SOCKET);
+            match ev.kind {
+                notify::EventKind::Create(_) if is_kubelet => {
+                    signals.kubelet_gen.send_modify(|g| *g += 1);
+                }
+                notify::EventKind::Remove(_) => {
+                    if let Some((_, n)) = signals.socket_lost.iter().find(|(s, _)| s == p) {
+                        n.notify_one();
+                    }
+                }
+                _ => {}
+            }
+        }
+    };
+    match notify::recommended_watcher(handler).and_then(|mut w| w.watch(dir, notify::RecursiveMode::NonRecursive).map(|_| w)) {
+        Ok(w) => Some(w),
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), "cannot watch the device-plugins folder ({e}); checking it every {RECHECK:?} instead");
+            None
+        }
+    }
+}
+
+/// The stat-based safety net: catches a replaced kubelet.sock or a lost
+/// socket even when inotify missed it (folder deleted and re-created).
+async fn recheck(dir: PathBuf, signals: Arc<Signals>, mut stop: watch::Receiver<bool>) {
+    let kubelet = dir.join(devhost_proto::KUBELET_SOCKET);
+    let mut last = inode(&kubelet);
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(RECHECK) => {}
+            _ = stop.changed() => return,
+        }
+        let now = inode(&kubelet);
+        if now.is_some() && now != last {
+            signals.kubelet_gen.send_modify(|g| *g += 1);
+        }
+        last = now;
+        for (path, lost) in &signals.socket_lost {
+            if inode(path).is_none() {
+                lost.notify_one();
+            }
+        }
+    }
+}
+
+/// One resource's life: bind, serve, register, wait for a reason to start
+/// over; on stop remove the socket.
+async fn serve_resource(res: Arc<Resource>, dir: PathBuf, lost: Arc<Notify>, mut kubelet_gen: watch::Receiver<u64>, mut stop: watch::Receiver<bool>) {
+    let name = res.config.name.clone();
+    let path = dir.join(&res.config.socket_name);
+    let mut backoff = BACKOFF_START;
+    'outer: while !*stop.borrow() {
+        let (retire_tx, retire_rx) = watch::channel(false);
+        let listener = match bind(&path) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(resource = %name, socket = %path.display(), "cannot listen ({e}); retrying in {backoff:?}");
+                tokio::select! { _ = tokio::time::sleep(backoff) => {}, _ = stop.changed() => break }
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+                continue;
+            }
+        };
+        let our_inode = inode(&path);
+        let svc = pb::device_plugin_server::DevicePluginServer::new(Endpoint { resource: res.clone(), retired: retire_rx.clone() })
+            .max_decoding_message_size(64 << 20)
+            .max_encoding_message_size(64 << 20);
+        let mut retire_wait = retire_rx.clone();
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(svc)
+                .serve_with_incoming_shutdown(tokio_stream::wrappers::UnixListenerStream::new(listener), async move {
+                    let _ = retire_wait.wait_for(|r| *r).await;
+                }),
+        );
+        // A lost-socket signal from before this bind is stale.
+        let _ = tokio::time::timeout(Duration::ZERO, lost.notified()).await;
+        kubelet_gen.borrow_and_update();
+        // Register, retrying while the kubelet is absent or refuses.
+        loop {
+            match register(&dir, &res).await {
+                Ok(()) => {
+                    res.registered.store(true, Ordering::Release);
+                    tracing::info!(resource = %name, socket = %res.config.socket_name, "registered with the kubelet");
+                    backoff = BACKOFF_START;
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(resource = %name, "registration failed ({e}); retrying in {backoff:?}");
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = kubelet_gen.changed() => { backoff = BACKOFF_START; }
+                        _ = stop.changed() => { let _ = retire_tx.send(true); break 'outer; }
+                    }
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                    if inode(&path) != our_inode {
+                        // The kubelet wiped the folder meanwhile: serve on a fresh socket.
+                        let _ = retire_tx.send(true);
+                        let _ = tokio::time::timeout(Duration::from_secs(1), server).await;
+                        continue 'outer;
+                    }
+                }
+            }
+        }
+        let reason = tokio::select! {
+            _ = kubelet_gen.changed() => "kubelet restarted",
+            _ = lost.notified() => "socket removed",
+            _ = stop.changed() => "shutting down",
+        };
+        res.registered.store(false, Ordering::Release);
+        tracing::info!(resource = %name, "{reason}: retiring endpoint");
+        let _ = retire_tx.send(true);
+        if tokio::time::timeout(Duration::from_secs(1), server).await.is_err() {
+            tracing::warn!(resource = %name, "endpoint did not stop within 1 s");
+        }
+    }
+    res.registered.store(false, Ordering::Release);
+    remove_own_socket(&path);
+}
+
+/// Binds the socket, replacing a stale one of ours.
+fn bind(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
+    remove_own_socket(path);
+    tokio::net::UnixListener::bind(path)
+}
+
+/// Removes `path` only if it is a socket (our file name; never kubelet.sock).
+fn remove_own_socket(path: &Path) {
+    if inode(path).is_some() {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+async fn register(dir: &Path, res: &Resource) -> anyhow::Result<()> {
+    let channel = devhost_proto::connect_uds_timeout(dir.join(devhost_proto::KUBELET_SOCKET), Duration::from_secs(5)).await?;
+    let mut client = pb::registration_client::RegistrationClient::new(channel);
+    let req = pb::RegisterRequest {
+        version: devhost_proto::VERSION.to_string(),
+        endpoint: res.config.socket_name.clone(),
+        resource_name: res.config.name.clone(),
+        options: Some(Endpoint::options(res)),
+    };
+    tokio::time::timeout(Duration::from_secs(15), client.register(req))
+        .await
+        .map_err(|_| anyhow::anyhow!("kubelet did not answer Register within 15 s"))?
+        .map_err(|s| anyhow::anyhow!("kubelet refused: {}", s.message()))?;
+    Ok(())
+}

@@ -1,0 +1,175 @@
+//! Module loading: `dlopen` a driver `.so`, resolve its versioned entry
+//! symbol and check the descriptor before anything else is called.
+//! Modules are never unloaded: the library handle is leaked on purpose,
+//! because driver threads and thread-local destructors may outlive any call.
+
+use devhost_abi as abi;
+use std::ffi::CStr;
+use std::path::{Path, PathBuf};
+
+/// A validated driver module.
+#[derive(Clone, Copy)]
+pub struct Module {
+    pub desc: &'static abi::devhost_driver_desc,
+    /// Bytes of the descriptor the driver declared (fields past it are absent).
+    pub declared: usize,
+    pub name: &'static str,
+    pub version: &'static str,
+    pub description: &'static str,
+}
+
+/// Why a module could not be loaded. Every message names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("{path}: module file not found")]
+    Missing { path: PathBuf },
+    #[error("{path}: cannot be loaded (not an ELF shared object for this architecture, or a dependency is missing): {detail}")]
+    Dlopen { path: PathBuf, detail: String },
+    #[error("{path}: no entry symbol `{symbol}` (not a devhost driver, or built for another ABI major)")]
+    NoEntry { path: PathBuf, symbol: &'static str },
+    #[error("{path}: entry symbol returned NULL")]
+    NullDescriptor { path: PathBuf },
+    #[error("{path}: wrong magic 0x{found:08x} in the driver descriptor (expected 0x{expected:08x})")]
+    BadMagic { path: PathBuf, found: u32, expected: u32 },
+    #[error("{path}: unsupported ABI major version {found} (this host supports {supported})")]
+    Major { path: PathBuf, found: u16, supported: u16 },
+    #[error("{path}: driver descriptor too small: {found} bytes declared, at least {min} required")]
+    TooSmall { path: PathBuf, found: u32, min: usize },
+    #[error("{path}: required function `{field}` is NULL in the driver descriptor")]
+    MissingFunction { path: PathBuf, field: &'static str },
+    #[error("{path}: driver {field} is NULL or not valid UTF-8")]
+    BadString { path: PathBuf, field: &'static str },
+}
+
+/// Loads and validates the module at `path`.
+pub fn load(path: &Path) -> Result<Module, LoadError> {
+    let p = || path.to_path_buf();
+    if !path.exists() {
+        return Err(LoadError::Missing { path: p() });
+    }
+    let flags = libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_LOCAL;
+    // SAFETY: loading a module runs its initialisers; loading driver code is
+    // this daemon's job, and the trust checks happen before this call.
+    let lib = unsafe { libloading::os::unix::Library::open(Some(path), flags) }
+        .map_err(|e| LoadError::Dlopen { path: p(), detail: dl_detail(&e) })?;
+    // SAFETY: the symbol's type is fixed by the ABI for this name.
+    let entry: abi::EntryFn = match unsafe { lib.get::<abi::EntryFn>(b"devhost_driver_entry_v1\0") } {
+        Ok(sym) => *sym,
+        Err(_) => return Err(LoadError::NoEntry { path: p(), symbol: abi::DEVHOST_ENTRY_SYMBOL_V1 }),
+    };
+    // Never dlclose: see the module docs.
+    std::mem::forget(lib);
+    // SAFETY: the entry point takes no arguments and returns a static descriptor.
+    let raw = unsafe { entry() };
+    if raw.is_null() {
+        return Err(LoadError::NullDescriptor { path: p() });
+    }
+    // Read the fixed header first: magic and size decide how much else is valid.
+    // SAFETY: every descriptor starts with magic and struct_size (u32 each).
+    let (magic, size) = unsafe { ((*raw).magic, (*raw).struct_size) };
+    if magic != abi::DEVHOST_DRIVER_MAGIC {
+        return Err(LoadError::BadMagic { path: p(), found: magic, expected: abi::DEVHOST_DRIVER_MAGIC });
+    }
+    // SAFETY: the version fields follow the header in every 1.x descriptor.
+    let major = unsafe { (*raw).abi_major };
+    if major != abi::DEVHOST_ABI_MAJOR {
+        return Err(LoadError::Major { path: p(), found: major, supported: abi::DEVHOST_ABI_MAJOR });
+    }
+    if (size as usize) < abi::DESC_MIN_SIZE_V1 {
+        return Err(LoadError::TooSmall { path: p(), found: size, min: abi::DESC_MIN_SIZE_V1 });
+    }
+    // SAFETY: at least the v1.0 prefix is present; later fields are read only
+    // through `Module::field_present`.
+    let desc: &'static abi::devhost_driver_desc = unsafe { &*raw };
+    for (field, present) in
+        [("create", desc.create.is_some()), ("destroy", desc.destroy.is_some()), ("scan", desc.scan.is_some())]
+    {
+        if !present {
+            return Err(LoadError::MissingFunction { path: p(), field });
+        }
+    }
+    let name = static_str(desc.name).filter(|s| !s.is_empty()).ok_or(LoadError::BadString { path: p(), field: "name" })?;
+    let version = static_str(desc.version).ok_or(LoadError::BadString { path: p(), field: "version" })?;
+    let description = if desc.description.is_null() {
+        ""
+    } else {
+        static_str(desc.description).ok_or(LoadError::BadString { path: p(), field: "description" })?
+    };
+    Ok(Module { desc, declared: size as usize, name, version, description })
+}
+
+/// libloading 0.9 keeps the dlerror text in the error's source.
+fn dl_detail(e: &libloading::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = std::error::Error::source(e);
+    while let Some(inner) = src {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        src = inner.source();
+    }
+    s
+}
+
+fn static_str(p: *const std::ffi::c_char) -> Option<&'static str> {
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: the ABI requires static NUL-terminated strings; the module is never unloaded.
+    unsafe { CStr::from_ptr(p) }.to_str().ok()
+}
+
+macro_rules! optional_field {
+    ($self:ident, $field:ident) => {
+        if abi::field_present($self.declared, std::mem::offset_of!(abi::devhost_driver_desc, $field), std::mem::size_of::<usize>()) {
+            $self.desc.$field
+        } else {
+            None
+        }
+    };
+}
+
+impl Module {
+    pub fn allocate(&self) -> Option<abi::IdsFn> {
+        optional_field!(self, allocate)
+    }
+    pub fn preferred_allocation(&self) -> Option<abi::PreferredAllocationFn> {
+        optional_field!(self, preferred_allocation)
+    }
+    pub fn pre_start(&self) -> Option<abi::IdsFn> {
+        optional_field!(self, pre_start)
+    }
+    pub fn watch_start(&self) -> Option<abi::ScanFn> {
+        optional_field!(self, watch_start)
+    }
+    pub fn watch_stop(&self) -> Option<abi::WatchStopFn> {
+        optional_field!(self, watch_stop)
+    }
+    pub fn concurrent(&self) -> bool {
+        self.desc.capabilities & abi::DEVHOST_CAP_CONCURRENT != 0
+    }
+
+    /// Human-readable list of hooks and capability bits, for `devhost drivers`.
+    pub fn capabilities(&self) -> Vec<&'static str> {
+        let mut caps = Vec::new();
+        if self.allocate().is_some() {
+            caps.push("allocate");
+        }
+        if self.preferred_allocation().is_some() {
+            caps.push("preferred_allocation");
+        }
+        if self.pre_start().is_some() {
+            caps.push("pre_start");
+        }
+        if self.watch_start().is_some() {
+            caps.push("watch");
+        }
+        if self.concurrent() {
+            caps.push("concurrent");
+        }
+        caps
+    }
+
+    pub fn abi_version(&self) -> String {
+        format!("{}.{}", self.desc.abi_major, self.desc.abi_minor)
+    }
+}

@@ -1,0 +1,334 @@
+//! From manifest text to a [`Manifest`]: parse the TOML (keeping spans), deserialise each section
+//! into its raw serde shape, then check what serde cannot (names, globs, socket path lengths,
+//! duplicates) and resolve paths. Every problem lands in one [`Diagnostics`].
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde::de::IgnoredAny;
+use toml::Spanned;
+use toml::de::{DeTable, DeValue};
+
+use super::names::{check_driver_name, check_resource_name, socket_name};
+use super::source::{Diagnostics, deserialize_section};
+use super::values::{DurationSetting, flatten_options};
+use super::{
+    DEFAULT_CALL_TIMEOUT, DEFAULT_DRIVER_DIR, DEFAULT_KUBELET_DIR, DriverConfig, MAX_SOCKET_PATH,
+    Manifest, ManifestErrors, ResourceConfig,
+};
+
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTop {
+    kubelet_dir: Option<Spanned<String>>,
+    driver_dir: Option<Spanned<String>>,
+    call_timeout: Option<DurationSetting>,
+    // Walked separately, entry by entry, so one bad entry does not hide the others; listed here
+    // so that unknown-key messages name them.
+    #[serde(rename = "driver")]
+    _driver: Option<IgnoredAny>,
+    #[serde(rename = "resource")]
+    _resource: Option<IgnoredAny>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDriver {
+    module: Option<Spanned<String>>,
+    poll_interval: Option<DurationSetting>,
+    call_timeout: Option<DurationSetting>,
+    options: Option<Spanned<toml::Table>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawResource {
+    name: Spanned<String>,
+    driver: Spanned<String>,
+    #[serde(rename = "match")]
+    // Values are checked by hand so that one non-string glob does not hide the other globs' errors.
+    matches: Option<BTreeMap<String, Spanned<toml::Value>>>,
+}
+
+pub(super) fn parse(
+    text: &str,
+    path: &Path,
+    kubelet_dir_override: Option<&Path>,
+) -> Result<Manifest, ManifestErrors> {
+    let mut diags = Diagnostics::new(path, text);
+    let (document, syntax_errors) = DeTable::parse_recoverable(text);
+    if !syntax_errors.is_empty() {
+        // What follows a syntax error is guesswork, so only the syntax is reported, and only the
+        // first error of each line: the parser's recovery tends to trip again on the same line.
+        let mut syntax_errors: Vec<_> = syntax_errors
+            .into_iter()
+            .map(|error| (error.span().unwrap_or(0..0), error.message().to_owned()))
+            .collect();
+        syntax_errors.sort_by_key(|(span, _)| span.start);
+        let mut last_line = None;
+        for (span, message) in syntax_errors {
+            let location = diags.location(span.start);
+            let line = location.rsplit_once(':').map(|(line, _)| line.to_owned());
+            if line != last_line {
+                diags.error(span, "syntax", message);
+                last_line = line;
+            }
+        }
+        return Err(ManifestErrors(diags.into_sorted()));
+    }
+    let document = Spanned::new(document.span(), DeValue::Table(document.into_inner()));
+    let top: RawTop = deserialize_section(&document, "", &mut diags).unwrap_or_default();
+    let base = path.parent().unwrap_or(Path::new(""));
+    let kubelet_dir = match kubelet_dir_override {
+        Some(dir) => dir.to_path_buf(),
+        None => resolve_dir(
+            &top.kubelet_dir,
+            "kubelet_dir",
+            DEFAULT_KUBELET_DIR,
+            base,
+            &mut diags,
+        ),
+    };
+    let driver_dir = resolve_dir(
+        &top.driver_dir,
+        "driver_dir",
+        DEFAULT_DRIVER_DIR,
+        base,
+        &mut diags,
+    );
+    let default_timeout = top.call_timeout.map_or(DEFAULT_CALL_TIMEOUT, |t| t.0);
+
+    let DeValue::Table(table) = document.get_ref() else {
+        return Err(ManifestErrors(diags.into_sorted()));
+    };
+    let mut builder = Builder {
+        diags,
+        kubelet_dir,
+        driver_dir,
+        default_timeout,
+        drivers: BTreeMap::new(),
+        declared_at: BTreeMap::new(),
+        resources: Vec::new(),
+    };
+    if let Some(drivers) = table.get("driver") {
+        builder.drivers(drivers);
+    }
+    if let Some(resources) = table.get("resource") {
+        builder.resources(resources);
+    }
+    builder.finish(path)
+}
+
+/// A directory key: relative paths are taken from the manifest's folder, so a manifest and its
+/// modules can be moved together.
+fn resolve_dir(
+    value: &Option<Spanned<String>>,
+    field: &str,
+    default: &str,
+    base: &Path,
+    diags: &mut Diagnostics<'_>,
+) -> PathBuf {
+    match value {
+        None => PathBuf::from(default),
+        Some(dir) if dir.get_ref().is_empty() => {
+            diags.error(dir.span(), field, "the path is empty");
+            PathBuf::from(default)
+        }
+        Some(dir) => base.join(dir.get_ref()),
+    }
+}
+
+struct Builder<'a> {
+    diags: Diagnostics<'a>,
+    kubelet_dir: PathBuf,
+    driver_dir: PathBuf,
+    default_timeout: std::time::Duration,
+    drivers: BTreeMap<String, DriverConfig>,
+    /// Byte offset of each `[driver.X]` header, for the unused-driver warning.
+    declared_at: BTreeMap<String, usize>,
+    resources: Vec<ResourceConfig>,
+}
+
+impl Builder<'_> {
+    fn drivers(&mut self, drivers: &Spanned<DeValue<'_>>) {
+        let DeValue::Table(table) = drivers.get_ref() else {
+            let message = "expected a table of driver instances, written as [driver.NAME] tables";
+            self.diags.error(drivers.span(), "driver", message);
+            return;
+        };
+        for (name, value) in table.iter() {
+            let name_text = name.get_ref().to_string();
+            let section = format!("driver.{name_text}");
+            if let Err(why) = check_driver_name(&name_text) {
+                self.diags.error(name.span(), &section, why);
+            }
+            if !matches!(value.get_ref(), DeValue::Table(_)) {
+                let message = format!("expected a table, written as [driver.{name_text}]");
+                self.diags.error(value.span(), &section, message);
+                continue;
+            }
+            let Some(raw) = deserialize_section::<RawDriver>(value, &section, &mut self.diags)
+            else {
+                continue;
+            };
+            let module_candidates = match &raw.module {
+                Some(module) if module.get_ref().is_empty() => {
+                    let field = format!("{section}.module");
+                    self.diags
+                        .error(module.span(), &field, "the module path is empty");
+                    Vec::new()
+                }
+                Some(module) => vec![self.driver_dir.join(module.get_ref())],
+                None => self.conventional_modules(&name_text),
+            };
+            let options = match &raw.options {
+                Some(options) => {
+                    let (pairs, duplicates) = flatten_options(options.get_ref());
+                    for key in duplicates {
+                        let message = format!(
+                            "option `{key}` is given twice once nested tables are joined with '.'"
+                        );
+                        self.diags
+                            .error(options.span(), &format!("{section}.options"), message);
+                    }
+                    pairs
+                }
+                None => Vec::new(),
+            };
+            self.declared_at
+                .insert(name_text.clone(), value.span().start);
+            let config = DriverConfig {
+                name: name_text.clone(),
+                module_candidates,
+                options,
+                poll_interval: raw.poll_interval.map(|d| d.0),
+                call_timeout: raw.call_timeout.map_or(self.default_timeout, |d| d.0),
+                implicit: false,
+            };
+            self.drivers.insert(name_text, config);
+        }
+    }
+
+    /// `libdevhost_X.so` first (the name our build produces), then a plain `X.so`.
+    fn conventional_modules(&self, driver: &str) -> Vec<PathBuf> {
+        vec![
+            self.driver_dir.join(format!("libdevhost_{driver}.so")),
+            self.driver_dir.join(format!("{driver}.so")),
+        ]
+    }
+
+    fn resources(&mut self, resources: &Spanned<DeValue<'_>>) {
+        let DeValue::Array(items) = resources.get_ref() else {
+            let message = "expected an array of tables, written as [[resource]] sections";
+            self.diags.error(resources.span(), "resource", message);
+            return;
+        };
+        for (index, item) in items.iter().enumerate() {
+            let section = format!("resource[{index}]");
+            if !matches!(item.get_ref(), DeValue::Table(_)) {
+                self.diags.error(item.span(), &section, "expected a table");
+                continue;
+            }
+            if let Some(raw) = deserialize_section::<RawResource>(item, &section, &mut self.diags) {
+                self.resource(raw, item.span().start, &section);
+            }
+        }
+    }
+
+    fn resource(&mut self, raw: RawResource, offset: usize, section: &str) {
+        let location = self.diags.location(offset);
+        let name = raw.name.get_ref().clone();
+        let name_field = format!("{section}.name");
+        let name_ok = match check_resource_name(&name) {
+            Ok(()) => true,
+            Err(why) => {
+                self.diags.error(raw.name.span(), &name_field, why);
+                false
+            }
+        };
+        if let Some(first) = self.resources.iter().find(|r| r.name == name) {
+            let message = format!("resource `{name}` is already defined at {}", first.location);
+            self.diags.error(raw.name.span(), &name_field, message);
+        }
+        let socket = socket_name(&name);
+        let socket_len = self.kubelet_dir.join(&socket).as_os_str().len();
+        if name_ok && socket_len > MAX_SOCKET_PATH {
+            let message = format!(
+                "the socket path {} is {socket_len} bytes long; a unix socket path may have at \
+                 most {MAX_SOCKET_PATH} bytes (shorten the resource name or kubelet_dir)",
+                self.kubelet_dir.join(&socket).display()
+            );
+            self.diags.error(raw.name.span(), &name_field, message);
+        }
+        let driver = raw.driver.get_ref().clone();
+        match check_driver_name(&driver) {
+            Err(why) => self
+                .diags
+                .error(raw.driver.span(), &format!("{section}.driver"), why),
+            Ok(()) if !self.drivers.contains_key(&driver) => {
+                // The module may appear later; whether it exists is the loader's question.
+                let config = DriverConfig {
+                    name: driver.clone(),
+                    module_candidates: self.conventional_modules(&driver),
+                    options: Vec::new(),
+                    poll_interval: None,
+                    call_timeout: self.default_timeout,
+                    implicit: true,
+                };
+                self.drivers.insert(driver.clone(), config);
+            }
+            Ok(()) => {}
+        }
+        let mut matches = Vec::new();
+        for (key, pattern) in raw.matches.unwrap_or_default() {
+            let field = format!("{section}.match.{key}");
+            let span = pattern.span();
+            let toml::Value::String(pattern) = pattern.into_inner() else {
+                self.diags.error(span, &field, "the glob must be a string");
+                continue;
+            };
+            if key.is_empty() {
+                self.diags
+                    .error(span, &field, "the attribute name is empty");
+            } else if pattern.is_empty() {
+                let message = "the glob is empty; use \"*\" to accept any value";
+                self.diags.error(span, &field, message);
+            }
+            matches.push((key, pattern));
+        }
+        self.resources.push(ResourceConfig {
+            name,
+            driver,
+            matches,
+            socket_name: socket,
+            location,
+        });
+    }
+
+    fn finish(self, path: &Path) -> Result<Manifest, ManifestErrors> {
+        if !self.diags.is_empty() {
+            return Err(ManifestErrors(self.diags.into_sorted()));
+        }
+        let used: BTreeSet<&str> = self.resources.iter().map(|r| r.driver.as_str()).collect();
+        let warnings = self
+            .declared_at
+            .iter()
+            .filter(|(name, _)| !used.contains(name.as_str()))
+            .map(|(name, offset)| {
+                format!(
+                    "{}: driver.{name}: declared but no [[resource]] uses it",
+                    self.diags.location(*offset)
+                )
+            })
+            .collect();
+        Ok(Manifest {
+            path: path.to_path_buf(),
+            kubelet_dir: self.kubelet_dir,
+            driver_dir: self.driver_dir,
+            drivers: self.drivers,
+            resources: self.resources,
+            warnings,
+        })
+    }
+}

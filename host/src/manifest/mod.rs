@@ -1,0 +1,150 @@
+//! The manifest: the operator's TOML file that says which driver modules to load, with which
+//! options, and which extended resources to advertise from the devices they find. Parsing checks
+//! everything that can be checked without loading a module and reports every problem at once,
+//! each with `file:line:column`, so one edit-and-restart cycle fixes them all.
+//!
+//! The key reference is `docs/config-reference.md`.
+
+mod build;
+mod names;
+mod source;
+mod values;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use names::{check_resource_name, glob_match, socket_name};
+
+/// Where the kubelet looks for device-plugin sockets unless the manifest says otherwise.
+pub const DEFAULT_KUBELET_DIR: &str = "/var/lib/kubelet/device-plugins";
+/// Where driver modules are looked up unless the manifest says otherwise.
+pub const DEFAULT_DRIVER_DIR: &str = "/usr/lib/devhost/drivers";
+/// Deadline of one driver call unless the manifest says otherwise.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest unix socket path (`sun_path` holds 108 bytes including the terminating NUL).
+pub const MAX_SOCKET_PATH: usize = 107;
+
+/// A parsed and validated manifest. Paths are already resolved against the manifest's folder.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Manifest {
+    /// The file this manifest came from.
+    pub path: PathBuf,
+    /// Folder of the kubelet's device-plugin sockets (and of ours).
+    pub kubelet_dir: PathBuf,
+    /// Folder relative module paths and conventional module names are looked up in.
+    pub driver_dir: PathBuf,
+    /// Every driver instance: declared with `[driver.X]` and implicit (named only by a resource).
+    pub drivers: BTreeMap<String, DriverConfig>,
+    /// The `[[resource]]` entries, in file order.
+    pub resources: Vec<ResourceConfig>,
+    /// Things that are allowed but probably unintended, e.g. a driver no resource uses.
+    pub warnings: Vec<String>,
+}
+
+/// One driver instance: a module plus the options it is created with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DriverConfig {
+    /// The operator's name for the instance (the `X` of `[driver.X]`).
+    pub name: String,
+    /// Module files to try, in order; the loader uses the first that exists.
+    pub module_candidates: Vec<PathBuf>,
+    /// Options flattened to text key/value pairs, sorted by key.
+    pub options: Vec<(String, String)>,
+    /// How often the host rescans devices on its own; `None` leaves it to the driver's events.
+    pub poll_interval: Option<Duration>,
+    /// Deadline of one call into the driver.
+    pub call_timeout: Duration,
+    /// True when no `[driver.X]` table exists and the instance comes from a resource's `driver`.
+    pub implicit: bool,
+}
+
+/// One extended resource advertised to the kubelet.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResourceConfig {
+    /// The extended resource name, e.g. `nvidia.com/h100`.
+    pub name: String,
+    /// The driver instance whose devices feed this resource.
+    pub driver: String,
+    /// Attribute globs a device must all match (key `id` matches the device ID), sorted by key.
+    pub matches: Vec<(String, String)>,
+    /// File name of this resource's socket in `kubelet_dir`.
+    pub socket_name: String,
+    /// `file:line:column` of the `[[resource]]` entry, for messages about it.
+    pub location: String,
+}
+
+impl ResourceConfig {
+    /// Whether a device belongs to this resource: every `match` key must be an attribute of the
+    /// device whose value matches the glob. The key `id` matches the device ID instead of an
+    /// attribute. No `match` at all means every device of the driver.
+    pub fn matches(&self, id: &str, attrs: &BTreeMap<String, String>) -> bool {
+        self.matches.iter().all(|(key, pattern)| {
+            let value = if key == "id" {
+                Some(id)
+            } else {
+                attrs.get(key).map(String::as_str)
+            };
+            value.is_some_and(|value| glob_match(pattern, value))
+        })
+    }
+}
+
+/// One problem in a manifest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Diagnostic {
+    /// `file:line:column` (1-based; the column counts characters). Just the file when the file
+    /// itself could not be read.
+    pub location: String,
+    /// The key the problem is about, e.g. `resource[0].name` or `driver.nvidia.call_timeout`.
+    pub field: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for Diagnostic {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}: {}", self.location, self.field, self.message)
+    }
+}
+
+/// Every problem found in a manifest, in file order.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}", render_lines(.0))]
+pub struct ManifestErrors(pub Vec<Diagnostic>);
+
+fn render_lines(diagnostics: &[Diagnostic]) -> String {
+    let lines: Vec<String> = diagnostics.iter().map(Diagnostic::to_string).collect();
+    lines.join("\n")
+}
+
+impl Manifest {
+    /// Reads and parses the manifest at `path`. `kubelet_dir_override` (from the command line)
+    /// replaces the manifest's `kubelet_dir` before socket paths are checked.
+    pub fn load(
+        path: &Path,
+        kubelet_dir_override: Option<&Path>,
+    ) -> Result<Manifest, ManifestErrors> {
+        let text = std::fs::read_to_string(path).map_err(|error| {
+            ManifestErrors(vec![Diagnostic {
+                location: path.display().to_string(),
+                field: "manifest".to_owned(),
+                message: format!("cannot read the manifest file: {error}"),
+            }])
+        })?;
+        Self::parse(&text, path, kubelet_dir_override)
+    }
+
+    /// Parses manifest text; `path` names the file in diagnostics and anchors relative paths.
+    pub fn parse(
+        text: &str,
+        path: &Path,
+        kubelet_dir_override: Option<&Path>,
+    ) -> Result<Manifest, ManifestErrors> {
+        build::parse(text, path, kubelet_dir_override)
+    }
+}

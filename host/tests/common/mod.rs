@@ -1,0 +1,147 @@
+//! Shared harness for the host's integration tests: the real `devhost`
+//! binary, the real driver modules the workspace builds, C drivers compiled
+//! here with the system compiler, and the kubelet emulator.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub use kubelet_emu::Kubelet;
+
+pub const WAIT: Duration = Duration::from_secs(15);
+
+pub fn devhost_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_devhost"))
+}
+
+/// The workspace root (the folder holding `drivers/`).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("host/ has a parent").to_path_buf()
+}
+
+/// A driver module built by the workspace, e.g. `module("example_c")`.
+pub fn module(name: &str) -> PathBuf {
+    let dir = devhost_bin().parent().expect("binary has a folder").to_path_buf();
+    let path = dir.join(format!("libdevhost_{name}.so"));
+    assert!(path.exists(), "{} is missing: run `cargo build --workspace` before the tests", path.display());
+    path
+}
+
+/// Compiles a C driver with the strict flags vendors use.
+pub fn compile_c(src: &Path, out: &Path, include: &Path) {
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let st = Command::new(cc)
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-pthread"])
+        .arg("-I")
+        .arg(include)
+        .arg("-o")
+        .arg(out)
+        .arg(src)
+        .status()
+        .expect("run the C compiler");
+    assert!(st.success(), "compiling {} failed", src.display());
+}
+
+pub fn abi_include() -> PathBuf {
+    repo_root().join("drivers/abi/include")
+}
+
+/// A test folder with a manifest and a kubelet device-plugins folder.
+pub struct Node {
+    pub tmp: tempfile::TempDir,
+}
+
+impl Node {
+    pub fn new() -> Node {
+        Node { tmp: tempfile::Builder::new().prefix("dh").tempdir().expect("tempdir") }
+    }
+    pub fn path(&self) -> &Path {
+        self.tmp.path()
+    }
+    pub fn kubelet_dir(&self) -> PathBuf {
+        self.path().join("dp")
+    }
+    pub fn write_manifest(&self, body: &str) -> PathBuf {
+        let p = self.path().join("devhost.toml");
+        std::fs::write(&p, body).expect("write manifest");
+        p
+    }
+}
+
+/// The running daemon; killed on drop if still alive.
+pub struct Daemon {
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl Daemon {
+    pub fn start(manifest: &Path, kubelet_dir: &Path) -> Daemon {
+        let log = manifest.with_extension("log");
+        let file = std::fs::File::create(&log).expect("log file");
+        let child = Command::new(devhost_bin())
+            .args(["run", "--config"])
+            .arg(manifest)
+            .arg("--kubelet-dir")
+            .arg(kubelet_dir)
+            .env("DEVHOST_LOG", "debug")
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .expect("start devhost");
+        Daemon { child, log }
+    }
+
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Sends SIGTERM and waits for the exit status.
+    pub fn terminate(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let pid = self.child.id() as i32;
+        // SAFETY: plain kill(2) on our own child.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let start = Instant::now();
+        while start.elapsed() < within {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return Some(st);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        None
+    }
+
+    /// Waits until the log contains `needle`.
+    pub async fn wait_log(&self, needle: &str, timeout: Duration) -> String {
+        let start = Instant::now();
+        loop {
+            let l = self.logs();
+            if l.contains(needle) {
+                return l;
+            }
+            assert!(start.elapsed() < timeout, "log never contained {needle:?}; log:\n{l}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `devhost ARGS` to completion and returns (exit code, stdout, stderr).
+pub fn devhost(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(devhost_bin()).args(args).output().expect("run devhost");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+pub fn env_of(resp: &kubelet_emu::AllocateResponse, i: usize, key: &str) -> Option<String> {
+    resp.container_responses.get(i).and_then(|c| c.envs.get(key).cloned())
+}
