@@ -352,8 +352,10 @@ static devhost_status example_scan(void *instance, devhost_call *call) {
     bool *unhealthy = calloc(ex->count + 1u, sizeof *unhealthy);
     if (unhealthy == NULL) return fail(ex->host, call, DEVHOST_ERR_INTERNAL, "out of memory");
     devhost_status st = read_health(ex, call, unhealthy);
+    /* Emitter failures are not fatal: the host logs and drops what it
+     * refuses, so report the remaining devices anyway. */
     for (unsigned i = 0; st == DEVHOST_OK && i < ex->count; i++)
-        st = report_device(ex, call, i, unhealthy[i]);
+        (void)report_device(ex, call, i, unhealthy[i]);
     free(unhealthy);
     return st;
 }
@@ -426,4 +428,4 @@ static const devhost_driver_desc DESCRIPTOR = {
 };
 
 /* The only exported symbol. Everything above is static. */
-const devhost_driver_desc *devhost_driver_entry_v1(void) { return &DESCRIPTOR; }
+DEVHOST_EXPORT const devhost_driver_desc *devhost_driver_entry_v1(void) { return &DESCRIPTOR; }

@@ -34,9 +34,14 @@
  *    `scan`, `allocate`, `preferred_allocation` and `pre_start` concurrently
  *    from several threads. `create`, `destroy`, `watch_start` and `watch_stop`
  *    are never concurrent with any other call on the same instance.
- *    `host->log` and `host->devices_changed` may be called from any thread at
- *    any time between `create` returning OK and `destroy` returning; they are
- *    cheap and never block on the driver.
+ *    `host->log` may be called from any thread from the start of `create`
+ *    until `destroy` returns; `host->devices_changed` from any thread from
+ *    `create` returning OK until `destroy` returns. Both are cheap and never
+ *    block on the driver.
+ *  - Emitter failures are not fatal: when a callback refuses something (an
+ *    invalid device ID, a bad path), the host has already logged it and
+ *    dropped that item; the driver should carry on with the rest of the
+ *    call. The status a callback returns is for the driver's own checks.
  *  - Evolution: structs are append-only and start with a size field; each
  *    side reads only the fields that lie within the size the other side
  *    declared. Additions bump DEVHOST_ABI_MINOR; a major bump means a new
@@ -58,6 +63,13 @@ extern "C" {
 
 /* First field of the descriptor: the bytes "DVHD" read as a little-endian u32. */
 #define DEVHOST_DRIVER_MAGIC 0x44485644u
+
+/* Marks the entry symbol as exported even under -fvisibility=hidden. */
+#if defined(__GNUC__) || defined(__clang__)
+#define DEVHOST_EXPORT __attribute__((visibility("default")))
+#else
+#define DEVHOST_EXPORT
+#endif
 
 /* Name of the entry symbol for this major version. */
 #define DEVHOST_ENTRY_SYMBOL_V1 "devhost_driver_entry_v1"
@@ -154,7 +166,10 @@ typedef struct devhost_host_api {
      * follow apply to it until the next device_begin.
      * id: 1 to 63 bytes of printable ASCII without spaces, unique within the
      * instance; "::" is reserved (the host uses it for shared replicas);
-     * numa_node: DEVHOST_NUMA_NONE or >= 0. */
+     * numa_node: DEVHOST_NUMA_NONE or >= 0.
+     * A rejected device returns DEVHOST_ERR_INVALID_ARGUMENT here and from
+     * the callbacks that describe it, until the next device_begin.
+     */
     devhost_status (*device_begin)(devhost_call *call, devhost_str id,
                                    devhost_health health, int32_t numa_node);
     /* scan: an attribute of the current device (model, pci_address, ...),
@@ -171,6 +186,7 @@ typedef struct devhost_host_api {
     /* A device node; permissions is a subset of "rwm" (empty means "rw"). */
     devhost_status (*add_device_node)(devhost_call *call, devhost_str host_path,
                                       devhost_str container_path, devhost_str permissions);
+    /* read_only: 0 = read-write, any other value = read-only. */
     devhost_status (*add_mount)(devhost_call *call, devhost_str host_path,
                                 devhost_str container_path, uint32_t read_only);
     devhost_status (*add_env)(devhost_call *call, devhost_str key, devhost_str value);
@@ -203,7 +219,9 @@ typedef struct devhost_driver_desc {
     /* Required. Release the instance; join every thread the driver started.
      * No callback may be made after it returns. */
     void (*destroy)(void *instance);
-    /* Required. Report every device with device_begin and the device callbacks. */
+    /* Required. Report every device with device_begin and the device
+     * callbacks. On failure the host keeps the previous list but reports
+     * every device Unhealthy until a scan succeeds again. */
     devhost_status (*scan)(void *instance, devhost_call *call);
 
     /* Optional (NULL = host default). Given the IDs allocated to one container,
@@ -222,7 +240,8 @@ typedef struct devhost_driver_desc {
                                 devhost_call *call);
     /* Optional. Start the driver's own event threads (which then call
      * devices_changed). Called once after create, before the first scan
-     * is served. */
+     * is served. On failure the host logs the message and relies on its
+     * own rescans (the manifest's poll_interval). */
     devhost_status (*watch_start)(void *instance, devhost_call *call);
     /* Optional. Stop those threads; called before destroy. */
     void (*watch_stop)(void *instance);
@@ -233,9 +252,8 @@ typedef struct devhost_driver_desc {
  * more than once. */
 typedef const devhost_driver_desc *(*devhost_driver_entry_v1_fn)(void);
 
-/* Module authors define it in exactly one translation unit, with default
- * visibility. */
-const devhost_driver_desc *devhost_driver_entry_v1(void);
+/* Module authors define it in exactly one translation unit. */
+DEVHOST_EXPORT const devhost_driver_desc *devhost_driver_entry_v1(void);
 
 #ifdef __cplusplus
 }

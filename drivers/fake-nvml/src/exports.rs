@@ -6,7 +6,7 @@
 //! `((i + 1) << 8) | (s + 1)`. Event sets are `index + 1`.
 
 use crate::machine::{self, profile_slices};
-use crate::state::{ALL_EVENTS, EventSet, NO_INSTANCE, OLD_GPU_EVENTS, Runtime};
+use crate::state::{ALL_EVENTS, EventSet, OLD_GPU_EVENTS, Runtime};
 use nvml_wrapper_sys::bindings::*;
 use std::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -696,5 +696,3 @@ pub extern "C" fn nvmlEventSetFree(set: nvmlEventSet_t) -> Ret {
         Ok(())
     })
 }
-
-const _: u32 = NO_INSTANCE;

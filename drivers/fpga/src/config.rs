@@ -8,7 +8,14 @@ use devhost_sdk::{Error, Options, Result};
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub const KNOWN: &[&str] = &["mode", "sysfs_root", "devfs_root", "poll_interval", "udev", "xrt_vendors"];
+pub const KNOWN: &[&str] = &[
+    "mode",
+    "sysfs_root",
+    "devfs_root",
+    "poll_interval",
+    "udev",
+    "xrt_vendors",
+];
 
 /// Rescans for health changes (which raise no uevent) this often by default.
 pub const DEFAULT_POLL: Duration = Duration::from_secs(5);
@@ -29,14 +36,18 @@ impl Config {
         options.deny_unknown(KNOWN)?;
         let mode_text = options.get_or("mode", "port");
         let mode = Mode::parse(mode_text).ok_or_else(|| {
-            Error::invalid_argument(format!("option \"mode\": {mode_text:?} is not one of port, region, region-devel"))
-        })?;
-        let poll_text = options.get_or("poll_interval", "5s");
-        let poll = parse_duration(poll_text).ok_or_else(|| {
             Error::invalid_argument(format!(
-                "option \"poll_interval\": {poll_text:?} is not a duration (e.g. \"5s\", \"500ms\", \"1m\", \"0\" to disable)"
+                "option \"mode\": {mode_text:?} is not one of port, region, region-devel"
             ))
         })?;
+        let poll = match options.get("poll_interval") {
+            None => DEFAULT_POLL,
+            Some(text) => parse_duration(text).ok_or_else(|| {
+                Error::invalid_argument(format!(
+                    "option \"poll_interval\": {text:?} is not a duration (e.g. \"5s\", \"500ms\", \"1m\", \"0\" to disable)"
+                ))
+            })?,
+        };
         let mut scope = Scope::default();
         if let Some(vendors) = options.list("xrt_vendors") {
             if let Some(bad) = vendors.iter().find(|v| !is_vendor_id(v)) {
@@ -49,12 +60,17 @@ impl Config {
         let root = |key: &str, default: &str| -> Result<PathBuf> {
             let v = options.get_or(key, default).trim();
             if v.is_empty() {
-                return Err(Error::invalid_argument(format!("option \"{key}\" is empty")));
+                return Err(Error::invalid_argument(format!(
+                    "option \"{key}\" is empty"
+                )));
             }
             Ok(PathBuf::from(v))
         };
         Ok(Config {
-            roots: Roots { sys: root("sysfs_root", "/sys")?, dev: root("devfs_root", "/dev")? },
+            roots: Roots {
+                sys: root("sysfs_root", "/sys")?,
+                dev: root("devfs_root", "/dev")?,
+            },
             mode,
             scope,
             poll_interval: (!poll.is_zero()).then_some(poll),
@@ -86,13 +102,23 @@ mod tests {
     use super::*;
 
     fn opts(p: &[(&str, &str)]) -> Options {
-        Options::new(p.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect())
+        Options::new(
+            p.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        )
     }
 
     #[test]
     fn defaults_follow_the_docs() {
         let c = Config::from_options(&opts(&[])).unwrap();
-        assert_eq!(c.roots, Roots { sys: "/sys".into(), dev: "/dev".into() });
+        assert_eq!(
+            c.roots,
+            Roots {
+                sys: "/sys".into(),
+                dev: "/dev".into()
+            }
+        );
         assert_eq!(c.mode, Mode::Port);
         assert_eq!(c.poll_interval, Some(DEFAULT_POLL));
         assert!(c.udev);
@@ -101,7 +127,12 @@ mod tests {
 
     #[test]
     fn bad_values_name_the_option() {
-        for (k, v) in [("mode", "af"), ("poll_interval", "soon"), ("xrt_vendors", "xilinx"), ("udev", "maybe")] {
+        for (k, v) in [
+            ("mode", "af"),
+            ("poll_interval", "soon"),
+            ("xrt_vendors", "xilinx"),
+            ("udev", "maybe"),
+        ] {
             let e = Config::from_options(&opts(&[(k, v)])).unwrap_err();
             assert!(e.message.contains(k), "{e}");
         }

@@ -28,7 +28,10 @@ pub fn environment(config: &Config, chosen: &[&ChipView]) -> Result<Vec<(&'stati
     };
     let host_bounds = host_bounds(&topology, &chip_bounds, generation)?;
     let hosts = host_bounds.iter().product::<u32>() as usize;
-    let hostnames = config.worker_hostnames.clone().unwrap_or_else(|| vec!["localhost".to_string()]);
+    let hostnames = config
+        .worker_hostnames
+        .clone()
+        .unwrap_or_else(|| vec!["localhost".to_string()]);
     if hostnames.len() != hosts {
         return Err(Error::failed_precondition(format!(
             "topology {} spans {hosts} host(s) of {count} chips, but worker_hostnames lists {}; \
@@ -38,26 +41,40 @@ pub fn environment(config: &Config, chosen: &[&ChipView]) -> Result<Vec<(&'stati
         )));
     }
     let slice_chips: u32 = topology.iter().product();
-    let accelerator_type = config
-        .accelerator_type
-        .clone()
-        .unwrap_or_else(|| format!("{}-{}", generation.accelerator_name(), slice_chips * generation.cores_per_chip()));
+    let accelerator_type = config.accelerator_type.clone().unwrap_or_else(|| {
+        format!(
+            "{}-{}",
+            generation.accelerator_name(),
+            slice_chips * generation.cores_per_chip()
+        )
+    });
 
     let indices: Vec<usize> = chosen.iter().map(|v| v.index).collect();
     let visible = join(indices.iter());
-    let metrics_ports: Vec<u16> =
-        indices.iter().map(|&i| offset_port(config.metrics_port_base, i, "metrics_port_base")).collect::<Result<_>>()?;
+    let metrics_ports: Vec<u16> = indices
+        .iter()
+        .map(|&i| offset_port(config.metrics_port_base, i, "metrics_port_base"))
+        .collect::<Result<_>>()?;
     // One libtpu process per container; its port follows the box's first chip.
     let process_port = offset_port(config.process_port_base, indices[0], "process_port_base")?;
 
     let mut env = vec![
         ("TPU_SKIP_MDS_QUERY", "true".to_string()),
         ("TPU_ACCELERATOR_TYPE", accelerator_type),
-        ("TPU_TOPOLOGY", topology::topology_text(&topology, generation)),
+        (
+            "TPU_TOPOLOGY",
+            topology::topology_text(&topology, generation),
+        ),
         ("TPU_TOPOLOGY_WRAP", topology::wrap(&topology, generation)),
         ("TPU_TOPOLOGY_ALT", "false".to_string()),
-        ("TPU_CHIPS_PER_HOST_BOUNDS", topology::bounds_text(&chip_bounds)),
-        ("TPU_CHIPS_PER_PROCESS_BOUNDS", topology::bounds_text(&chip_bounds)),
+        (
+            "TPU_CHIPS_PER_HOST_BOUNDS",
+            topology::bounds_text(&chip_bounds),
+        ),
+        (
+            "TPU_CHIPS_PER_PROCESS_BOUNDS",
+            topology::bounds_text(&chip_bounds),
+        ),
         ("TPU_HOST_BOUNDS", topology::bounds_text(&host_bounds)),
         ("TPU_PROCESS_BOUNDS", topology::bounds_text(&host_bounds)),
         ("TPU_VISIBLE_CHIPS", visible.clone()),
@@ -80,7 +97,7 @@ pub fn environment(config: &Config, chosen: &[&ChipView]) -> Result<Vec<(&'stati
 fn host_bounds(topology: &[u32; 3], chips: &[u32; 3], generation: Generation) -> Result<[u32; 3]> {
     let mut out = [1; 3];
     for axis in 0..3 {
-        if topology[axis] % chips[axis] != 0 {
+        if !topology[axis].is_multiple_of(chips[axis]) {
             return Err(Error::failed_precondition(format!(
                 "topology {} is not a whole number of {} hosts (chips per host {})",
                 topology::topology_text(topology, generation),
@@ -94,8 +111,11 @@ fn host_bounds(topology: &[u32; 3], chips: &[u32; 3], generation: Generation) ->
 }
 
 fn offset_port(base: u16, index: usize, option: &str) -> Result<u16> {
-    u16::try_from(usize::from(base) + index)
-        .map_err(|_| Error::failed_precondition(format!("option \"{option}\" {base} + chip {index} is past port 65535")))
+    u16::try_from(usize::from(base) + index).map_err(|_| {
+        Error::failed_precondition(format!(
+            "option \"{option}\" {base} + chip {index} is past port 65535"
+        ))
+    })
 }
 
 fn join<T: ToString>(items: impl Iterator<Item = T>) -> String {

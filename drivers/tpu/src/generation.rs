@@ -33,7 +33,11 @@ impl Generation {
                         "device 0x0027 (TPU v2/v3) has subsystem_device {other:#06x}; expected 0x004e (v2) or 0x004f (v3)"
                     ));
                 }
-                None => return Err("device 0x0027 (TPU v2/v3) has no readable subsystem_device".to_string()),
+                None => {
+                    return Err(
+                        "device 0x0027 (TPU v2/v3) has no readable subsystem_device".to_string()
+                    );
+                }
             },
             0x005e => Generation::V4,
             0x0063 => Generation::V5e,
@@ -125,7 +129,11 @@ mod tests {
             (0x0027, Some(0x004f), Generation::V3),
         ];
         for (device, subsystem, expected) in cases {
-            assert_eq!(Generation::from_pci(device, subsystem), Ok(Some(expected)), "{device:#x}");
+            assert_eq!(
+                Generation::from_pci(device, subsystem),
+                Ok(Some(expected)),
+                "{device:#x}"
+            );
         }
     }
 

@@ -63,11 +63,18 @@ impl Inventory {
         }
         state.notes = notes;
 
-        let mut next: BTreeMap<String, Chip> = discovery.chips.into_iter().map(|c| (c.id.clone(), c)).collect();
+        let mut next: BTreeMap<String, Chip> = discovery
+            .chips
+            .into_iter()
+            .map(|c| (c.id.clone(), c))
+            .collect();
         for (id, old) in &state.chips {
             if !next.contains_key(id) {
                 let mut gone = old.clone();
-                gone.problem = Some(format!("PCI device {} disappeared", old.functions.join(", ")));
+                gone.problem = Some(format!(
+                    "PCI device {} disappeared",
+                    old.functions.join(", ")
+                ));
                 next.insert(id.clone(), gone);
             }
         }
@@ -96,7 +103,9 @@ impl Inventory {
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock left plain data behind; it is still consistent enough
         // to serve (the next refresh rewrites it), so recover rather than propagate.
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -107,7 +116,9 @@ fn log_transition(old: Option<&Chip>, new: &Chip) {
         (None, Some(why)) => log::warn!("{name} found but unusable: {why}"),
         (Some(None), Some(why)) => log::warn!("{name} is unhealthy: {why}"),
         (Some(Some(_)), None) => log::info!("{name} is healthy again"),
-        (Some(Some(was)), Some(why)) if was != why => log::warn!("{name} is still unhealthy: {why}"),
+        (Some(Some(was)), Some(why)) if was != why => {
+            log::warn!("{name} is still unhealthy: {why}")
+        }
         _ => {}
     }
 }
@@ -135,7 +146,10 @@ fn number(chips: &BTreeMap<String, Chip>) -> Vec<ChipView> {
             Some(prev) if prev.chip.generation == chip.generation => prev.index + 1,
             _ => 0,
         };
-        views.push(ChipView { chip: chip.clone(), index });
+        views.push(ChipView {
+            chip: chip.clone(),
+            index,
+        });
     }
     views
 }

@@ -88,4 +88,4 @@ static const devhost_driver_desc DESCRIPTOR = {
     .watch_stop = NULL,
 };
 
-const devhost_driver_desc *devhost_driver_entry_v1(void) { return &DESCRIPTOR; }
+DEVHOST_EXPORT const devhost_driver_desc *devhost_driver_entry_v1(void) { return &DESCRIPTOR; }

@@ -153,8 +153,8 @@ pub fn parse_header(text: &str) -> HeaderFacts {
             continue;
         };
         let value = words.collect::<Vec<_>>().join(" ");
-        if value.is_empty() {
-            continue; // the include guard
+        if value.is_empty() || value.starts_with("__attribute__") {
+            continue; // the include guard and the export attribute
         }
         if let Some(s) = value.strip_prefix('"').and_then(|v| v.strip_suffix('"')) {
             facts.string_defines.insert(name.to_string(), s.to_string());
