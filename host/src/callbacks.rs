@@ -105,6 +105,9 @@ macro_rules! strs {
     };
 }
 
+/// # Safety
+/// Called by a driver per the ABI: `call` is the live handle of the call in
+/// progress and every string argument is readable for the callback.
 pub unsafe extern "C" fn set_error(call: *mut abi::devhost_call, message: abi::devhost_str) {
     with_call(call, |_, st| {
         // Keep whatever is readable: an error message is for humans.
@@ -115,6 +118,9 @@ pub unsafe extern "C" fn set_error(call: *mut abi::devhost_call, message: abi::d
     });
 }
 
+/// # Safety
+/// Called by a driver per the ABI: `call` is the live handle of the call in
+/// progress and every string argument is readable for the callback.
 pub unsafe extern "C" fn device_begin(
     call: *mut abi::devhost_call,
     id: abi::devhost_str,
@@ -166,6 +172,9 @@ fn current_device(kind: CallKind, st: &mut CallState, what: &str) -> Result<usiz
     Ok(st.devices.len() - 1)
 }
 
+/// # Safety
+/// Called by a driver per the ABI: `call` is the live handle of the call in
+/// progress and every string argument is readable for the callback.
 pub unsafe extern "C" fn device_attr(call: *mut abi::devhost_call, key: abi::devhost_str, value: abi::devhost_str) -> abi::devhost_status {
     with_call(call, |kind, st| {
         let i = match current_device(kind, st, "device_attr") {
@@ -182,6 +191,9 @@ pub unsafe extern "C" fn device_attr(call: *mut abi::devhost_call, key: abi::dev
     })
 }
 
+/// # Safety
+/// Called by a driver per the ABI: `call` is the live handle of the call in
+/// progress and every string argument is readable for the callback.
 pub unsafe extern "C" fn device_link(call: *mut abi::devhost_call, other: abi::devhost_str, score: u32) -> abi::devhost_status {
     with_call(call, |kind, st| {
         let i = match current_device(kind, st, "device_link") {
@@ -210,6 +222,9 @@ fn edits_target<'a>(kind: CallKind, st: &'a mut CallState, what: &str) -> Result
     }
 }
 
+/// # Safety
+/// Called by a driver per the ABI: `call` is the live handle of the call in
+/// progress and every string argument is readable for the callback.
 pub unsafe extern "C" fn add_device_node(
     call: *mut abi::devhost_call,
     host_path: abi::devhost_str,
@@ -234,6 +249,9 @@ pub unsafe extern "C" fn add_device_node(
     })
 }
 
+/// # Safety
+/// Called by a driver per the ABI: `call` is the live handle of the call in
+/// progress and every string argument is readable for the callback.
 pub unsafe extern "C" fn add_mount(
     call: *mut abi::devhost_call,
     host_path: abi::devhost_str,
@@ -278,14 +296,23 @@ fn add_pair(call: *mut abi::devhost_call, key: abi::devhost_str, value: abi::dev
     })
 }
 
+/// # Safety
+/// Called by a driver per the ABI: `call` is the live handle of the call in
+/// progress and every string argument is readable for the callback.
 pub unsafe extern "C" fn add_env(call: *mut abi::devhost_call, key: abi::devhost_str, value: abi::devhost_str) -> abi::devhost_status {
     add_pair(call, key, value, true)
 }
 
+/// # Safety
+/// Called by a driver per the ABI: `call` is the live handle of the call in
+/// progress and every string argument is readable for the callback.
 pub unsafe extern "C" fn add_annotation(call: *mut abi::devhost_call, key: abi::devhost_str, value: abi::devhost_str) -> abi::devhost_status {
     add_pair(call, key, value, false)
 }
 
+/// # Safety
+/// Called by a driver per the ABI: `call` is the live handle of the call in
+/// progress and every string argument is readable for the callback.
 pub unsafe extern "C" fn add_cdi_device(call: *mut abi::devhost_call, name: abi::devhost_str) -> abi::devhost_status {
     with_call(call, |kind, st| {
         let name = strs!(st, "add_cdi_device", name);
@@ -305,6 +332,9 @@ pub unsafe extern "C" fn add_cdi_device(call: *mut abi::devhost_call, name: abi:
     })
 }
 
+/// # Safety
+/// Called by a driver per the ABI: `call` is the live handle of the call in
+/// progress and every string argument is readable for the callback.
 pub unsafe extern "C" fn prefer_device(call: *mut abi::devhost_call, id: abi::devhost_str) -> abi::devhost_status {
     with_call(call, |kind, st| {
         if kind != CallKind::Preferred {
@@ -324,6 +354,9 @@ pub struct HostCtx {
     pub changed: std::sync::Arc<tokio::sync::Notify>,
 }
 
+/// # Safety
+/// Called by a driver per the ABI: `host_ctx` is the context the host
+/// handed to this instance, and `message` is readable for the call.
 pub unsafe extern "C" fn log(host_ctx: *mut c_void, level: abi::devhost_log_level, message: abi::devhost_str) {
     if host_ctx.is_null() {
         return;
@@ -345,6 +378,9 @@ pub unsafe extern "C" fn log(host_ctx: *mut c_void, level: abi::devhost_log_leve
     }));
 }
 
+/// # Safety
+/// Called by a driver per the ABI: `host_ctx` is the context the host
+/// handed to this instance, and `message` is readable for the call.
 pub unsafe extern "C" fn devices_changed(host_ctx: *mut c_void) {
     if host_ctx.is_null() {
         return;

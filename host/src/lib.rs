@@ -14,3 +14,4 @@ pub mod loader;
 pub mod manifest;
 pub mod preferred;
 pub mod registry;
+pub mod sim;

@@ -47,6 +47,22 @@ enum Command {
         #[arg(long)]
         config: PathBuf,
     },
+    /// Run a manifest against an embedded kubelet emulator and print what it advertises.
+    Sim {
+        #[arg(long)]
+        config: PathBuf,
+        /// Keep serving after the report and print device-list changes.
+        #[arg(long)]
+        keep_running: bool,
+    },
+    /// `sim` on the bundled demo node (config/demo.toml).
+    Demo {
+        /// The demo manifest (default: config/demo.toml here or beside the binary's checkout).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        #[arg(long)]
+        keep_running: bool,
+    },
     /// List the driver modules in a folder without enabling anything.
     Drivers {
         #[arg(long, default_value = devhost::manifest::DEFAULT_DRIVER_DIR)]
@@ -54,9 +70,11 @@ enum Command {
     },
 }
 
-fn init_logs(format: LogFormat) {
+fn init_logs(format: LogFormat, quiet: bool) {
+    // The simulations print a report; their logs only matter when something is wrong.
+    let default = if quiet { "warn,kubelet_emu=error" } else { "info" };
     let filter = tracing_subscriber::EnvFilter::try_from_env("DEVHOST_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
@@ -66,7 +84,7 @@ fn init_logs(format: LogFormat) {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logs(cli.log_format);
+    init_logs(cli.log_format, matches!(cli.command, Command::Sim { .. } | Command::Demo { .. }));
     let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -80,6 +98,14 @@ fn main() -> ExitCode {
             Command::List { config, json } => list(&config, json).await,
             Command::Check { config } => check(&config).await,
             Command::Drivers { dir } => drivers(&dir),
+            Command::Sim { config, keep_running } => sim(&config, keep_running).await,
+            Command::Demo { config, keep_running } => match config.or_else(demo_config) {
+                Some(c) => sim(&c, keep_running).await,
+                None => {
+                    eprintln!("devhost: config/demo.toml not found; run from the repository root or pass --config");
+                    ExitCode::FAILURE
+                }
+            },
         }
     })
 }
@@ -193,8 +219,8 @@ async fn check(config: &Path) -> ExitCode {
     let registry = Registry::open(&manifest, false).await;
     let problems: Vec<String> = registry
         .drivers
-        .iter()
-        .filter_map(|(_, slot)| match slot {
+        .values()
+        .filter_map(|slot| match slot {
             Slot::Failed(e) => Some(e.clone()),
             Slot::Ready(_) => None,
         })
@@ -210,6 +236,32 @@ async fn check(config: &Path) -> ExitCode {
         }
         ExitCode::from(1)
     }
+}
+
+async fn sim(config: &Path, keep_running: bool) -> ExitCode {
+    match devhost::sim::run(config, keep_running, async {
+        wait_for_signal().await;
+    })
+    .await
+    {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("devhost sim: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// config/demo.toml in the working folder, or in the checkout the binary
+/// was built in (target/<profile>/devhost → ../../config/demo.toml).
+fn demo_config() -> Option<PathBuf> {
+    let here = PathBuf::from("config/demo.toml");
+    if here.exists() {
+        return Some(here);
+    }
+    let exe = std::env::current_exe().ok()?;
+    let p = exe.parent()?.parent()?.parent()?.join("config/demo.toml");
+    p.exists().then_some(p)
 }
 
 fn drivers(dir: &Path) -> ExitCode {

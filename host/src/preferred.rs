@@ -227,18 +227,21 @@ mod tests {
 
     #[test]
     fn must_include_is_kept() {
+        // NUMA locality wins over a link to another node...
         let d = cands(&[0, 0, 1, 1]);
-        let got = run(&d, &["d0"], 2, &[(0, 3, 5)]);
-        assert_eq!(got, vec!["d0", "d3"]);
+        assert_eq!(run(&d, &["d0"], 2, &[(0, 3, 5)]), vec!["d0", "d1"]);
+        // ...and within the node the linked device is chosen.
+        let d = cands(&[0, 0, 0, 1]);
+        assert_eq!(run(&d, &["d0"], 2, &[(0, 2, 5)]), vec!["d0", "d2"]);
+        assert_eq!(run(&d, &["d3"], 2, &[(0, 2, 5)]), vec!["d0", "d3"]);
     }
 
     #[test]
     fn greedy_agrees_with_exhaustive_on_pairs() {
         // 8 devices, NVLink pairs (0,1) (2,3) (4,5) (6,7).
         let d = cands(&[0; 8]);
-        let links = [(0, 1, 4), (2, 3, 4), (4, 5, 4), (6, 7, 4)];
+        let links: [(usize, usize, u32); 4] = [(0, 1, 4), (2, 3, 4), (4, 5, 4), (6, 7, 4)];
         let c: Vec<Candidate<'_>> = d.iter().enumerate().map(|(i, (id, n))| Candidate { id, numa: *n, order: i }).collect();
-        let idx: HashMap<&str, usize> = c.iter().enumerate().map(|(i, x)| (x.id, i)).collect();
         let mut score = HashMap::new();
         for (a, b, s) in links {
             score.insert((a, b), u64::from(s));
@@ -249,7 +252,7 @@ mod tests {
         let g = greedy(&ctx, &[], &free, 4);
         assert_eq!(ctx.rank(&e).0, ctx.rank(&g).0);
         assert_eq!(ctx.rank(&e).1, ctx.rank(&g).1);
-        let _ = idx;
+        assert_eq!(ctx.rank(&e).1, std::cmp::Reverse(8), "two linked pairs");
     }
 
     #[test]

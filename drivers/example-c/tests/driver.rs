@@ -1,328 +1,260 @@
-//! Drives the compiled C example through the raw ABI with a recording host:
-//! the descriptor, option validation, scan, allocate, pre_start and the
-//! health-file watch thread.
+//! The compiled C example driven through the real host library: the host's
+//! loader checks the descriptor, `devhost::instance::Instance` makes every
+//! call on its worker thread, and the host's callbacks validate what the
+//! driver reports (options, scan, allocate, pre_start and the health watch).
 
-mod mock;
+mod common;
 
+use common::*;
+use devhost::device::{Device, DeviceNode, Edits};
+use devhost::instance::Instance;
 use devhost_abi::*;
-use mock::{Event, Instance, c_text, descriptor};
-use std::path::PathBuf;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-fn desc() -> &'static devhost_driver_desc {
-    descriptor(devhost_example_c::BUILT_PATH)
+/// Scans and checks the host found nothing wrong with what the driver emitted.
+async fn scan(inst: &Instance) -> Vec<Device> {
+    let out = inst.scan().await.unwrap_or_else(|e| panic!("scan: {e}"));
+    assert_eq!(out.problems, Vec::<String>::new(), "the host refused part of the scan");
+    out.devices
 }
 
-fn create(options: &[(&str, &str)]) -> Instance {
-    Instance::create(desc(), options).unwrap_or_else(|f| panic!("create failed: {f:?}"))
-}
-
-fn devices(events: &[Event]) -> Vec<(String, u32, i32)> {
-    events
+fn find<'a>(devices: &'a [Device], id: &str) -> &'a Device {
+    devices
         .iter()
-        .filter_map(|e| match e {
-            Event::Device { id, health, numa } => Some((id.clone(), *health, *numa)),
-            _ => None,
-        })
-        .collect()
+        .find(|d| d.id == id)
+        .unwrap_or_else(|| panic!("device {id} not reported in {devices:?}"))
 }
 
-/// The events that follow `device_begin(id)` up to the next device.
-fn device_events(events: &[Event], id: &str) -> Vec<Event> {
-    let start = events
-        .iter()
-        .position(|e| matches!(e, Event::Device { id: d, .. } if d == id))
-        .unwrap_or_else(|| panic!("device {id} not reported in {events:?}"));
-    events[start + 1..]
-        .iter()
-        .take_while(|e| !matches!(e, Event::Device { .. }))
-        .cloned()
-        .collect()
+fn health(devices: &[Device]) -> Vec<bool> {
+    devices.iter().map(|d| d.healthy).collect()
 }
 
-fn temp_file(name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("example-c-tests");
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let path = dir.join(format!("{name}-{}", std::process::id()));
-    let _ = std::fs::remove_file(&path);
-    path
+fn ids(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| s.to_string()).collect()
 }
 
-fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+fn utf8(path: &Path) -> &str {
+    path.to_str().expect("temp paths are UTF-8")
+}
+
+/// Whether the driver calls `devices_changed` within `within`.
+async fn notified_within(inst: &Instance, within: Duration) -> bool {
+    tokio::time::timeout(within, inst.changed.notified())
+        .await
+        .is_ok()
+}
+
+/// Lets pending changes settle and drops the one permit `Notify` stores, so
+/// the next wait sees only what happens after this.
+async fn settle(inst: &Instance) {
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let _ = tokio::time::timeout(Duration::ZERO, inst.changed.notified()).await;
 }
 
 #[test]
-fn descriptor_describes_the_example() {
-    let d = desc();
-    assert_eq!(d.magic, DEVHOST_DRIVER_MAGIC);
-    assert_eq!(d.struct_size as usize, size_of::<devhost_driver_desc>());
-    assert_eq!(
-        (d.abi_major, d.abi_minor),
-        (DEVHOST_ABI_MAJOR, DEVHOST_ABI_MINOR)
-    );
-    assert_eq!(d.reserved0, 0);
-    assert_eq!(d.capabilities, 0);
-    assert_eq!(c_text(d.name), "example-c");
-    assert_eq!(c_text(d.version), "0.1.0");
-    assert!(!c_text(d.description).is_empty());
-    assert!(d.create.is_some() && d.destroy.is_some() && d.scan.is_some());
-    assert!(d.allocate.is_some() && d.pre_start.is_some());
-    assert!(d.watch_start.is_some() && d.watch_stop.is_some());
-    assert!(
-        d.preferred_allocation.is_none(),
-        "the example relies on the host's default"
-    );
+fn host_loader_accepts_the_descriptor() {
+    let m = module();
+    assert_eq!((m.name, m.version), ("example-c", "0.1.0"));
+    assert!(!m.description.is_empty());
+    assert_eq!(m.abi_version(), format!("{DEVHOST_ABI_MAJOR}.{DEVHOST_ABI_MINOR}"));
+    assert_eq!(m.declared, size_of::<devhost_driver_desc>());
+    assert_eq!((m.desc.reserved0, m.desc.capabilities), (0, 0));
+    // No preferred_allocation: the example relies on the host's default.
+    assert_eq!(m.capabilities(), ["allocate", "pre_start", "watch"]);
+    assert!(m.watch_stop().is_some() && m.desc.destroy.is_some());
 }
 
-#[test]
-fn defaults_give_two_healthy_paired_devices_on_numa_node_0() {
-    let events = create(&[]).scan().expect("scan");
-    assert_eq!(
-        devices(&events),
-        [
-            ("example-0".into(), DEVHOST_HEALTH_HEALTHY, 0),
-            ("example-1".into(), DEVHOST_HEALTH_HEALTHY, 0)
-        ]
+#[tokio::test]
+async fn defaults_give_two_healthy_paired_devices_on_numa_node_0() {
+    let devices = scan(&create("defaults", &[]).await).await;
+    let attributes = BTreeMap::from(
+        [("model", "example-v1"), ("index", "1"), ("vendor", "example.com")]
+            .map(|(k, v)| (k.to_string(), v.to_string())),
     );
-    let attr = |k: &str, v: &str| Event::Attr(k.into(), v.into());
-    assert_eq!(
-        device_events(&events, "example-1"),
-        [
-            attr("model", "example-v1"),
-            attr("index", "1"),
-            attr("vendor", "example.com"),
-            Event::DeviceNode {
-                host: "/dev/null".into(),
-                container: "/dev/example1".into(),
-                perms: "rw".into()
-            },
-            Event::Env("EXAMPLE_VISIBLE_DEVICES".into(), "example-1".into()),
-            Event::Link("example-0".into(), 10),
-        ]
-    );
+    let expected = Device {
+        id: "example-1".into(),
+        healthy: true,
+        numa_node: Some(0),
+        attributes,
+        edits: Edits {
+            device_nodes: vec![DeviceNode {
+                host_path: "/dev/null".into(),
+                container_path: "/dev/example1".into(),
+                permissions: "rw".into(),
+            }],
+            envs: vec![("EXAMPLE_VISIBLE_DEVICES".into(), "example-1".into())],
+            ..Edits::default()
+        },
+        links: vec![("example-0".into(), 10)],
+    };
+    assert_eq!(devices.len(), 2);
+    assert_eq!(devices[1], expected);
+    let first = &devices[0];
+    assert_eq!((first.id.as_str(), first.healthy, first.numa_node), ("example-0", true, Some(0)));
+    assert_eq!(first.links, [("example-1".to_string(), 10)]);
 }
 
-#[test]
-fn options_set_count_prefix_model_and_numa_layout() {
-    let inst = create(&[
-        ("count", "5"),
-        ("prefix", "acc"),
-        ("numa_nodes", "2"),
-        ("model", "m9"),
-    ]);
-    let events = inst.scan().expect("scan");
-    let numa: Vec<_> = devices(&events)
-        .into_iter()
-        .map(|(id, _, n)| (id, n))
-        .collect();
-    let expected: Vec<_> = (0..5).map(|i| (format!("acc-{i}"), i % 2)).collect();
-    assert_eq!(numa, expected);
-    assert!(device_events(&events, "acc-3").contains(&Event::Attr("model".into(), "m9".into())));
-    assert!(device_events(&events, "acc-2").contains(&Event::Link("acc-3".into(), 10)));
+#[tokio::test]
+async fn options_set_count_prefix_model_and_numa_layout() {
+    let options = [("count", "5"), ("prefix", "acc"), ("numa_nodes", "2"), ("model", "m9")];
+    let devices = scan(&create("options", &options).await).await;
+    let layout: Vec<_> = devices.iter().map(|d| (d.id.clone(), d.numa_node)).collect();
+    let expected: Vec<_> = (0..5).map(|i| (format!("acc-{i}"), Some(i % 2))).collect();
+    assert_eq!(layout, expected);
+    assert_eq!(find(&devices, "acc-3").attributes["model"], "m9");
+    assert_eq!(find(&devices, "acc-2").links, [("acc-3".to_string(), 10)]);
     // An odd count leaves the last device without a partner.
-    assert!(
-        !device_events(&events, "acc-4")
-            .iter()
-            .any(|e| matches!(e, Event::Link(..)))
-    );
+    assert_eq!(find(&devices, "acc-4").links, []);
 }
 
-#[test]
-fn zero_numa_nodes_means_no_numa_affinity() {
-    let events = create(&[("numa_nodes", "0")]).scan().expect("scan");
-    assert!(
-        devices(&events)
-            .iter()
-            .all(|(_, _, numa)| *numa == DEVHOST_NUMA_NONE)
-    );
+#[tokio::test]
+async fn zero_numa_nodes_means_no_numa_affinity() {
+    let devices = scan(&create("no-numa", &[("numa_nodes", "0")]).await).await;
+    assert_eq!(devices.len(), 2);
+    assert!(devices.iter().all(|d| d.numa_node.is_none()), "{devices:?}");
 }
 
-#[test]
-fn zero_count_reports_no_devices() {
-    assert_eq!(create(&[("count", "0")]).scan().expect("scan"), []);
+#[tokio::test]
+async fn zero_count_reports_no_devices() {
+    assert_eq!(scan(&create("none", &[("count", "0")]).await).await, []);
 }
 
-#[test]
-fn bad_values_are_invalid_arguments_naming_option_and_value() {
+#[tokio::test]
+async fn bad_values_are_invalid_arguments_naming_option_and_value() {
+    let number = "is not a number between 0 and 1024";
     for (key, value, says) in [
-        (
-            "count",
-            "abc",
-            "option \"count\": \"abc\" is not a number between 0 and 1024",
-        ),
-        (
-            "count",
-            "1025",
-            "option \"count\": \"1025\" is not a number between 0 and 1024",
-        ),
-        ("count", "-1", "option \"count\": \"-1\""),
-        ("numa_nodes", "2x", "option \"numa_nodes\": \"2x\""),
-        ("prefix", "", "option \"prefix\": \"\""),
-        ("prefix", "a b", "option \"prefix\": \"a b\""),
-        ("prefix", "a::b", "option \"prefix\": \"a::b\""),
-        ("health_file", "", "option \"health_file\": \"\""),
-        (
-            "colour",
-            "blue",
-            "unknown option \"colour\" (value \"blue\")",
-        ),
+        ("count", "abc", format!("option \"count\": \"abc\" {number}")),
+        ("count", "1025", format!("option \"count\": \"1025\" {number}")),
+        ("count", "-1", "option \"count\": \"-1\"".into()),
+        ("numa_nodes", "2x", "option \"numa_nodes\": \"2x\"".into()),
+        ("prefix", "", "option \"prefix\": \"\"".into()),
+        ("prefix", "a b", "option \"prefix\": \"a b\"".into()),
+        ("prefix", "a::b", "option \"prefix\": \"a::b\"".into()),
+        ("health_file", "", "option \"health_file\": \"\"".into()),
+        ("colour", "blue", "unknown option \"colour\" (value \"blue\")".into()),
     ] {
-        let failure = Instance::create(desc(), &[(key, value)])
-            .err()
-            .unwrap_or_else(|| panic!("{key}={value:?} accepted"));
-        assert_eq!(
-            failure.status, DEVHOST_ERR_INVALID_ARGUMENT,
-            "{key}={value:?}"
-        );
-        assert!(
-            failure.message.contains(says),
-            "{key}={value:?}: message {:?}",
-            failure.message
-        );
+        let Err(error) = try_create("bad-option", &[(key, value)]).await else {
+            panic!("{key}={value:?} accepted");
+        };
+        let (code, message) = refusal(&error);
+        assert_eq!(code, DEVHOST_ERR_INVALID_ARGUMENT, "{key}={value:?}: {error}");
+        assert!(message.contains(&says), "{key}={value:?}: message {message:?}");
     }
 }
 
-#[test]
-fn longest_prefix_keeps_ids_within_63_bytes() {
+#[tokio::test]
+async fn longest_prefix_keeps_ids_within_63_bytes() {
     let prefix = "p".repeat(58);
-    let events = create(&[("prefix", &prefix), ("count", "1024")])
-        .scan()
-        .expect("scan");
-    let ids = devices(&events);
-    assert_eq!(ids.len(), 1024);
-    assert_eq!(ids[1023].0.len(), 63);
-    assert!(Instance::create(desc(), &[("prefix", &"p".repeat(59))]).is_err());
+    let inst = create("long-prefix", &[("prefix", &prefix), ("count", "1024")]).await;
+    // `scan` also checks the host accepted every ID: it drops IDs over 63 bytes.
+    let devices = scan(&inst).await;
+    assert_eq!(devices.len(), 1024);
+    assert_eq!(devices[1023].id.len(), 63);
+    let longer = "p".repeat(59);
+    let error = try_create("long-prefix", &[("prefix", &longer)]).await.err();
+    let error = error.expect("a 59-byte prefix accepted");
+    assert_eq!(refusal(&error).0, DEVHOST_ERR_INVALID_ARGUMENT);
 }
 
-#[test]
-fn health_file_lines_mark_devices_unhealthy() {
-    let path = temp_file("health-lines");
+#[tokio::test]
+async fn health_file_lines_mark_devices_unhealthy() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("health");
     std::fs::write(&path, "example-2\n  example-0 \r\nother-1\nexample-02\n").expect("write");
-    let inst = create(&[
-        ("count", "3"),
-        ("health_file", path.to_str().expect("utf-8 path")),
-    ]);
-    let health: Vec<_> = devices(&inst.scan().expect("scan"))
-        .into_iter()
-        .map(|(_, h, _)| h)
-        .collect();
-    assert_eq!(
-        health,
-        [
-            DEVHOST_HEALTH_UNHEALTHY,
-            DEVHOST_HEALTH_HEALTHY,
-            DEVHOST_HEALTH_UNHEALTHY
-        ]
-    );
+    let inst = create("health", &[("count", "3"), ("health_file", utf8(&path))]).await;
+    assert_eq!(health(&scan(&inst).await), [false, true, false]);
 }
 
-#[test]
-fn missing_health_file_means_all_healthy() {
-    let path = temp_file("health-missing");
-    let inst = create(&[("health_file", path.to_str().expect("utf-8 path"))]);
-    assert!(
-        devices(&inst.scan().expect("scan"))
-            .iter()
-            .all(|(_, h, _)| *h == DEVHOST_HEALTH_HEALTHY)
-    );
+#[tokio::test]
+async fn missing_health_file_means_all_healthy() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("absent");
+    let inst = create("no-health", &[("health_file", utf8(&path))]).await;
+    assert_eq!(health(&scan(&inst).await), [true, true]);
 }
 
-#[test]
-fn allocate_adds_ids_in_request_order_and_count() {
-    let inst = create(&[("count", "4")]);
-    let events = inst
-        .allocate(&["example-3", "example-0"])
-        .expect("allocate");
-    assert_eq!(
-        events,
-        [
-            Event::Env("EXAMPLE_ALLOCATED".into(), "example-3,example-0".into()),
-            Event::Annotation("example.com/allocated-count".into(), "2".into()),
-        ]
-    );
+#[tokio::test]
+async fn unreadable_health_file_fails_the_scan_naming_it() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    // A directory opens for reading but cannot be read as lines.
+    let inst = create("dir-health", &[("health_file", utf8(dir.path()))]).await;
+    let error = inst.scan().await.err().expect("scan of a directory succeeded");
+    let (code, message) = refusal(&error);
+    assert_eq!(code, DEVHOST_ERR_UNAVAILABLE, "{error}");
+    assert!(message.contains(utf8(dir.path())), "{message:?}");
 }
 
-#[test]
-fn allocate_of_unknown_device_is_not_found_naming_it() {
-    let inst = create(&[("count", "2")]);
+#[tokio::test]
+async fn allocate_adds_ids_in_request_order_and_count() {
+    let inst = create("allocate", &[("count", "4")]).await;
+    let edits = inst.allocate(ids(&["example-3", "example-0"])).await;
+    let edits = edits.unwrap_or_else(|e| panic!("allocate: {e}"));
+    let expected = Edits {
+        envs: vec![("EXAMPLE_ALLOCATED".into(), "example-3,example-0".into())],
+        annotations: vec![("example.com/allocated-count".into(), "2".into())],
+        ..Edits::default()
+    };
+    assert_eq!(edits, Some(expected));
+}
+
+#[tokio::test]
+async fn allocate_of_unknown_device_is_not_found_naming_it() {
+    let inst = create("unknown", &[("count", "2")]).await;
     for id in ["example-2", "example-01", "other-0", ""] {
-        let failure = inst.allocate(&["example-0", id]).expect_err(id);
-        assert_eq!(failure.status, DEVHOST_ERR_NOT_FOUND, "{id:?}");
-        assert_eq!(failure.message, format!("unknown device \"{id}\""));
+        let error = inst.allocate(ids(&["example-0", id])).await.err();
+        let error = error.unwrap_or_else(|| panic!("{id:?} allocated"));
+        let (code, message) = refusal(&error);
+        assert_eq!(code, DEVHOST_ERR_NOT_FOUND, "{id:?}: {error}");
+        assert_eq!(message, format!("unknown device \"{id}\""));
     }
 }
 
-#[test]
-fn pre_start_logs_the_ids_at_info() {
-    let inst = create(&[]);
-    assert_eq!(
-        inst.pre_start(&["example-1", "example-0"])
-            .expect("pre_start"),
-        []
-    );
-    let logs = inst.state.logs.lock().expect("logs").clone();
-    assert_eq!(logs.len(), 1, "{logs:?}");
-    assert_eq!(logs[0].0, DEVHOST_LOG_INFO);
-    assert!(logs[0].1.contains("example-1,example-0"), "{logs:?}");
+#[tokio::test]
+async fn pre_start_logs_the_ids_at_info() {
+    let inst = create("pre-start", &[]).await;
+    assert_eq!(logs_of("pre-start"), [], "create logged");
+    let done = inst.pre_start(ids(&["example-1", "example-0"])).await;
+    done.unwrap_or_else(|e| panic!("pre_start: {e}"));
+    let expected = LogLine {
+        level: tracing::Level::INFO,
+        message: "pre_start: devices example-1,example-0 are ready".into(),
+    };
+    assert_eq!(logs_of("pre-start"), [expected]);
 }
 
-#[test]
-fn watch_reports_health_file_changes_until_stopped() {
-    let path = temp_file("health-watch");
-    let inst = create(&[("health_file", path.to_str().expect("utf-8 path"))]);
-    inst.watch_start().expect("watch_start");
-    std::thread::sleep(Duration::from_millis(150));
-    assert_eq!(inst.changes(), 0, "no change yet");
+#[tokio::test]
+async fn watch_reports_health_file_changes_until_shutdown() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("health");
+    // The name the host gives its worker thread; the watch thread inherits it.
+    let thread = "drv-watch";
+    let inst = create("watch", &[("health_file", utf8(&path))]).await;
+    assert_eq!(threads_named(thread), 1, "only the host's worker before watch_start");
+    inst.watch_start().await.unwrap_or_else(|e| panic!("watch_start: {e}"));
+    assert_eq!(threads_named(thread), 2, "no watch thread");
+    assert!(!notified_within(&inst, Duration::from_millis(200)).await, "changed without a change");
 
     std::fs::write(&path, "example-1\n").expect("write");
-    wait_for("devices_changed after the file appeared", || {
-        inst.changes() >= 1
-    });
-    let health: Vec<_> = devices(&inst.scan().expect("scan"))
-        .into_iter()
-        .map(|(_, h, _)| h)
-        .collect();
-    assert_eq!(health, [DEVHOST_HEALTH_HEALTHY, DEVHOST_HEALTH_UNHEALTHY]);
+    assert!(notified_within(&inst, Duration::from_secs(5)).await, "file appeared, no devices_changed");
+    assert_eq!(health(&scan(&inst).await), [true, false]);
 
-    let seen = inst.changes();
+    settle(&inst).await;
     std::fs::write(&path, "").expect("truncate");
-    wait_for("devices_changed after the file changed", || {
-        inst.changes() > seen
-    });
+    assert!(notified_within(&inst, Duration::from_secs(5)).await, "file changed, no devices_changed");
 
-    inst.watch_stop();
-    let stopped_at = inst.changes();
+    // The worker runs watch_stop then destroy, then drops its share of
+    // `changed`: when only ours is left, destroy has returned.
+    inst.shutdown();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Arc::strong_count(&inst.changed) > 1 {
+        assert!(Instant::now() < deadline, "the worker never finished destroy");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(threads_named(thread), 0, "the watch thread outlived destroy");
+    settle(&inst).await;
     std::fs::write(&path, "example-0\nexample-1\n").expect("write");
-    std::thread::sleep(Duration::from_millis(200));
-    assert_eq!(
-        inst.changes(),
-        stopped_at,
-        "devices_changed after watch_stop"
-    );
-}
-
-#[test]
-fn destroy_joins_a_running_watch_thread() {
-    let path = temp_file("health-destroy");
-    let inst = create(&[("health_file", path.to_str().expect("utf-8 path"))]);
-    inst.watch_start().expect("watch_start");
-    drop(inst); // no watch_stop: destroy must still stop and join the thread
-}
-
-#[test]
-fn host_table_without_needed_callbacks_is_refused() {
-    let state = Box::<mock::HostState>::default();
-    let mut api = mock::host_api(&*state);
-    // A table that ends right after set_error, as a (hypothetical) smaller host would pass.
-    api.struct_size = std::mem::offset_of!(devhost_host_api, device_begin) as u32;
-    let failure = Instance::create_with(desc(), api, state, &[])
-        .err()
-        .expect("accepted a short host table");
-    assert_eq!(failure.status, DEVHOST_ERR_UNSUPPORTED);
-    assert!(failure.message.contains("lacks"), "{}", failure.message);
+    assert!(!notified_within(&inst, Duration::from_millis(200)).await, "changed after shutdown");
 }

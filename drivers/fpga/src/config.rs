@@ -8,14 +8,7 @@ use devhost_sdk::{Error, Options, Result};
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub const KNOWN: &[&str] = &[
-    "mode",
-    "sysfs_root",
-    "devfs_root",
-    "poll_interval",
-    "udev",
-    "xrt_vendors",
-];
+pub const KNOWN: &[&str] = &["mode", "sysfs_root", "devfs_root", "poll_interval", "udev", "xrt_vendors"];
 
 /// Rescans for health changes (which raise no uevent) this often by default.
 pub const DEFAULT_POLL: Duration = Duration::from_secs(5);
@@ -36,9 +29,7 @@ impl Config {
         options.deny_unknown(KNOWN)?;
         let mode_text = options.get_or("mode", "port");
         let mode = Mode::parse(mode_text).ok_or_else(|| {
-            Error::invalid_argument(format!(
-                "option \"mode\": {mode_text:?} is not one of port, region, region-devel"
-            ))
+            Error::invalid_argument(format!("option \"mode\": {mode_text:?} is not one of port, region, region-devel"))
         })?;
         let poll = match options.get("poll_interval") {
             None => DEFAULT_POLL,
@@ -60,17 +51,15 @@ impl Config {
         let root = |key: &str, default: &str| -> Result<PathBuf> {
             let v = options.get_or(key, default).trim();
             if v.is_empty() {
-                return Err(Error::invalid_argument(format!(
-                    "option \"{key}\" is empty"
-                )));
+                return Err(Error::invalid_argument(format!("option \"{key}\" is empty")));
             }
-            Ok(PathBuf::from(v))
+            // Device specs need absolute host paths; a relative root (the
+            // demo's) is taken from the host's working folder.
+            std::path::absolute(v)
+                .map_err(|e| Error::invalid_argument(format!("option \"{key}\": cannot make {v:?} absolute: {e}")))
         };
         Ok(Config {
-            roots: Roots {
-                sys: root("sysfs_root", "/sys")?,
-                dev: root("devfs_root", "/dev")?,
-            },
+            roots: Roots { sys: root("sysfs_root", "/sys")?, dev: root("devfs_root", "/dev")? },
             mode,
             scope,
             poll_interval: (!poll.is_zero()).then_some(poll),
@@ -102,23 +91,13 @@ mod tests {
     use super::*;
 
     fn opts(p: &[(&str, &str)]) -> Options {
-        Options::new(
-            p.iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        )
+        Options::new(p.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect())
     }
 
     #[test]
     fn defaults_follow_the_docs() {
         let c = Config::from_options(&opts(&[])).unwrap();
-        assert_eq!(
-            c.roots,
-            Roots {
-                sys: "/sys".into(),
-                dev: "/dev".into()
-            }
-        );
+        assert_eq!(c.roots, Roots { sys: "/sys".into(), dev: "/dev".into() });
         assert_eq!(c.mode, Mode::Port);
         assert_eq!(c.poll_interval, Some(DEFAULT_POLL));
         assert!(c.udev);
@@ -127,12 +106,7 @@ mod tests {
 
     #[test]
     fn bad_values_name_the_option() {
-        for (k, v) in [
-            ("mode", "af"),
-            ("poll_interval", "soon"),
-            ("xrt_vendors", "xilinx"),
-            ("udev", "maybe"),
-        ] {
+        for (k, v) in [("mode", "af"), ("poll_interval", "soon"), ("xrt_vendors", "xilinx"), ("udev", "maybe")] {
             let e = Config::from_options(&opts(&[(k, v)])).unwrap_err();
             assert!(e.message.contains(k), "{e}");
         }
@@ -151,7 +125,7 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!(c.mode, Mode::RegionDevel);
-        assert_eq!(c.roots.sys, PathBuf::from("config/sim/fpga/sys"));
+        assert!(c.roots.sys.is_absolute() && c.roots.sys.ends_with("config/sim/fpga/sys"), "{:?}", c.roots.sys);
         assert_eq!(c.poll_interval, None);
         assert!(!c.udev);
         assert_eq!(c.scope.xrt_vendors, ["0x10ee", "0x1d0f"]);

@@ -63,29 +63,20 @@ pub fn devices(cards: &[Card], mode: Mode, notes: &mut Vec<String>) -> Vec<Devic
         match (card.stack, mode) {
             (Stack::Xrt, _) => out.push(alveo(card)),
             (_, Mode::Port) => out.extend(ports(card)),
-            (_, Mode::Region | Mode::RegionDevel) => {
-                out.extend(region(card, mode == Mode::RegionDevel))
-            }
+            (_, Mode::Region | Mode::RegionDevel) => out.extend(region(card, mode == Mode::RegionDevel)),
         }
     }
     for d in &mut out {
         for n in &d.nodes {
             if !n.present() {
-                d.problems.push(format!(
-                    "{}: device node {} is missing",
-                    d.id,
-                    n.host.display()
-                ));
+                d.problems.push(format!("{}: device node {} is missing", d.id, n.host.display()));
             }
         }
     }
     out.retain(|d| {
         let ok = valid_id(&d.id);
         if !ok {
-            notes.push(format!(
-                "device ID {:?} is not usable (1-63 printable characters, no \"::\"); skipped",
-                d.id
-            ));
+            notes.push(format!("device ID {:?} is not usable (1-63 printable characters, no \"::\"); skipped", d.id));
         }
         ok
     });
@@ -93,10 +84,7 @@ pub fn devices(cards: &[Card], mode: Mode, notes: &mut Vec<String>) -> Vec<Devic
     out.dedup_by(|b, a| {
         let dup = a.id == b.id;
         if dup {
-            notes.push(format!(
-                "device ID {} found twice; the second is skipped",
-                b.id
-            ));
+            notes.push(format!("device ID {} found twice; the second is skipped", b.id));
         }
         dup
     });
@@ -119,11 +107,7 @@ fn card_attrs(card: &Card) -> Vec<(&'static str, String)> {
         a.push(("fme", fme.name.clone()));
         a.extend(fme.interface_id.clone().map(|v| ("interface_id", v)));
         a.extend(fme.bitstream_id.clone().map(|v| ("bitstream_id", v)));
-        a.extend(
-            fme.bitstream_metadata
-                .clone()
-                .map(|v| ("bitstream_metadata", v)),
-        );
+        a.extend(fme.bitstream_metadata.clone().map(|v| ("bitstream_metadata", v)));
     }
     a
 }
@@ -155,12 +139,7 @@ fn ports(card: &Card) -> Vec<Device> {
                 numa: numa(card),
                 attrs,
                 nodes: vec![port.node.clone()],
-                links: card
-                    .ports
-                    .iter()
-                    .filter(|p| p.name != port.name)
-                    .map(|p| p.name.clone())
-                    .collect(),
+                links: card.ports.iter().filter(|p| p.name != port.name).map(|p| p.name.clone()).collect(),
                 problems,
             }
         })
@@ -192,10 +171,7 @@ fn region(card: &Card, devel: bool) -> Option<Device> {
     problems.extend(card.ports.iter().flat_map(|p| p.problems.iter().cloned()));
     Some(Device {
         // The FME names the FPGA; a virtual function's region has none.
-        id: card
-            .fme
-            .as_ref()
-            .map_or_else(|| card.name.clone(), |f| f.name.clone()),
+        id: card.fme.as_ref().map_or_else(|| card.name.clone(), |f| f.name.clone()),
         numa: numa(card),
         attrs,
         nodes,
@@ -215,19 +191,8 @@ fn alveo(card: &Card) -> Device {
         attrs.extend(x.timestamp.clone().map(|v| ("timestamp", v)));
         attrs.extend(x.serial.clone().map(|v| ("serial", v)));
         attrs.extend(x.logic_uuid.clone().map(|v| ("logic_uuid", v)));
-        attrs.extend(
-            x.mgmt
-                .as_ref()
-                .map(|m| ("mgmt_pci_address", m.address.clone())),
-        );
+        attrs.extend(x.mgmt.as_ref().map(|m| ("mgmt_pci_address", m.address.clone())));
         nodes = x.nodes.clone();
     }
-    Device {
-        id: card.name.clone(),
-        numa: numa(card),
-        attrs,
-        nodes,
-        links: Vec::new(),
-        problems: card_problems(card),
-    }
+    Device { id: card.name.clone(), numa: numa(card), attrs, nodes, links: Vec::new(), problems: card_problems(card) }
 }

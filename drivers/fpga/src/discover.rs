@@ -97,11 +97,7 @@ impl Default for Scope {
     fn default() -> Self {
         // Xilinx/AMD, Advantech, Amazon (F1), Arista: the vendors whose cards
         // carry Xilinx shells driven by XRT.
-        Scope {
-            xrt_vendors: ["0x10ee", "0x13fe", "0x1d0f", "0x3475"]
-                .map(String::from)
-                .to_vec(),
-        }
+        Scope { xrt_vendors: ["0x10ee", "0x13fe", "0x1d0f", "0x3475"].map(String::from).to_vec() }
     }
 }
 

@@ -13,19 +13,10 @@ const GOOD_MANAGER_STATES: &[&str] = &["operating", "unknown"];
 /// A hexadecimal identifier (`afu_id`, `compat_id`, `interface_id`), lower
 /// case and without dashes, or a sentence saying why it is not one.
 pub fn parse_id(text: &str, path: &Path) -> Result<String, String> {
-    let id: String = text
-        .trim()
-        .chars()
-        .filter(|&c| c != '-')
-        .collect::<String>()
-        .to_ascii_lowercase();
+    let id: String = text.trim().chars().filter(|&c| c != '-').collect::<String>().to_ascii_lowercase();
     let id = id.strip_prefix("0x").unwrap_or(&id).to_string();
     if id.is_empty() || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(format!(
-            "{} holds {:?}, not a hexadecimal ID",
-            path.display(),
-            text.trim()
-        ));
+        return Err(format!("{} holds {:?}, not a hexadecimal ID", path.display(), text.trim()));
     }
     Ok(id)
 }
@@ -57,11 +48,7 @@ pub fn error_registers(dir: &Path, who: &str) -> Vec<String> {
                 let p = root.join(&name);
                 if p.is_dir() {
                     match list(&p, |_| true) {
-                        Ok(inner) => files.extend(
-                            inner
-                                .into_iter()
-                                .map(|n| (format!("{name}/{n}"), p.join(n))),
-                        ),
+                        Ok(inner) => files.extend(inner.into_iter().map(|n| (format!("{name}/{n}"), p.join(n)))),
                         Err(e) => problems.push(format!("{who}: {e}")),
                     }
                 } else {
@@ -73,8 +60,7 @@ pub fn error_registers(dir: &Path, who: &str) -> Vec<String> {
     }
     for (rel, path) in files {
         let leaf = rel.rsplit('/').next().unwrap_or(&rel);
-        let is_register =
-            (leaf == "errors" || leaf.ends_with("_errors")) && !leaf.starts_with("inject");
+        let is_register = (leaf == "errors" || leaf.ends_with("_errors")) && !leaf.starts_with("inject");
         if !is_register {
             continue;
         }
@@ -82,10 +68,7 @@ pub fn error_registers(dir: &Path, who: &str) -> Vec<String> {
             Ok(text) => match parse_u64(&text) {
                 Some(0) => {}
                 Some(_) => problems.push(format!("{who} reports errors: errors/{rel} = {text}")),
-                None => problems.push(format!(
-                    "{who}: {} holds {text:?}, not an error register value",
-                    path.display()
-                )),
+                None => problems.push(format!("{who}: {} holds {text:?}, not an error register value", path.display())),
             },
             Err(e) => problems.push(format!("{who}: {e}")),
         }
@@ -112,19 +95,14 @@ pub fn managers(dir: &Path, who: &str) -> Vec<String> {
             let mdir = class_dir.join(&m);
             match read_attr(&mdir.join("state")) {
                 Ok(state) if GOOD_MANAGER_STATES.contains(&state.as_str()) => {}
-                Ok(state) => problems.push(format!(
-                    "{who}: FPGA manager {m} is in state {state:?}, not operating"
-                )),
+                Ok(state) => problems.push(format!("{who}: FPGA manager {m} is in state {state:?}, not operating")),
                 Err(e) => problems.push(format!("{who}: {e}")),
             }
             // `status` appeared in kernel 4.19; older kernels simply lack it.
             if let Ok(status) = read_attr(&mdir.join("status"))
                 && !status.is_empty()
             {
-                problems.push(format!(
-                    "{who}: FPGA manager {m} reports {:?}",
-                    status.replace('\n', "; ")
-                ));
+                problems.push(format!("{who}: FPGA manager {m} reports {:?}", status.replace('\n', "; ")));
             }
         }
     }
@@ -138,15 +116,9 @@ mod tests {
     #[test]
     fn ids_are_normalised_and_garbage_is_named() {
         let p = Path::new("/sys/x/afu_id");
-        assert_eq!(
-            parse_id("D8424DC4-A4A3-C413-F89E-433683F9040B\n", p).unwrap(),
-            "d8424dc4a4a3c413f89e433683f9040b"
-        );
+        assert_eq!(parse_id("D8424DC4-A4A3-C413-F89E-433683F9040B\n", p).unwrap(), "d8424dc4a4a3c413f89e433683f9040b");
         let e = parse_id("not-an-id", p).unwrap_err();
-        assert!(
-            e.contains("/sys/x/afu_id") && e.contains("not-an-id"),
-            "{e}"
-        );
+        assert!(e.contains("/sys/x/afu_id") && e.contains("not-an-id"), "{e}");
         assert!(parse_id("", p).is_err());
     }
 

@@ -55,34 +55,19 @@ pub fn scan(roots: &Roots, layout: &Layout, out: &mut Discovery) {
     let entries = match list(&class_dir, |n| is_numbered(n, layout.container)) {
         Ok(e) => e,
         Err(e) => {
-            out.notes
-                .push(format!("{} cards skipped: {e}", layout.stack.as_str()));
+            out.notes.push(format!("{} cards skipped: {e}", layout.stack.as_str()));
             return;
         }
     };
     for entry in entries {
-        if let Some(card) = read_card(
-            roots,
-            layout,
-            &class_dir.join(&entry),
-            &entry,
-            &mut out.notes,
-        ) {
+        if let Some(card) = read_card(roots, layout, &class_dir.join(&entry), &entry, &mut out.notes) {
             out.cards.push(card);
         }
     }
 }
 
-fn read_card(
-    roots: &Roots,
-    layout: &Layout,
-    dir: &Path,
-    name: &str,
-    notes: &mut Vec<String>,
-) -> Option<Card> {
-    let children = match list(dir, |n| {
-        is_numbered(n, layout.fme) || is_numbered(n, layout.port)
-    }) {
+fn read_card(roots: &Roots, layout: &Layout, dir: &Path, name: &str, notes: &mut Vec<String>) -> Option<Card> {
+    let children = match list(dir, |n| is_numbered(n, layout.fme) || is_numbered(n, layout.port)) {
         Ok(c) => c,
         Err(e) => {
             notes.push(format!("{} {name} skipped: {e}", layout.stack.as_str()));
@@ -94,9 +79,7 @@ fn read_card(
     if children.is_empty() {
         return None;
     }
-    let (fmes, ports): (Vec<String>, Vec<String>) = children
-        .into_iter()
-        .partition(|n| n.starts_with(layout.fme));
+    let (fmes, ports): (Vec<String>, Vec<String>) = children.into_iter().partition(|n| n.starts_with(layout.fme));
     if fmes.len() > 1 {
         notes.push(format!(
             "{} {name} holds several FMEs ({}); using {}",
@@ -109,13 +92,8 @@ fn read_card(
         stack: layout.stack,
         name: name.to_string(),
         pci: Pci::of_class_device(dir),
-        fme: fmes
-            .first()
-            .map(|f| read_fme(roots, layout, &dir.join(f), f)),
-        ports: ports
-            .iter()
-            .map(|p| read_port(roots, &dir.join(p), p))
-            .collect(),
+        fme: fmes.first().map(|f| read_fme(roots, layout, &dir.join(f), f)),
+        ports: ports.iter().map(|p| read_port(roots, &dir.join(p), p)).collect(),
         xrt: None,
         problems: Vec::new(),
     })
@@ -131,9 +109,7 @@ fn read_fme(roots: &Roots, layout: &Layout, dir: &Path, name: &str) -> Fme {
         None => None,
         Some(path) => match read_id(&path) {
             Ok(id) if all_ones(&id) => {
-                problems.push(format!(
-                    "{who}: interface ID reads all-ones (firmware crashed?)"
-                ));
+                problems.push(format!("{who}: interface ID reads all-ones (firmware crashed?)"));
                 Some(id)
             }
             Ok(id) => Some(id),
@@ -144,12 +120,7 @@ fn read_fme(roots: &Roots, layout: &Layout, dir: &Path, name: &str) -> Fme {
         },
     };
     // Identity only: odd values are reported verbatim, never a health issue.
-    let text = |f: &str| {
-        read_optional(&dir.join(f))
-            .ok()
-            .flatten()
-            .filter(|v| !v.is_empty())
-    };
+    let text = |f: &str| read_optional(&dir.join(f)).ok().flatten().filter(|v| !v.is_empty());
     Fme {
         name: name.to_string(),
         node: Node::under(roots, name),
@@ -165,9 +136,7 @@ fn read_port(roots: &Roots, dir: &Path, name: &str) -> Port {
     let mut problems = error_registers(dir, &who);
     let afu_id = match read_id(&dir.join("afu_id")) {
         Ok(id) if all_ones(&id) => {
-            problems.push(format!(
-                "{who}: accelerator function ID reads all-ones (firmware crashed?)"
-            ));
+            problems.push(format!("{who}: accelerator function ID reads all-ones (firmware crashed?)"));
             Some(id)
         }
         Ok(id) => Some(id),
@@ -176,10 +145,5 @@ fn read_port(roots: &Roots, dir: &Path, name: &str) -> Port {
             None
         }
     };
-    Port {
-        name: name.to_string(),
-        node: Node::under(roots, name),
-        afu_id,
-        problems,
-    }
+    Port { name: name.to_string(), node: Node::under(roots, name), afu_id, problems }
 }

@@ -50,17 +50,11 @@ impl Notify for HostNotify {
 }
 
 impl Driver for Fpga {
-    const HOOKS: Hooks = Hooks {
-        watch: true,
-        ..Hooks::NONE
-    };
+    const HOOKS: Hooks = Hooks { watch: true, ..Hooks::NONE };
 
     fn create(host: Host, options: &Options) -> Result<Self> {
         let config = Config::from_options(options)?;
-        for (key, path) in [
-            ("sysfs_root", &config.roots.sys),
-            ("devfs_root", &config.roots.dev),
-        ] {
+        for (key, path) in [("sysfs_root", &config.roots.sys), ("devfs_root", &config.roots.dev)] {
             if !path.is_dir() {
                 return Err(Error::invalid_argument(format!(
                     "option \"{key}\": {} is not a directory",
@@ -93,9 +87,7 @@ impl Driver for Fpga {
             match UdevEvents::open() {
                 Ok(e) => Some(Box::new(e)),
                 Err(e) => {
-                    log::warn!(
-                        "{e}; hot-plug is detected by rescanning every poll_interval instead"
-                    );
+                    log::warn!("{e}; hot-plug is detected by rescanning every poll_interval instead");
                     None
                 }
             }
@@ -106,31 +98,22 @@ impl Driver for Fpga {
             (true, Some(p)) => format!("udev kernel events, health rescans every {p:?}"),
             (true, None) => "udev kernel events, no periodic health rescans".to_string(),
             (false, Some(p)) => format!("rescans every {p:?}"),
-            (false, None) => {
-                "nothing: poll_interval is 0 and udev is off, devices are read once".to_string()
-            }
+            (false, None) => "nothing: poll_interval is 0 and udev is off, devices are read once".to_string(),
         };
-        log::info!(
-            "watching FPGAs under {} with {how}",
-            self.config.roots.sys.display()
-        );
-        let watcher = Watcher::start(
-            events,
-            self.config.poll_interval,
-            Arc::new(HostNotify(self.host)),
-        )
-        .map_err(|e| Error::internal(format!("cannot start the FPGA watch thread: {e}")))?;
+        log::info!("watching FPGAs under {} with {how}", self.config.roots.sys.display());
+        let watcher = Watcher::start(events, self.config.poll_interval, Arc::new(HostNotify(self.host)))
+            .map_err(|e| Error::internal(format!("cannot start the FPGA watch thread: {e}")))?;
         let mut slot = self.watcher.lock().unwrap_or_else(|p| p.into_inner());
-        *slot = watcher;
+        // The host calls watch_start once; should it ever repeat, stop the
+        // old thread rather than leak it.
+        if let Some(old) = std::mem::replace(&mut *slot, watcher) {
+            old.stop();
+        }
         Ok(())
     }
 
     fn watch_stop(&self) {
-        let watcher = self
-            .watcher
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        let watcher = self.watcher.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(w) = watcher {
             w.stop();
         }
@@ -140,11 +123,7 @@ impl Driver for Fpga {
 impl Fpga {
     /// Logs problems when they appear and clear, and the inventory when it changes.
     fn log_changes(&self, notes: Vec<String>, devices: &[Device], cards: usize) {
-        let changes = self.problems.update(
-            notes
-                .into_iter()
-                .chain(devices.iter().flat_map(|d| d.problems.clone())),
-        );
+        let changes = self.problems.update(notes.into_iter().chain(devices.iter().flat_map(|d| d.problems.clone())));
         for p in &changes.new {
             log::warn!("{p}");
         }
@@ -166,11 +145,7 @@ impl Fpga {
 }
 
 fn emit(scan: &mut Scan<'_>, d: &Device) {
-    let health = if d.problems.is_empty() {
-        Health::Healthy
-    } else {
-        Health::Unhealthy
-    };
+    let health = if d.problems.is_empty() { Health::Healthy } else { Health::Unhealthy };
     let mut b = scan.device(&d.id, health, d.numa);
     for (k, v) in &d.attrs {
         b.attr(k, v);

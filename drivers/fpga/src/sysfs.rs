@@ -29,10 +29,7 @@ pub struct Node {
 impl Node {
     /// The node `rel` (e.g. `dfl-port.0`, `dri/renderD128`) under the devfs root.
     pub fn under(roots: &Roots, rel: &str) -> Node {
-        Node {
-            host: roots.dev.join(rel),
-            container: format!("/dev/{rel}"),
-        }
+        Node { host: roots.dev.join(rel), container: format!("/dev/{rel}") }
     }
 
     /// Whether the node exists on the host (a vanished node makes its device Unhealthy).
@@ -43,9 +40,7 @@ impl Node {
 
 /// Reads a sysfs attribute, trimmed. The error names the file.
 pub fn read_attr(path: &Path) -> Result<String, String> {
-    fs::read_to_string(path)
-        .map(|s| s.trim().to_string())
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))
+    fs::read_to_string(path).map(|s| s.trim().to_string()).map_err(|e| format!("cannot read {}: {e}", path.display()))
 }
 
 /// Reads an attribute that may legitimately be absent: `Ok(None)` when the
@@ -66,11 +61,8 @@ pub fn list(dir: &Path, keep: impl Fn(&str) -> bool) -> Result<Vec<String>, Stri
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(format!("cannot list {}: {e}", dir.display())),
     };
-    let mut names: Vec<String> = entries
-        .filter_map(|e| e.ok())
-        .filter_map(|e| e.file_name().into_string().ok())
-        .filter(|n| keep(n))
-        .collect();
+    let mut names: Vec<String> =
+        entries.filter_map(|e| e.ok()).filter_map(|e| e.file_name().into_string().ok()).filter(|n| keep(n)).collect();
     names.sort_by_key(|n| natural_key(n));
     Ok(names)
 }
@@ -78,11 +70,7 @@ pub fn list(dir: &Path, keep: impl Fn(&str) -> bool) -> Result<Vec<String>, Stri
 /// The first entry of `dir` whose name starts with `prefix` (sysfs sub-device
 /// directories such as `rom.u.5` or `dfl-fme-region.0` carry instance numbers).
 pub fn first_with_prefix(dir: &Path, prefix: &str) -> Option<PathBuf> {
-    list(dir, |n| n.starts_with(prefix))
-        .ok()?
-        .into_iter()
-        .next()
-        .map(|n| dir.join(n))
+    list(dir, |n| n.starts_with(prefix)).ok()?.into_iter().next().map(|n| dir.join(n))
 }
 
 /// Sort key splitting a trailing number off a name.
@@ -94,8 +82,7 @@ pub fn natural_key(name: &str) -> (String, u64, String) {
 
 /// `true` for names like `prefix` followed by one or more decimal digits.
 pub fn is_numbered(name: &str, prefix: &str) -> bool {
-    name.strip_prefix(prefix)
-        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    name.strip_prefix(prefix).is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// A PCI address as the kernel names PCI devices: `DDDD:BB:DD.F`.
@@ -138,9 +125,7 @@ impl Pci {
     pub fn read(dir: &Path, address: &str) -> Pci {
         let id = |f: &str| read_attr(&dir.join(f)).ok().map(|v| v.to_ascii_lowercase());
         // The kernel writes -1 when the platform reports no NUMA affinity.
-        let numa_node = read_attr(&dir.join("numa_node"))
-            .ok()
-            .and_then(|v| v.parse::<i64>().ok());
+        let numa_node = read_attr(&dir.join("numa_node")).ok().and_then(|v| v.parse::<i64>().ok());
         Pci {
             address: address.to_string(),
             vendor: id("vendor"),
@@ -157,16 +142,8 @@ impl Pci {
     pub fn of_class_device(entry: &Path) -> Option<Pci> {
         let parent = fs::canonicalize(entry.join("device"))
             .ok()
-            .filter(|p| {
-                p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(is_pci_address)
-            })
-            .or_else(|| {
-                fs::canonicalize(entry)
-                    .ok()
-                    .and_then(|p| p.parent()?.parent().map(Path::to_path_buf))
-            })?;
+            .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(is_pci_address))
+            .or_else(|| fs::canonicalize(entry).ok().and_then(|p| p.parent()?.parent().map(Path::to_path_buf)))?;
         let address = parent.file_name()?.to_str()?.to_string();
         is_pci_address(&address).then(|| Pci::read(&parent, &address))
     }
@@ -174,11 +151,7 @@ impl Pci {
 
 /// The last component of a symlink's target (`driver` → `xocl`).
 pub fn link_name(path: &Path) -> Option<String> {
-    fs::read_link(path)
-        .ok()?
-        .file_name()?
-        .to_str()
-        .map(str::to_string)
+    fs::read_link(path).ok()?.file_name()?.to_str().map(str::to_string)
 }
 
 #[cfg(test)]

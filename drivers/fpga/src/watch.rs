@@ -29,15 +29,7 @@ pub trait Notify: Send + Sync + 'static {
 /// Whether a uevent of this subsystem and device name may change what the
 /// driver reports. Others (disks, network, input) are ignored.
 pub fn relevant(subsystem: &str, sysname: &str) -> bool {
-    const SUBSYSTEMS: &[&str] = &[
-        "fpga_region",
-        "fpga_manager",
-        "fpga_bridge",
-        "fpga",
-        "dfl",
-        "pci",
-        "drm",
-    ];
+    const SUBSYSTEMS: &[&str] = &["fpga_region", "fpga_manager", "fpga_bridge", "fpga", "dfl", "pci", "drm"];
     const NAMES: &[&str] = &["dfl-", "intel-fpga-", "xclmgmt", "region"];
     SUBSYSTEMS.contains(&subsystem) || NAMES.iter().any(|p| sysname.starts_with(p))
 }
@@ -102,12 +94,7 @@ impl Watcher {
     }
 }
 
-fn run(
-    mut events: Option<Box<dyn Events>>,
-    poll: Option<Duration>,
-    stopped: mpsc::Receiver<()>,
-    notify: &dyn Notify,
-) {
+fn run(mut events: Option<Box<dyn Events>>, poll: Option<Duration>, stopped: mpsc::Receiver<()>, notify: &dyn Notify) {
     let mut next_poll = poll.map(|p| Instant::now() + p);
     loop {
         let until_poll = next_poll.map(|t| t.saturating_duration_since(Instant::now()));
@@ -130,10 +117,7 @@ fn run(
                         Some(p) => format!("falling back to a rescan every {p:?}"),
                         None => "hot-plug is no longer detected (poll_interval is 0)".to_string(),
                     };
-                    notify.log(
-                        log::Level::Warn,
-                        &format!("fpga: hot-plug events failed: {e}; {fallback}"),
-                    );
+                    notify.log(log::Level::Warn, &format!("fpga: hot-plug events failed: {e}; {fallback}"));
                     events = None;
                 }
             }

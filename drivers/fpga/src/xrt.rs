@@ -5,9 +5,7 @@
 //! the same vendors (Amazon's NICs and disks), is ignored.
 
 use crate::discover::{Card, Discovery, Scope, Stack, XrtCard};
-use crate::sysfs::{
-    Node, Pci, Roots, first_with_prefix, is_numbered, is_pci_address, link_name, list, read_attr,
-};
+use crate::sysfs::{Node, Pci, Roots, first_with_prefix, is_numbered, is_pci_address, link_name, list, read_attr};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -37,11 +35,7 @@ fn role(dir: &Path) -> Option<Role> {
 /// `0x10EE`, `10ee` → `0x10ee`.
 pub fn normalize_vendor(v: &str) -> String {
     let v = v.trim().to_ascii_lowercase();
-    if v.starts_with("0x") {
-        v
-    } else {
-        format!("0x{v}")
-    }
+    if v.starts_with("0x") { v } else { format!("0x{v}") }
 }
 
 /// Adds the Alveo cards found on the PCI bus.
@@ -73,9 +67,7 @@ pub fn scan(roots: &Roots, scope: &Scope, out: &mut Discovery) {
     }
     for (user, mgmt) in slots.into_values() {
         match user {
-            Some(user) => out
-                .cards
-                .push(read_card(roots, &bus, &user, mgmt.as_deref())),
+            Some(user) => out.cards.push(read_card(roots, &bus, &user, mgmt.as_deref())),
             None => out.notes.push(format!(
                 "Alveo management function {} has no user function (is xocl loaded?); card skipped",
                 mgmt.unwrap_or_default()
@@ -97,39 +89,28 @@ fn read_card(roots: &Roots, bus: &Path, user: &str, mgmt: Option<&str>) -> Card 
             info.vbnv = text(&rom.join("VBNV"), &who, &mut problems, true);
             info.timestamp = text(&rom.join("timestamp"), &who, &mut problems, false);
         }
-        None => problems.push(format!(
-            "{who}: no ROM (rom.u.*) under {}; card resetting or shell not loaded?",
-            udir.display()
-        )),
+        None => problems
+            .push(format!("{who}: no ROM (rom.u.*) under {}; card resetting or shell not loaded?", udir.display())),
     }
     info.serial = first_with_prefix(&udir, "xmc.u.")
         .and_then(|x| read_attr(&x.join("serial_num")).ok())
         .filter(|s| !s.is_empty());
-    info.logic_uuid = read_attr(&udir.join("logic_uuids")).ok().and_then(|s| {
-        s.lines()
-            .map(str::trim)
-            .find(|l| !l.is_empty())
-            .map(str::to_string)
-    });
+    info.logic_uuid = read_attr(&udir.join("logic_uuids"))
+        .ok()
+        .and_then(|s| s.lines().map(str::trim).find(|l| !l.is_empty()).map(str::to_string));
 
     match list(&udir.join("drm"), |n| is_numbered(n, "renderD")).map(|v| v.into_iter().next()) {
-        Ok(Some(render)) => info
-            .nodes
-            .push(Node::under(roots, &format!("dri/{render}"))),
-        Ok(None) => problems.push(format!(
-            "{who}: no DRM render node under {}/drm (xocl not bound?)",
-            udir.display()
-        )),
+        Ok(Some(render)) => info.nodes.push(Node::under(roots, &format!("dri/{render}"))),
+        Ok(None) => problems.push(format!("{who}: no DRM render node under {}/drm (xocl not bound?)", udir.display())),
         Err(e) => problems.push(format!("{who}: {e}")),
     }
     if let Some(mgmt) = mgmt {
         let mdir = bus.join(mgmt);
         match read_attr(&mdir.join("instance")).map(|t| (t.parse::<u32>(), t)) {
             Ok((Ok(n), _)) => info.nodes.push(Node::under(roots, &format!("xclmgmt{n}"))),
-            Ok((Err(_), t)) => problems.push(format!(
-                "{who}: {} holds {t:?}, not an instance number",
-                mdir.join("instance").display()
-            )),
+            Ok((Err(_), t)) => {
+                problems.push(format!("{who}: {} holds {t:?}, not an instance number", mdir.join("instance").display()))
+            }
             Err(e) => problems.push(format!("{who}: {e}")),
         }
         info.mgmt = Some(Pci::read(&mdir, mgmt));
@@ -139,8 +120,7 @@ fn read_card(roots: &Roots, bus: &Path, user: &str, mgmt: Option<&str>) -> Card 
     if first_with_prefix(&udir, "dma.qdma.u").is_some()
         && let Some(inst) = qdma_instance(user)
     {
-        info.nodes
-            .push(Node::under(roots, &format!("xfpga/dma.qdma.u{inst}.0")));
+        info.nodes.push(Node::under(roots, &format!("xfpga/dma.qdma.u{inst}.0")));
     }
     Card {
         stack: Stack::Xrt,

@@ -3,7 +3,7 @@
 //! [`export_driver!`](crate::export_driver); not for driver code.
 
 use crate::output::{Call, Edits, Preferred, PreferredRequest, Scan};
-use crate::{Driver, Error, Host, Options, Status};
+use crate::{Driver, Error, Host, Options};
 use devhost_abi as abi;
 use std::any::Any;
 use std::cell::Cell;
@@ -333,7 +333,3 @@ fn install_logger(host: Host) {
         log::set_max_level(log::LevelFilter::Debug);
     }
 }
-
-/// Keeps `Status` reachable for the macro-free paths.
-pub const PANIC_STATUS: abi::devhost_status = abi::DEVHOST_ERR_PANIC;
-const _: Status = Status::Internal;

@@ -10,11 +10,7 @@ use devhost_sdk::{Error, Result};
 use std::collections::BTreeSet;
 
 /// Resolves and validates the chips of one container request. The result is in index order.
-pub fn resolve<'a>(
-    config: &Config,
-    views: &'a [ChipView],
-    ids: &[&str],
-) -> Result<Vec<&'a ChipView>> {
+pub fn resolve<'a>(config: &Config, views: &'a [ChipView], ids: &[&str]) -> Result<Vec<&'a ChipView>> {
     if ids.is_empty() {
         return Err(Error::invalid_argument("the request names no TPU chips"));
     }
@@ -22,9 +18,7 @@ pub fn resolve<'a>(
     let mut seen = BTreeSet::new();
     for id in ids {
         if !seen.insert(*id) {
-            return Err(Error::invalid_argument(format!(
-                "TPU chip {id} is named twice in one request"
-            )));
+            return Err(Error::invalid_argument(format!("TPU chip {id} is named twice in one request")));
         }
         let view = views
             .iter()
@@ -33,6 +27,7 @@ pub fn resolve<'a>(
         chosen.push(view);
     }
     chosen.sort_by_key(|v| v.index);
+    // Never empty: `ids` is not, and every ID resolved.
     let generation = chosen[0].chip.generation;
     if let Some(other) = chosen.iter().find(|v| v.chip.generation != generation) {
         return Err(Error::invalid_argument(format!(
@@ -57,10 +52,7 @@ fn not_whole_host(requested: usize, total: usize) -> Error {
 
 fn check_box(chosen: &[&ChipView], total: usize, generation: Generation) -> Result<()> {
     let size = chosen.len();
-    let names: Vec<String> = chosen
-        .iter()
-        .map(|v| format!("{} (chip {})", v.chip.id, v.index))
-        .collect();
+    let names: Vec<String> = chosen.iter().map(|v| format!("{} (chip {})", v.chip.id, v.index)).collect();
     if !BOX_SIZES.contains(&size) || size > total {
         return Err(Error::invalid_argument(format!(
             "a {size}-chip TPU request is not a box this {generation} host can give; request 1, 2, 4 or 8 chips, at most {total}"
@@ -71,10 +63,7 @@ fn check_box(chosen: &[&ChipView], total: usize, generation: Generation) -> Resu
         return Err(Error::invalid_argument(format!(
             "TPU chips {} do not form a {size}-chip box ({}) on this {generation} host; valid {size}-chip boxes are chips {}",
             names.join(", "),
-            topology::topology_text(
-                &topology::chip_bounds(size).unwrap_or([1, 1, 1]),
-                generation
-            ),
+            topology::topology_text(&topology::chip_bounds(size).unwrap_or([1, 1, 1]), generation),
             topology::describe(&topology::boxes(total, size)),
         )));
     }
@@ -97,14 +86,9 @@ pub fn prefer(
     must_include: &[&str],
     size: usize,
 ) -> Result<Vec<String>> {
-    let free: Vec<&ChipView> = views
-        .iter()
-        .filter(|v| available.contains(&v.chip.id.as_str()))
-        .collect();
+    let free: Vec<&ChipView> = views.iter().filter(|v| available.contains(&v.chip.id.as_str())).collect();
     let Some(generation) = free.first().map(|v| v.chip.generation) else {
-        return Err(Error::resource_exhausted(
-            "no TPU chip of this host is available",
-        ));
+        return Err(Error::resource_exhausted("no TPU chip of this host is available"));
     };
     let total = host_chips(views, generation);
     if config.policy == Policy::WholeHost {
@@ -113,22 +97,11 @@ pub fn prefer(
         }
         return Ok(free.iter().map(|v| v.chip.id.clone()).collect());
     }
-    let is_free = |index: usize| {
-        free.iter()
-            .any(|v| v.index == index && v.chip.generation == generation)
-    };
-    let chip_at = |index: usize| {
-        views
-            .iter()
-            .find(|v| v.index == index && v.chip.generation == generation)
-    };
+    let is_free = |index: usize| free.iter().any(|v| v.index == index && v.chip.generation == generation);
+    let chip_at = |index: usize| views.iter().find(|v| v.index == index && v.chip.generation == generation);
     let required: Vec<usize> = must_include
         .iter()
-        .filter_map(|id| {
-            views
-                .iter()
-                .find(|v| v.chip.id == *id && v.chip.generation == generation)
-        })
+        .filter_map(|id| views.iter().find(|v| v.chip.id == *id && v.chip.generation == generation))
         .map(|v| v.index)
         .collect();
 
@@ -146,11 +119,7 @@ pub fn prefer(
         let mut outer = size * 2;
         while outer <= total.next_power_of_two() {
             let start = candidate.start / outer * outer;
-            score.push(
-                (start..(start + outer).min(total))
-                    .filter(|&i| is_free(i))
-                    .count(),
-            );
+            score.push((start..(start + outer).min(total)).filter(|&i| is_free(i)).count());
             outer *= 2;
         }
         if best.as_ref().is_none_or(|(s, _)| score < *s) {
@@ -158,21 +127,11 @@ pub fn prefer(
         }
     }
     match best {
-        Some((_, chosen)) => Ok(chosen
-            .filter_map(chip_at)
-            .map(|v| v.chip.id.clone())
-            .collect()),
+        Some((_, chosen)) => Ok(chosen.filter_map(chip_at).map(|v| v.chip.id.clone()).collect()),
         None => Err(Error::resource_exhausted(format!(
             "no free {size}-chip TPU box on this {generation} host{}; free chips: {}",
-            if must_include.is_empty() {
-                String::new()
-            } else {
-                format!(" containing {}", must_include.join(", "))
-            },
-            free.iter()
-                .map(|v| v.index.to_string())
-                .collect::<Vec<_>>()
-                .join(", "),
+            if must_include.is_empty() { String::new() } else { format!(" containing {}", must_include.join(", ")) },
+            free.iter().map(|v| v.index.to_string()).collect::<Vec<_>>().join(", "),
         ))),
     }
 }
@@ -180,10 +139,7 @@ pub fn prefer(
 /// Chips of `generation` the host has (or had: vanished chips count, so a box never covers a
 /// hole left by a failed chip).
 fn host_chips(views: &[ChipView], generation: Generation) -> usize {
-    views
-        .iter()
-        .filter(|v| v.chip.generation == generation)
-        .count()
+    views.iter().filter(|v| v.chip.generation == generation).count()
 }
 
 fn spans_numa(chips: &[&ChipView]) -> bool {

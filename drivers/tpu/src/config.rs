@@ -29,6 +29,16 @@ pub enum Policy {
     Boxes,
 }
 
+impl Policy {
+    /// The option value naming the policy.
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::WholeHost => "whole-host",
+            Policy::Boxes => "boxes",
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
     pub roots: Roots,
@@ -62,9 +72,7 @@ impl Config {
         let worker_id: u32 = options.parse_or("worker_id", 0)?;
         if let Some(hosts) = &worker_hostnames {
             if hosts.is_empty() {
-                return Err(Error::invalid_argument(
-                    "option \"worker_hostnames\" is empty",
-                ));
+                return Err(Error::invalid_argument("option \"worker_hostnames\" is empty"));
             }
             if worker_id as usize >= hosts.len() {
                 return Err(Error::invalid_argument(format!(
@@ -73,9 +81,7 @@ impl Config {
                 )));
             }
         }
-        let multi_host = topology.is_some()
-            || worker_id != 0
-            || worker_hostnames.as_ref().is_some_and(|h| h.len() > 1);
+        let multi_host = topology.is_some() || worker_id != 0 || worker_hostnames.as_ref().is_some_and(|h| h.len() > 1);
         if policy == Policy::Boxes && multi_host {
             return Err(Error::invalid_argument(
                 "options \"topology\", \"worker_id\" and \"worker_hostnames\" describe a multi-host slice, \
@@ -84,9 +90,7 @@ impl Config {
         }
         let accelerator_type = match options.get("accelerator_type").map(str::trim) {
             Some("") => {
-                return Err(Error::invalid_argument(
-                    "option \"accelerator_type\" is empty",
-                ));
+                return Err(Error::invalid_argument("option \"accelerator_type\" is empty"));
             }
             other => other.map(str::to_string),
         };
@@ -110,18 +114,13 @@ impl Config {
 /// Device specs need absolute host paths; a relative root (the demo's) is taken from the host's
 /// working directory.
 fn absolute(key: &str, value: &str) -> Result<PathBuf> {
-    std::path::absolute(Path::new(value)).map_err(|e| {
-        Error::invalid_argument(format!(
-            "option \"{key}\": {value:?} is not a usable path: {e}"
-        ))
-    })
+    std::path::absolute(Path::new(value))
+        .map_err(|e| Error::invalid_argument(format!("option \"{key}\": {value:?} is not a usable path: {e}")))
 }
 
 fn port(options: &Options, key: &str, default: u16) -> Result<u16> {
     match options.parse_or(key, default)? {
-        0 => Err(Error::invalid_argument(format!(
-            "option \"{key}\": port 0 is not allowed"
-        ))),
+        0 => Err(Error::invalid_argument(format!("option \"{key}\": port 0 is not allowed"))),
         p => Ok(p),
     }
 }
@@ -133,11 +132,7 @@ fn parse_topology(text: &str) -> Result<Vec<u32>> {
             "option \"topology\": {text:?} is not a topology; write two or three positive numbers joined by 'x', e.g. \"2x4\" or \"4x4x8\""
         ))
     };
-    let dims: Vec<u32> = text
-        .trim()
-        .split('x')
-        .map(|d| d.parse::<u32>().map_err(|_| bad()))
-        .collect::<Result<_>>()?;
+    let dims: Vec<u32> = text.trim().split('x').map(|d| d.parse::<u32>().map_err(|_| bad())).collect::<Result<_>>()?;
     if !(2..=3).contains(&dims.len()) || dims.contains(&0) {
         return Err(bad());
     }
@@ -150,9 +145,7 @@ fn parse_interval(text: &str) -> Result<Option<Duration>> {
     if text == "0" || text == "off" {
         return Ok(None);
     }
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
     let (digits, unit) = text.split_at(split);
     let bad = || {
         Error::invalid_argument(format!(
@@ -166,11 +159,7 @@ fn parse_interval(text: &str) -> Result<Option<Duration>> {
         "m" => Duration::from_secs(amount.checked_mul(60).ok_or_else(bad)?),
         _ => return Err(bad()),
     };
-    Ok(if duration.is_zero() {
-        None
-    } else {
-        Some(duration)
-    })
+    Ok(if duration.is_zero() { None } else { Some(duration) })
 }
 
 #[cfg(test)]
@@ -178,34 +167,17 @@ mod tests {
     use super::*;
 
     fn config(pairs: &[(&str, &str)]) -> Result<Config> {
-        Config::from_options(&Options::new(
-            pairs
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        ))
+        Config::from_options(&Options::new(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()))
     }
 
     #[test]
     fn defaults_match_the_docs() {
         let c = config(&[]).unwrap();
-        assert_eq!(
-            c.roots,
-            Roots {
-                sysfs: "/sys".into(),
-                devfs: "/dev".into()
-            }
-        );
+        assert_eq!(c.roots, Roots { sysfs: "/sys".into(), devfs: "/dev".into() });
         assert_eq!(c.policy, Policy::WholeHost);
         assert_eq!(c.poll_interval, Some(Duration::from_secs(5)));
-        assert_eq!(
-            (c.metrics_port_base, c.process_port_base, c.worker_id),
-            (8431, 8476, 0)
-        );
-        assert_eq!(
-            (c.topology, c.worker_hostnames, c.accelerator_type),
-            (None, None, None)
-        );
+        assert_eq!((c.metrics_port_base, c.process_port_base, c.worker_id), (8431, 8476, 0));
+        assert_eq!((c.topology, c.worker_hostnames, c.accelerator_type), (None, None, None));
     }
 
     #[test]
@@ -222,14 +194,8 @@ mod tests {
         assert_eq!(c.worker_hostnames.unwrap().len(), 4);
         assert_eq!(c.poll_interval, Some(Duration::from_millis(250)));
         assert!(c.roots.sysfs.is_absolute() && c.roots.sysfs.ends_with("config/sim/tpu/sys"));
-        assert_eq!(
-            config(&[("poll_interval", "off")]).unwrap().poll_interval,
-            None
-        );
-        assert_eq!(
-            config(&[("poll_interval", "2")]).unwrap().poll_interval,
-            Some(Duration::from_secs(2))
-        );
+        assert_eq!(config(&[("poll_interval", "off")]).unwrap().poll_interval, None);
+        assert_eq!(config(&[("poll_interval", "2")]).unwrap().poll_interval, Some(Duration::from_secs(2)));
     }
 
     #[test]
@@ -239,14 +205,8 @@ mod tests {
             (&[("topology", "4x0")], "\"topology\""),
             (&[("topology", "8")], "\"topology\""),
             (&[("poll_interval", "5h")], "\"poll_interval\""),
-            (
-                &[("worker_id", "2"), ("worker_hostnames", "a,b")],
-                "\"worker_id\"",
-            ),
-            (
-                &[("allocation", "boxes"), ("topology", "4x4")],
-                "whole-host",
-            ),
+            (&[("worker_id", "2"), ("worker_hostnames", "a,b")], "\"worker_id\""),
+            (&[("allocation", "boxes"), ("topology", "4x4")], "whole-host"),
             (&[("metrics_port_base", "0")], "\"metrics_port_base\""),
             (&[("bogus", "1")], "\"bogus\""),
         ];

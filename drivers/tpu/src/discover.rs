@@ -71,8 +71,7 @@ struct Function {
 /// Walks `<sysfs>/bus/pci/devices`. Fails only when that folder cannot be listed.
 pub fn discover(roots: &Roots) -> Result<Discovery, String> {
     let bus = roots.sysfs.join("bus/pci/devices");
-    let entries = fs::read_dir(&bus)
-        .map_err(|e| format!("cannot list PCI devices in {}: {e}", bus.display()))?;
+    let entries = fs::read_dir(&bus).map_err(|e| format!("cannot list PCI devices in {}: {e}", bus.display()))?;
     let mut names: Vec<String> = Vec::new();
     let mut out = Discovery::default();
     for entry in entries {
@@ -81,16 +80,10 @@ pub fn discover(roots: &Roots) -> Result<Discovery, String> {
                 Ok(name) => names.push(name),
                 Err(name) => out.notes.push((
                     log::Level::Warn,
-                    format!(
-                        "skipping PCI entry {name:?} in {}: name is not UTF-8",
-                        bus.display()
-                    ),
+                    format!("skipping PCI entry {name:?} in {}: name is not UTF-8", bus.display()),
                 )),
             },
-            Err(e) => out.notes.push((
-                log::Level::Warn,
-                format!("cannot read an entry of {}: {e}", bus.display()),
-            )),
+            Err(e) => out.notes.push((log::Level::Warn, format!("cannot read an entry of {}: {e}", bus.display()))),
         }
     }
     names.sort();
@@ -111,37 +104,25 @@ type Skip = (log::Level, String);
 
 /// Reads one PCI function; `Ok(None)` when it is not a Google TPU.
 fn read_function(dir: &Path, address: &str) -> Result<Option<Function>, Skip> {
-    let warn = |what: String| {
-        (
-            log::Level::Warn,
-            format!("skipping PCI device {address}: {what}"),
-        )
-    };
+    let warn = |what: String| (log::Level::Warn, format!("skipping PCI device {address}: {what}"));
     let vendor = read_hex(&dir.join("vendor")).map_err(warn)?;
     if vendor != GOOGLE_VENDOR {
         return Ok(None);
     }
     let device_id = read_hex(&dir.join("device")).map_err(warn)?;
     // Only v2/v3 need the subsystem to tell them apart; other devices may lack the file.
-    let subsystem = if device_id == 0x0027 {
-        read_hex(&dir.join("subsystem_device")).ok()
-    } else {
-        None
-    };
+    let subsystem = if device_id == 0x0027 { read_hex(&dir.join("subsystem_device")).ok() } else { None };
     let generation = match Generation::from_pci(device_id, subsystem) {
         Ok(Some(generation)) => generation,
         Ok(None) => {
-            let note = format!(
-                "Google PCI device {address} (device ID {device_id:#06x}) is not a TPU this driver knows"
-            );
+            let note =
+                format!("Google PCI device {address} (device ID {device_id:#06x}) is not a TPU this driver knows");
             return Err((log::Level::Debug, note));
         }
         Err(why) => return Err(warn(why)),
     };
     if !valid_id(address) {
-        return Err(warn(
-            "the PCI address is not usable as a device ID".to_string(),
-        ));
+        return Err(warn("the PCI address is not usable as a device ID".to_string()));
     }
 
     let mut function = Function {
@@ -157,9 +138,7 @@ fn read_function(dir: &Path, address: &str) -> Result<Option<Function>, Skip> {
     match read_numa(&dir.join("numa_node")) {
         Ok(numa) => function.numa_node = numa,
         // A bad NUMA file costs topology hints, not the chip.
-        Err(why) => function.notes.push(format!(
-            "PCI device {address}: {why}; treating it as NUMA-less"
-        )),
+        Err(why) => function.notes.push(format!("PCI device {address}: {why}; treating it as NUMA-less")),
     }
     if generation.uses_vfio() {
         match read_iommu_group(&dir.join("iommu_group")) {
@@ -189,18 +168,11 @@ fn assemble(functions: Vec<Function>, devfs: &Path, notes: &mut Vec<Skip>) -> Ve
             Some((slot, _)) => slots.entry(slot.to_string()).or_default().push(function),
             None => notes.push((
                 log::Level::Warn,
-                format!(
-                    "skipping PCI device {}: the address has no function number",
-                    function.address
-                ),
+                format!("skipping PCI device {}: the address has no function number", function.address),
             )),
         }
     }
-    chips.extend(
-        slots
-            .into_iter()
-            .map(|(slot, functions)| chip_of(slot, functions, devfs)),
-    );
+    chips.extend(slots.into_iter().map(|(slot, functions)| chip_of(slot, functions, devfs)));
     chips
 }
 
@@ -208,10 +180,7 @@ fn assemble(functions: Vec<Function>, devfs: &Path, notes: &mut Vec<Skip>) -> Ve
 fn chip_of(id: String, functions: Vec<Function>, devfs: &Path) -> Chip {
     let first = &functions[0];
     let generation = first.generation;
-    let mut problems: Vec<String> = functions
-        .iter()
-        .flat_map(|f| f.problems.iter().cloned())
-        .collect();
+    let mut problems: Vec<String> = functions.iter().flat_map(|f| f.problems.iter().cloned()).collect();
     if functions.len() != generation.functions_per_chip() {
         problems.push(format!(
             "{generation} slot {id} has {} PCI function(s); a chip has {}",
@@ -246,32 +215,20 @@ fn chip_of(id: String, functions: Vec<Function>, devfs: &Path) -> Chip {
         accel,
         iommu_groups,
         nodes,
-        problem: if problems.is_empty() {
-            None
-        } else {
-            Some(problems.join("; "))
-        },
+        problem: if problems.is_empty() { None } else { Some(problems.join("; ")) },
     }
 }
 
 fn node(devfs: &Path, relative: &str) -> DeviceNode {
-    DeviceNode {
-        host: devfs.join(relative),
-        container: format!("/dev/{relative}"),
-    }
+    DeviceNode { host: devfs.join(relative), container: format!("/dev/{relative}") }
 }
 
 /// Reads a sysfs hex ID such as `0x1ae0`.
 fn read_hex(path: &Path) -> Result<u16, String> {
-    let text =
-        fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let text = fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let trimmed = text.trim();
-    let digits = trimmed
-        .strip_prefix("0x")
-        .or_else(|| trimmed.strip_prefix("0X"))
-        .unwrap_or(trimmed);
-    u16::from_str_radix(digits, 16)
-        .map_err(|_| format!("{} holds {trimmed:?}, not a 16-bit hex ID", path.display()))
+    let digits = trimmed.strip_prefix("0x").or_else(|| trimmed.strip_prefix("0X")).unwrap_or(trimmed);
+    u16::from_str_radix(digits, 16).map_err(|_| format!("{} holds {trimmed:?}, not a 16-bit hex ID", path.display()))
 }
 
 /// Reads `numa_node`; -1 (no affinity) and a missing file both mean `None`.
@@ -281,61 +238,28 @@ fn read_numa(path: &Path) -> Result<Option<u32>, String> {
     };
     match text.trim().parse::<i64>() {
         Ok(n) if n < 0 => Ok(None),
-        Ok(n) => u32::try_from(n)
-            .map(Some)
-            .map_err(|_| format!("{} holds {n}, too large", path.display())),
-        Err(_) => Err(format!(
-            "{} holds {:?}, not a NUMA node number",
-            path.display(),
-            text.trim()
-        )),
+        Ok(n) => u32::try_from(n).map(Some).map_err(|_| format!("{} holds {n}, too large", path.display())),
+        Err(_) => Err(format!("{} holds {:?}, not a NUMA node number", path.display(), text.trim())),
     }
 }
 
 /// The VFIO group number: the last component of the `iommu_group` symlink's target.
 fn read_iommu_group(link: &Path) -> Result<u32, String> {
-    let target = fs::read_link(link).map_err(|e| {
-        format!(
-            "cannot read {} ({e}); is the function bound to vfio-pci?",
-            link.display()
-        )
-    })?;
-    let name = target
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or_default();
-    name.parse::<u32>().map_err(|_| {
-        format!(
-            "{} points to {}, not a numbered IOMMU group",
-            link.display(),
-            target.display()
-        )
-    })
+    let target = fs::read_link(link)
+        .map_err(|e| format!("cannot read {} ({e}); is the function bound to vfio-pci?", link.display()))?;
+    let name = target.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    name.parse::<u32>()
+        .map_err(|_| format!("{} points to {}, not a numbered IOMMU group", link.display(), target.display()))
 }
 
 /// The `N` of the function's `accel/accelN` entry (the kernel TPU driver's class device).
 fn read_accel(dir: &Path) -> Result<u32, String> {
-    let entries = fs::read_dir(dir).map_err(|e| {
-        format!(
-            "cannot list {} ({e}); is the TPU kernel driver bound?",
-            dir.display()
-        )
-    })?;
-    let mut numbers: Vec<u32> = entries
-        .filter_map(|e| {
-            e.ok()?
-                .file_name()
-                .to_str()?
-                .strip_prefix("accel")?
-                .parse()
-                .ok()
-        })
-        .collect();
+    let entries = fs::read_dir(dir)
+        .map_err(|e| format!("cannot list {} ({e}); is the TPU kernel driver bound?", dir.display()))?;
+    let mut numbers: Vec<u32> =
+        entries.filter_map(|e| e.ok()?.file_name().to_str()?.strip_prefix("accel")?.parse().ok()).collect();
     numbers.sort_unstable();
-    numbers
-        .first()
-        .copied()
-        .ok_or_else(|| format!("{} has no accelN entry", dir.display()))
+    numbers.first().copied().ok_or_else(|| format!("{} has no accelN entry", dir.display()))
 }
 
 /// Device IDs the host accepts: 1–63 printable ASCII characters, no spaces, no "::".

@@ -23,15 +23,13 @@ pub fn environment(config: &Config, chosen: &[&ChipView]) -> Result<Vec<(&'stati
         ))
     })?;
     let topology = match &config.topology {
+        // `Config` guarantees two or three dimensions.
         Some(dims) => [dims[0], dims[1], dims.get(2).copied().unwrap_or(1)],
         None => chip_bounds,
     };
     let host_bounds = host_bounds(&topology, &chip_bounds, generation)?;
     let hosts = host_bounds.iter().product::<u32>() as usize;
-    let hostnames = config
-        .worker_hostnames
-        .clone()
-        .unwrap_or_else(|| vec!["localhost".to_string()]);
+    let hostnames = config.worker_hostnames.clone().unwrap_or_else(|| vec!["localhost".to_string()]);
     if hostnames.len() != hosts {
         return Err(Error::failed_precondition(format!(
             "topology {} spans {hosts} host(s) of {count} chips, but worker_hostnames lists {}; \
@@ -41,13 +39,10 @@ pub fn environment(config: &Config, chosen: &[&ChipView]) -> Result<Vec<(&'stati
         )));
     }
     let slice_chips: u32 = topology.iter().product();
-    let accelerator_type = config.accelerator_type.clone().unwrap_or_else(|| {
-        format!(
-            "{}-{}",
-            generation.accelerator_name(),
-            slice_chips * generation.cores_per_chip()
-        )
-    });
+    let accelerator_type = config
+        .accelerator_type
+        .clone()
+        .unwrap_or_else(|| format!("{}-{}", generation.accelerator_name(), slice_chips * generation.cores_per_chip()));
 
     let indices: Vec<usize> = chosen.iter().map(|v| v.index).collect();
     let visible = join(indices.iter());
@@ -56,25 +51,16 @@ pub fn environment(config: &Config, chosen: &[&ChipView]) -> Result<Vec<(&'stati
         .map(|&i| offset_port(config.metrics_port_base, i, "metrics_port_base"))
         .collect::<Result<_>>()?;
     // One libtpu process per container; its port follows the box's first chip.
-    let process_port = offset_port(config.process_port_base, indices[0], "process_port_base")?;
+    let process_port = offset_port(config.process_port_base, first.index, "process_port_base")?;
 
     let mut env = vec![
         ("TPU_SKIP_MDS_QUERY", "true".to_string()),
         ("TPU_ACCELERATOR_TYPE", accelerator_type),
-        (
-            "TPU_TOPOLOGY",
-            topology::topology_text(&topology, generation),
-        ),
+        ("TPU_TOPOLOGY", topology::topology_text(&topology, generation)),
         ("TPU_TOPOLOGY_WRAP", topology::wrap(&topology, generation)),
         ("TPU_TOPOLOGY_ALT", "false".to_string()),
-        (
-            "TPU_CHIPS_PER_HOST_BOUNDS",
-            topology::bounds_text(&chip_bounds),
-        ),
-        (
-            "TPU_CHIPS_PER_PROCESS_BOUNDS",
-            topology::bounds_text(&chip_bounds),
-        ),
+        ("TPU_CHIPS_PER_HOST_BOUNDS", topology::bounds_text(&chip_bounds)),
+        ("TPU_CHIPS_PER_PROCESS_BOUNDS", topology::bounds_text(&chip_bounds)),
         ("TPU_HOST_BOUNDS", topology::bounds_text(&host_bounds)),
         ("TPU_PROCESS_BOUNDS", topology::bounds_text(&host_bounds)),
         ("TPU_VISIBLE_CHIPS", visible.clone()),
@@ -112,9 +98,7 @@ fn host_bounds(topology: &[u32; 3], chips: &[u32; 3], generation: Generation) ->
 
 fn offset_port(base: u16, index: usize, option: &str) -> Result<u16> {
     u16::try_from(usize::from(base) + index).map_err(|_| {
-        Error::failed_precondition(format!(
-            "option \"{option}\" {base} + chip {index} is past port 65535"
-        ))
+        Error::failed_precondition(format!("option \"{option}\" {base} + chip {index} is past port 65535"))
     })
 }
 

@@ -34,9 +34,7 @@ impl Generation {
                     ));
                 }
                 None => {
-                    return Err(
-                        "device 0x0027 (TPU v2/v3) has no readable subsystem_device".to_string()
-                    );
+                    return Err("device 0x0027 (TPU v2/v3) has no readable subsystem_device".to_string());
                 }
             },
             0x005e => Generation::V4,
@@ -129,11 +127,7 @@ mod tests {
             (0x0027, Some(0x004f), Generation::V3),
         ];
         for (device, subsystem, expected) in cases {
-            assert_eq!(
-                Generation::from_pci(device, subsystem),
-                Ok(Some(expected)),
-                "{device:#x}"
-            );
+            assert_eq!(Generation::from_pci(device, subsystem), Ok(Some(expected)), "{device:#x}");
         }
     }
 

@@ -63,18 +63,11 @@ impl Inventory {
         }
         state.notes = notes;
 
-        let mut next: BTreeMap<String, Chip> = discovery
-            .chips
-            .into_iter()
-            .map(|c| (c.id.clone(), c))
-            .collect();
+        let mut next: BTreeMap<String, Chip> = discovery.chips.into_iter().map(|c| (c.id.clone(), c)).collect();
         for (id, old) in &state.chips {
             if !next.contains_key(id) {
                 let mut gone = old.clone();
-                gone.problem = Some(format!(
-                    "PCI device {} disappeared",
-                    old.functions.join(", ")
-                ));
+                gone.problem = Some(format!("PCI device {} disappeared", old.functions.join(", ")));
                 next.insert(id.clone(), gone);
             }
         }
@@ -103,9 +96,7 @@ impl Inventory {
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock left plain data behind; it is still consistent enough
         // to serve (the next refresh rewrites it), so recover rather than propagate.
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -146,10 +137,7 @@ fn number(chips: &BTreeMap<String, Chip>) -> Vec<ChipView> {
             Some(prev) if prev.chip.generation == chip.generation => prev.index + 1,
             _ => 0,
         };
-        views.push(ChipView {
-            chip: chip.clone(),
-            index,
-        });
+        views.push(ChipView { chip: chip.clone(), index });
     }
     views
 }

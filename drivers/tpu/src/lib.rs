@@ -20,9 +20,7 @@ mod watch;
 mod tests;
 
 use config::Config;
-use devhost_sdk::{
-    Driver, Edits, Error, Health, Hooks, Host, Options, Preferred, PreferredRequest, Result, Scan,
-};
+use devhost_sdk::{Driver, Edits, Error, Health, Hooks, Host, Options, Preferred, PreferredRequest, Result, Scan};
 use inventory::{ChipView, Inventory};
 use std::sync::{Arc, Mutex};
 use watch::Watcher;
@@ -39,20 +37,14 @@ impl Tpu {
     /// The current chips, re-reading the tree first when the request names a chip not yet seen
     /// (an allocation racing a hot-plug).
     fn chips_for(&self, ids: &[&str]) -> Vec<ChipView> {
-        if !self.inventory.knows_all(ids)
-            && matches!(self.inventory.refresh(&self.config.roots), Ok(true))
-        {
+        if !self.inventory.knows_all(ids) && matches!(self.inventory.refresh(&self.config.roots), Ok(true)) {
             self.host.devices_changed();
         }
         self.inventory.chips()
     }
 
     fn stop_watcher(&self) {
-        let watcher = self
-            .watcher
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        let watcher = self.watcher.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(watcher) = watcher {
             watcher.stop();
         }
@@ -60,43 +52,27 @@ impl Tpu {
 }
 
 impl Driver for Tpu {
-    const HOOKS: Hooks = Hooks {
-        allocate: true,
-        preferred_allocation: true,
-        pre_start: false,
-        watch: true,
-    };
+    const HOOKS: Hooks = Hooks { allocate: true, preferred_allocation: true, pre_start: false, watch: true };
     // All shared state sits behind the inventory's mutex.
     const CONCURRENT: bool = true;
 
     fn create(host: Host, options: &Options) -> Result<Self> {
         let config = Config::from_options(options)?;
+        let poll = config.poll_interval.map_or_else(|| "off".to_string(), |d| format!("every {d:?}"));
         log::info!(
-            "TPU driver: sysfs {}, devfs {}, allocation {:?}, poll {:?}",
+            "TPU driver: sysfs {}, devfs {}, allocation {}, polling {poll}",
             config.roots.sysfs.display(),
             config.roots.devfs.display(),
-            config.policy,
-            config.poll_interval
+            config.policy.name(),
         );
-        Ok(Tpu {
-            config,
-            host,
-            inventory: Arc::new(Inventory::default()),
-            watcher: Mutex::new(None),
-        })
+        Ok(Tpu { config, host, inventory: Arc::new(Inventory::default()), watcher: Mutex::new(None) })
     }
 
     fn scan(&self, scan: &mut Scan<'_>) -> Result<()> {
-        self.inventory
-            .refresh(&self.config.roots)
-            .map_err(Error::unavailable)?;
+        self.inventory.refresh(&self.config.roots).map_err(Error::unavailable)?;
         for view in self.inventory.chips() {
             let chip = &view.chip;
-            let health = if view.healthy() {
-                Health::Healthy
-            } else {
-                Health::Unhealthy
-            };
+            let health = if view.healthy() { Health::Healthy } else { Health::Unhealthy };
             let mut device = scan.device(&chip.id, health, chip.numa_node);
             device
                 .attr("vendor", "google")
@@ -107,12 +83,7 @@ impl Driver for Tpu {
                 .attr("chip_index", &view.index.to_string())
                 .attr("cores", &chip.generation.cores_per_chip().to_string())
                 .attr("hbm_gib", &chip.generation.hbm_gib().to_string())
-                .attr(
-                    "numa_node",
-                    &chip
-                        .numa_node
-                        .map_or_else(|| "none".to_string(), |n| n.to_string()),
-                );
+                .attr("numa_node", &chip.numa_node.map_or_else(|| "none".to_string(), |n| n.to_string()));
             if let Some(n) = chip.accel {
                 device.attr("accel", &format!("accel{n}"));
             }
@@ -139,19 +110,9 @@ impl Driver for Tpu {
         Ok(())
     }
 
-    fn preferred_allocation(
-        &self,
-        request: &PreferredRequest<'_>,
-        out: &mut Preferred<'_>,
-    ) -> Result<()> {
+    fn preferred_allocation(&self, request: &PreferredRequest<'_>, out: &mut Preferred<'_>) -> Result<()> {
         let views = self.chips_for(&request.available);
-        let ids = allocation::prefer(
-            &self.config,
-            &views,
-            &request.available,
-            &request.must_include,
-            request.size,
-        )?;
+        let ids = allocation::prefer(&self.config, &views, &request.available, &request.must_include, request.size)?;
         for id in &ids {
             out.prefer(id);
         }
@@ -160,24 +121,15 @@ impl Driver for Tpu {
 
     fn watch_start(&self) -> Result<()> {
         let Some(interval) = self.config.poll_interval else {
-            log::info!(
-                "TPU poll thread disabled (poll_interval = off); changes show at the host's own rescans"
-            );
+            log::info!("TPU poll thread disabled (poll_interval = off); changes show at the host's own rescans");
             return Ok(());
         };
         let host = self.host;
-        let watcher = Watcher::start(
-            interval,
-            Arc::clone(&self.inventory),
-            self.config.roots.clone(),
-            move || host.devices_changed(),
-        )
+        let watcher = Watcher::start(interval, Arc::clone(&self.inventory), self.config.roots.clone(), move || {
+            host.devices_changed()
+        })
         .map_err(|e| Error::internal(format!("cannot start the TPU poll thread: {e}")))?;
-        let previous = self
-            .watcher
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .replace(watcher);
+        let previous = self.watcher.lock().unwrap_or_else(|p| p.into_inner()).replace(watcher);
         if let Some(previous) = previous {
             previous.stop();
         }
@@ -200,6 +152,5 @@ devhost_sdk::export_driver!(
     Tpu,
     name = "tpu",
     version = env!("CARGO_PKG_VERSION"),
-    description =
-        "Google Cloud TPU chips (v2 to tpu7x) from sysfs, with libtpu's environment per allocation"
+    description = "Google Cloud TPU chips (v2 to tpu7x) from sysfs, with libtpu's environment per allocation"
 );

@@ -29,45 +29,27 @@ pub fn boxes(total: usize, size: usize) -> Vec<Range<usize>> {
     if !BOX_SIZES.contains(&size) {
         return Vec::new();
     }
-    (0..total / size)
-        .map(|k| k * size..(k + 1) * size)
-        .collect()
+    (0..total / size).map(|k| k * size..(k + 1) * size).collect()
 }
 
 /// Whether ascending, distinct chip `indices` form one valid box on a host of `total` chips.
 pub fn is_box(indices: &[usize], total: usize) -> bool {
     let size = indices.len();
-    boxes(total, size)
-        .iter()
-        .any(|b| b.clone().eq(indices.iter().copied()))
+    boxes(total, size).iter().any(|b| b.clone().eq(indices.iter().copied()))
 }
 
 /// Lists boxes for a message: `0-1, 2-3` (or `0, 1, 2` for single chips).
 pub fn describe(boxes: &[Range<usize>]) -> String {
     let parts: Vec<String> = boxes
         .iter()
-        .map(|b| {
-            if b.len() == 1 {
-                b.start.to_string()
-            } else {
-                format!("{}-{}", b.start, b.end - 1)
-            }
-        })
+        .map(|b| if b.len() == 1 { b.start.to_string() } else { format!("{}-{}", b.start, b.end - 1) })
         .collect();
-    if parts.is_empty() {
-        "none".to_string()
-    } else {
-        parts.join(", ")
-    }
+    if parts.is_empty() { "none".to_string() } else { parts.join(", ") }
 }
 
 /// Topology text as libtpu and GKE labels write it: `2x4` for planar generations, else `2x2x1`.
 pub fn topology_text(dims: &[u32], generation: Generation) -> String {
-    let shown = if generation.planar() && dims.len() == 3 && dims[2] == 1 {
-        &dims[..2]
-    } else {
-        dims
-    };
+    let shown = if generation.planar() && dims.len() == 3 && dims[2] == 1 { &dims[..2] } else { dims };
     let parts: Vec<String> = shown.iter().map(u32::to_string).collect();
     parts.join("x")
 }
@@ -75,11 +57,7 @@ pub fn topology_text(dims: &[u32], generation: Generation) -> String {
 /// `TPU_TOPOLOGY_WRAP`: whether each dimension is a torus. v5e/v6e wrap a dimension of 16;
 /// the others wrap all three once every dimension is at least 4 (GKE's rule).
 pub fn wrap(dims: &[u32; 3], generation: Generation) -> String {
-    let flags: [bool; 3] = if generation.planar() {
-        dims.map(|d| d == 16)
-    } else {
-        [dims.iter().all(|&d| d >= 4); 3]
-    };
+    let flags: [bool; 3] = if generation.planar() { dims.map(|d| d == 16) } else { [dims.iter().all(|&d| d >= 4); 3] };
     flags.map(|f| f.to_string()).join(",")
 }
 

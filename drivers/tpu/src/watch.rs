@@ -26,17 +26,15 @@ impl Watcher {
         changed: impl Fn() + Send + 'static,
     ) -> std::io::Result<Watcher> {
         let (stop, stopped) = mpsc::channel::<()>();
-        let thread = std::thread::Builder::new()
-            .name("devhost-tpu-poll".to_string())
-            .spawn(move || {
-                // Any message or a dropped sender means stop; only a timeout means poll.
-                while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(interval) {
-                    // Errors are logged by the inventory (once per distinct error).
-                    if let Ok(true) = inventory.refresh(&roots) {
-                        changed();
-                    }
+        let thread = std::thread::Builder::new().name("devhost-tpu-poll".to_string()).spawn(move || {
+            // Any message or a dropped sender means stop; only a timeout means poll.
+            while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(interval) {
+                // Errors are logged by the inventory (once per distinct error).
+                if let Ok(true) = inventory.refresh(&roots) {
+                    changed();
                 }
-            })?;
+            }
+        })?;
         Ok(Watcher { stop, thread })
     }
 

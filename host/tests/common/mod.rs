@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+#[allow(unused_imports)]
 pub use kubelet_emu::Kubelet;
 
 pub const WAIT: Duration = Duration::from_secs(15);

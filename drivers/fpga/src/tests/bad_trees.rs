@@ -12,11 +12,7 @@ fn missing_afu_id_is_unhealthy_and_names_the_file() {
     t.remove(&format!("{PORT0}/afu_id"));
     let (d, _) = t.devices(Mode::Port);
     let p = find(&d, "dfl-port.0");
-    assert!(
-        problem_mentions(p, &["dfl-port.0/afu_id", "cannot read"]),
-        "{:?}",
-        p.problems
-    );
+    assert!(problem_mentions(p, &["dfl-port.0/afu_id", "cannot read"]), "{:?}", p.problems);
     assert_eq!(attr(p, "afu_id"), None);
     assert_eq!(d.len(), 5);
 }
@@ -26,10 +22,7 @@ fn garbage_afu_id_is_unhealthy_and_quotes_the_value() {
     let t = Tree::two_dfl_cards();
     t.file(&format!("{PORT0}/afu_id"), "\u{1}zz-not-hex\n");
     let (d, _) = t.devices(Mode::Port);
-    assert!(problem_mentions(
-        find(&d, "dfl-port.0"),
-        &["afu_id", "not-hex", "not a hexadecimal ID"]
-    ));
+    assert!(problem_mentions(find(&d, "dfl-port.0"), &["afu_id", "not-hex", "not a hexadecimal ID"]));
 }
 
 #[test]
@@ -39,10 +32,7 @@ fn unreadable_afu_id_is_unhealthy() {
     t.remove(&format!("{PORT0}/afu_id"));
     t.file(&format!("{PORT0}/afu_id/x"), "");
     let (d, _) = t.devices(Mode::Port);
-    assert!(problem_mentions(
-        find(&d, "dfl-port.0"),
-        &["cannot read", "afu_id"]
-    ));
+    assert!(problem_mentions(find(&d, "dfl-port.0"), &["cannot read", "afu_id"]));
 }
 
 #[test]
@@ -50,10 +40,7 @@ fn garbage_error_register_is_unhealthy_and_named() {
     let t = Tree::two_dfl_cards();
     t.file(&format!("{PORT0}/errors/errors"), "oops\n");
     let (d, _) = t.devices(Mode::Port);
-    assert!(problem_mentions(
-        find(&d, "dfl-port.0"),
-        &["errors/errors", "\"oops\""]
-    ));
+    assert!(problem_mentions(find(&d, "dfl-port.0"), &["errors/errors", "\"oops\""]));
 }
 
 #[test]
@@ -62,21 +49,13 @@ fn region_entry_that_is_not_a_directory_is_skipped_with_a_note() {
     t.file("class/fpga_region/region7", "junk");
     let (d, notes) = t.devices(Mode::Port);
     assert_eq!(d.len(), 5);
-    assert!(
-        notes
-            .iter()
-            .any(|n| n.contains("region7") && n.contains("cannot list")),
-        "{notes:?}"
-    );
+    assert!(notes.iter().any(|n| n.contains("region7") && n.contains("cannot list")), "{notes:?}");
 }
 
 #[test]
 fn dangling_class_link_is_ignored() {
     let t = Tree::two_dfl_cards();
-    t.link(
-        "class/fpga_region/region8",
-        "../../devices/gone/fpga_region/region8",
-    );
+    t.link("class/fpga_region/region8", "../../devices/gone/fpga_region/region8");
     let (d, _) = t.devices(Mode::Port);
     assert_eq!(d.len(), 5);
 }
@@ -87,12 +66,7 @@ fn unreadable_class_directory_is_a_note_not_a_crash() {
     t.file("class/fpga_region", "not a directory");
     let (d, notes) = t.devices(Mode::Port);
     assert!(d.is_empty());
-    assert!(
-        notes
-            .iter()
-            .any(|n| n.contains("dfl") && n.contains("fpga_region")),
-        "{notes:?}"
-    );
+    assert!(notes.iter().any(|n| n.contains("dfl") && n.contains("fpga_region")), "{notes:?}");
 }
 
 #[test]
@@ -112,10 +86,7 @@ fn odd_numa_node_and_missing_pci_identity_leave_the_device_usable() {
 #[test]
 fn negative_numa_node_means_no_affinity() {
     let t = Tree::two_dfl_cards();
-    t.file(
-        "devices/pci0000:00/0000:00:01.0/0000:5e:00.0/numa_node",
-        "-1\n",
-    );
+    t.file("devices/pci0000:00/0000:00:01.0/0000:5e:00.0/numa_node", "-1\n");
     let (d, _) = t.devices(Mode::Port);
     assert_eq!(find(&d, "dfl-port.0").numa, None);
     assert_eq!(attr(find(&d, "dfl-port.0"), "numa_node"), None);
@@ -126,10 +97,7 @@ fn region_not_under_a_pci_device_has_no_pci_attributes() {
     let t = Tree::new();
     let region = "devices/platform/dfl-platform.0/fpga_region/region0";
     t.link("class/fpga_region/region0", &format!("../../{region}"));
-    t.file(
-        &format!("{region}/dfl-port.0/afu_id"),
-        &format!("{AFU_NLB0}\n"),
-    );
+    t.file(&format!("{region}/dfl-port.0/afu_id"), &format!("{AFU_NLB0}\n"));
     t.dev("dfl-port.0");
     let (d, _) = t.devices(Mode::Port);
     assert_eq!(attr(&d[0], "pci_address"), None);
@@ -147,16 +115,8 @@ fn garbage_mgmt_instance_and_unreadable_vbnv_make_the_alveo_card_unhealthy() {
     t.file(&format!("{base}.1/rom.u.1/VBNV/x"), "");
     let (d, _) = t.devices(Mode::Port);
     let a = &d[0];
-    assert!(
-        problem_mentions(a, &["instance", "\"fifteen\""]),
-        "{:?}",
-        a.problems
-    );
-    assert!(
-        problem_mentions(a, &["VBNV", "cannot read"]),
-        "{:?}",
-        a.problems
-    );
+    assert!(problem_mentions(a, &["instance", "\"fifteen\""]), "{:?}", a.problems);
+    assert!(problem_mentions(a, &["VBNV", "cannot read"]), "{:?}", a.problems);
     assert_eq!(attr(a, "vbnv"), None);
 }
 

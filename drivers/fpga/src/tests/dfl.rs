@@ -16,25 +16,9 @@ fn no_fpga_driver_means_no_devices_and_no_noise() {
 fn each_port_of_each_card_is_a_device() {
     let t = Tree::two_dfl_cards();
     let (d, notes) = t.devices(Mode::Port);
-    assert_eq!(
-        ids(&d),
-        [
-            "dfl-port.0",
-            "dfl-port.1",
-            "dfl-port.2",
-            "dfl-port.3",
-            "dfl-port.4"
-        ]
-    );
-    assert!(
-        notes.is_empty(),
-        "decoy regions and PCI devices must be skipped quietly: {notes:?}"
-    );
-    assert!(
-        d.iter().all(healthy),
-        "{:?}",
-        d.iter().flat_map(|d| &d.problems).collect::<Vec<_>>()
-    );
+    assert_eq!(ids(&d), ["dfl-port.0", "dfl-port.1", "dfl-port.2", "dfl-port.3", "dfl-port.4"]);
+    assert!(notes.is_empty(), "decoy regions and PCI devices must be skipped quietly: {notes:?}");
+    assert!(d.iter().all(healthy), "{:?}", d.iter().flat_map(|d| &d.problems).collect::<Vec<_>>());
 }
 
 #[test]
@@ -85,14 +69,10 @@ fn ports_link_to_siblings_on_the_same_card_only() {
 #[test]
 fn port_error_register_makes_only_that_port_unhealthy_until_cleared() {
     let t = Tree::two_dfl_cards();
-    let errors =
-        "devices/pci0000:00/0000:00:01.0/0000:5e:00.0/fpga_region/region0/dfl-port.1/errors/errors";
+    let errors = "devices/pci0000:00/0000:00:01.0/0000:5e:00.0/fpga_region/region0/dfl-port.1/errors/errors";
     t.file(errors, "0x0000000000000004\n");
     let (d, _) = t.devices(Mode::Port);
-    assert!(problem_mentions(
-        find(&d, "dfl-port.1"),
-        &["dfl-port.1", "errors/errors", "0x0000000000000004"]
-    ));
+    assert!(problem_mentions(find(&d, "dfl-port.1"), &["dfl-port.1", "errors/errors", "0x0000000000000004"]));
     assert!(healthy(find(&d, "dfl-port.0")));
     t.file(errors, "0x0\n");
     let (d, _) = t.devices(Mode::Port);
@@ -102,13 +82,13 @@ fn port_error_register_makes_only_that_port_unhealthy_until_cleared() {
 #[test]
 fn fme_errors_make_every_port_of_that_card_unhealthy() {
     let t = Tree::two_dfl_cards();
-    t.file("devices/pci0000:00/0000:00:01.0/0000:be:00.0/fpga_region/region2/dfl-fme.1/errors/catfatal_errors", "0x1\n");
+    t.file(
+        "devices/pci0000:00/0000:00:01.0/0000:be:00.0/fpga_region/region2/dfl-fme.1/errors/catfatal_errors",
+        "0x1\n",
+    );
     let (d, _) = t.devices(Mode::Port);
     for id in ["dfl-port.2", "dfl-port.3", "dfl-port.4"] {
-        assert!(
-            problem_mentions(find(&d, id), &["dfl-fme.1", "catfatal_errors"]),
-            "{id}"
-        );
+        assert!(problem_mentions(find(&d, id), &["dfl-fme.1", "catfatal_errors"]), "{id}");
     }
     assert!(healthy(find(&d, "dfl-port.0")) && healthy(find(&d, "dfl-port.1")));
 }
@@ -118,25 +98,15 @@ fn error_injection_controls_are_not_errors() {
     let t = Tree::two_dfl_cards();
     t.file("devices/pci0000:00/0000:00:01.0/0000:5e:00.0/fpga_region/region0/dfl-fme.0/errors/inject_errors", "0x3\n");
     let (d, _) = t.devices(Mode::Port);
-    assert!(
-        healthy(find(&d, "dfl-port.0")),
-        "{:?}",
-        find(&d, "dfl-port.0").problems
-    );
+    assert!(healthy(find(&d, "dfl-port.0")), "{:?}", find(&d, "dfl-port.0").problems);
 }
 
 #[test]
 fn all_ones_afu_id_is_unhealthy() {
     let t = Tree::two_dfl_cards();
-    t.file(
-        "devices/pci0000:00/0000:00:01.0/0000:5e:00.0/fpga_region/region0/dfl-port.0/afu_id",
-        &format!("{ONES}\n"),
-    );
+    t.file("devices/pci0000:00/0000:00:01.0/0000:5e:00.0/fpga_region/region0/dfl-port.0/afu_id", &format!("{ONES}\n"));
     let (d, _) = t.devices(Mode::Port);
-    assert!(problem_mentions(
-        find(&d, "dfl-port.0"),
-        &["dfl-port.0", "all-ones"]
-    ));
+    assert!(problem_mentions(find(&d, "dfl-port.0"), &["dfl-port.0", "all-ones"]));
     assert!(healthy(find(&d, "dfl-port.1")));
 }
 
@@ -146,10 +116,7 @@ fn all_ones_interface_id_is_unhealthy_for_the_whole_card() {
     let compat = "devices/pci0000:00/0000:00:01.0/0000:5e:00.0/fpga_region/region0/dfl-fme.0/dfl-fme-region.0/fpga_region/region1/compat_id";
     t.file(compat, &format!("{ONES}\n"));
     let (d, _) = t.devices(Mode::Port);
-    assert!(problem_mentions(
-        find(&d, "dfl-port.0"),
-        &["dfl-fme.0", "interface ID", "all-ones"]
-    ));
+    assert!(problem_mentions(find(&d, "dfl-port.0"), &["dfl-fme.0", "interface ID", "all-ones"]));
     assert!(!healthy(find(&d, "dfl-port.1")));
     assert!(healthy(find(&d, "dfl-port.2")));
 }
@@ -157,13 +124,9 @@ fn all_ones_interface_id_is_unhealthy_for_the_whole_card() {
 #[test]
 fn fpga_manager_must_be_operating_or_unknown() {
     let t = Tree::two_dfl_cards();
-    let mgr = "devices/pci0000:00/0000:00:01.0/0000:5e:00.0/fpga_region/region0/dfl-fme.0/dfl-fme-mgr.0/fpga_manager/fpga0";
-    for (state, ok) in [
-        ("operating", true),
-        ("unknown", true),
-        ("write error", false),
-        ("power off", false),
-    ] {
+    let mgr =
+        "devices/pci0000:00/0000:00:01.0/0000:5e:00.0/fpga_region/region0/dfl-fme.0/dfl-fme-mgr.0/fpga_manager/fpga0";
+    for (state, ok) in [("operating", true), ("unknown", true), ("write error", false), ("power off", false)] {
         t.file(&format!("{mgr}/state"), &format!("{state}\n"));
         let (d, _) = t.devices(Mode::Port);
         let p = find(&d, "dfl-port.0");
@@ -180,10 +143,7 @@ fn fpga_manager_status_errors_are_unhealthy() {
     let status = "devices/pci0000:00/0000:00:01.0/0000:5e:00.0/fpga_region/region0/dfl-fme.0/dfl-fme-mgr.0/fpga_manager/fpga0/status";
     t.file(status, "reconfig CRC error\n");
     let (d, _) = t.devices(Mode::Port);
-    assert!(problem_mentions(
-        find(&d, "dfl-port.1"),
-        &["reconfig CRC error"]
-    ));
+    assert!(problem_mentions(find(&d, "dfl-port.1"), &["reconfig CRC error"]));
 }
 
 #[test]
@@ -191,10 +151,7 @@ fn vanished_device_node_is_unhealthy_until_it_returns() {
     let t = Tree::two_dfl_cards();
     t.rm_dev("dfl-port.2");
     let (d, _) = t.devices(Mode::Port);
-    assert!(problem_mentions(
-        find(&d, "dfl-port.2"),
-        &["dfl-port.2", "missing"]
-    ));
+    assert!(problem_mentions(find(&d, "dfl-port.2"), &["dfl-port.2", "missing"]));
     t.dev("dfl-port.2");
     let (d, _) = t.devices(Mode::Port);
     assert!(healthy(find(&d, "dfl-port.2")));
@@ -206,10 +163,7 @@ fn missing_fme_node_only_matters_when_it_is_handed_out() {
     t.rm_dev("dfl-fme.0");
     assert!(healthy(find(&t.devices(Mode::Port).0, "dfl-port.0")));
     assert!(healthy(find(&t.devices(Mode::Region).0, "dfl-fme.0")));
-    assert!(problem_mentions(
-        find(&t.devices(Mode::RegionDevel).0, "dfl-fme.0"),
-        &["dfl-fme.0", "missing"]
-    ));
+    assert!(problem_mentions(find(&t.devices(Mode::RegionDevel).0, "dfl-fme.0"), &["dfl-fme.0", "missing"]));
 }
 
 #[test]
@@ -228,10 +182,7 @@ fn virtual_function_region_with_a_port_but_no_fme_is_reported() {
     let pci = t.pci("0000:5e:00.1", "0x8086", "0x09c5", "dfl-pci", 0);
     let region = format!("{pci}/fpga_region/region4");
     t.link("class/fpga_region/region4", &format!("../../{region}"));
-    t.file(
-        &format!("{region}/dfl-port.5/afu_id"),
-        &format!("{AFU_NLB0}\n"),
-    );
+    t.file(&format!("{region}/dfl-port.5/afu_id"), &format!("{AFU_NLB0}\n"));
     t.dev("dfl-port.5");
     let (d, _) = t.devices(Mode::Port);
     let p = find(&d, "dfl-port.5");

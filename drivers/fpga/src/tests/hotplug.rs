@@ -39,9 +39,7 @@ impl Notify for Recorder {
 fn start(poll: Option<Duration>) -> (Sender<Result<bool, String>>, Arc<Recorder>, Watcher) {
     let (tx, rx) = mpsc::channel();
     let rec = Arc::new(Recorder::default());
-    let w = Watcher::start(Some(Box::new(ChannelEvents(rx))), poll, rec.clone())
-        .unwrap()
-        .unwrap();
+    let w = Watcher::start(Some(Box::new(ChannelEvents(rx))), poll, rec.clone()).unwrap().unwrap();
     (tx, rec, w)
 }
 
@@ -60,14 +58,7 @@ fn wait_for(what: impl Fn() -> bool) -> bool {
 fn relevant_event_triggers_a_rescan_that_finds_the_new_card() {
     let t = Tree::two_dfl_cards();
     let (tx, rec, w) = start(None);
-    t.dfl_card(&DflCard {
-        bdf: "0000:d8:00.0",
-        region: 5,
-        pr_region: 6,
-        fme: 2,
-        ports: &[(5, AFU_NLB3)],
-        numa: 1,
-    });
+    t.dfl_card(&DflCard { bdf: "0000:d8:00.0", region: 5, pr_region: 6, fme: 2, ports: &[(5, AFU_NLB3)], numa: 1 });
     tx.send(Ok(true)).unwrap();
     assert!(wait_for(|| rec.changed.load(Ordering::SeqCst) == 1));
     // What the host's rescan then sees:
@@ -111,23 +102,21 @@ fn a_burst_of_events_is_one_rescan() {
 fn broken_event_source_falls_back_to_polling_with_a_warning() {
     let (tx, rec, w) = start(Some(Duration::from_millis(50)));
     tx.send(Err("socket closed".into())).unwrap();
-    assert!(wait_for(|| rec.logs.lock().unwrap().iter().any(|l| l
-        .contains("socket closed")
-        && l.contains("falling back"))));
+    assert!(wait_for(|| rec
+        .logs
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|l| l.contains("socket closed") && l.contains("falling back"))));
     let before = rec.changed.load(Ordering::SeqCst);
-    assert!(
-        wait_for(|| rec.changed.load(Ordering::SeqCst) >= before + 3),
-        "polling must go on"
-    );
+    assert!(wait_for(|| rec.changed.load(Ordering::SeqCst) >= before + 3), "polling must go on");
     w.stop();
 }
 
 #[test]
 fn polling_alone_rescans_periodically() {
     let rec = Arc::new(Recorder::default());
-    let w = Watcher::start(None, Some(Duration::from_millis(30)), rec.clone())
-        .unwrap()
-        .unwrap();
+    let w = Watcher::start(None, Some(Duration::from_millis(30)), rec.clone()).unwrap().unwrap();
     assert!(wait_for(|| rec.changed.load(Ordering::SeqCst) >= 3));
     w.stop();
 }
@@ -136,26 +125,16 @@ fn polling_alone_rescans_periodically() {
 fn stop_is_prompt_even_with_a_long_poll_interval() {
     let (_tx, _rec, w) = start(Some(Duration::from_secs(3600)));
     let rec2 = Arc::new(Recorder::default());
-    let w2 = Watcher::start(None, Some(Duration::from_secs(3600)), rec2)
-        .unwrap()
-        .unwrap();
+    let w2 = Watcher::start(None, Some(Duration::from_secs(3600)), rec2).unwrap().unwrap();
     let t0 = Instant::now();
     w.stop();
     w2.stop();
-    assert!(
-        t0.elapsed() < Duration::from_secs(1),
-        "took {:?}",
-        t0.elapsed()
-    );
+    assert!(t0.elapsed() < Duration::from_secs(1), "took {:?}", t0.elapsed());
 }
 
 #[test]
 fn nothing_to_watch_starts_no_thread() {
-    assert!(
-        Watcher::start(None, None, Arc::new(Recorder::default()))
-            .unwrap()
-            .is_none()
-    );
+    assert!(Watcher::start(None, None, Arc::new(Recorder::default())).unwrap().is_none());
 }
 
 #[test]

@@ -40,10 +40,7 @@ pub struct DflCard<'a> {
 impl Tree {
     pub fn new() -> Tree {
         let dir = tempfile::tempdir().unwrap();
-        let roots = Roots {
-            sys: dir.path().join("sys"),
-            dev: dir.path().join("dev"),
-        };
+        let roots = Roots { sys: dir.path().join("sys"), dev: dir.path().join("dev") };
         fs::create_dir_all(&roots.sys).unwrap();
         fs::create_dir_all(&roots.dev).unwrap();
         Tree { _dir: dir, roots }
@@ -58,12 +55,7 @@ impl Tree {
 
     pub fn remove(&self, rel: &str) {
         let p = self.roots.sys.join(rel);
-        if p.is_dir() {
-            fs::remove_dir_all(p)
-        } else {
-            fs::remove_file(p)
-        }
-        .unwrap();
+        if p.is_dir() { fs::remove_dir_all(p) } else { fs::remove_file(p) }.unwrap();
     }
 
     /// `sys/<rel>` → `target` (relative, as the kernel writes them).
@@ -91,14 +83,8 @@ impl Tree {
         self.file(&format!("{rel}/device"), &format!("{device}\n"));
         self.file(&format!("{rel}/numa_node"), &format!("{numa}\n"));
         self.file(&format!("bus/pci/drivers/{driver}/bind"), "");
-        self.link(
-            &format!("{rel}/driver"),
-            &format!("../../../../bus/pci/drivers/{driver}"),
-        );
-        self.link(
-            &format!("bus/pci/devices/{bdf}"),
-            &format!("../../../{rel}"),
-        );
+        self.link(&format!("{rel}/driver"), &format!("../../../../bus/pci/drivers/{driver}"));
+        self.link(&format!("bus/pci/devices/{bdf}"), &format!("../../../{rel}"));
         rel
     }
 
@@ -107,42 +93,23 @@ impl Tree {
         let pci = self.pci(c.bdf, "0x8086", "0x09c4", "dfl-pci", c.numa);
         let region = format!("{pci}/fpga_region/region{}", c.region);
         self.link(&format!("{region}/device"), &format!("../../../{}", c.bdf));
-        self.link(
-            &format!("class/fpga_region/region{}", c.region),
-            &format!("../../{region}"),
-        );
+        self.link(&format!("class/fpga_region/region{}", c.region), &format!("../../{region}"));
         let fme = format!("{region}/dfl-fme.{}", c.fme);
         self.file(&format!("{fme}/bitstream_id"), "0x23000410010309\n");
         self.file(&format!("{fme}/bitstream_metadata"), "0x1241022\n");
         self.file(&format!("{fme}/ports_num"), &format!("{}\n", c.ports.len()));
-        for e in [
-            "pcie0_errors",
-            "pcie1_errors",
-            "nonfatal_errors",
-            "catfatal_errors",
-            "fme_errors",
-            "inject_errors",
-        ] {
+        for e in ["pcie0_errors", "pcie1_errors", "nonfatal_errors", "catfatal_errors", "fme_errors", "inject_errors"] {
             self.file(&format!("{fme}/errors/{e}"), "0x0\n");
         }
         self.file(&format!("{fme}/errors/first_error"), "0x0\n");
         // The PR region is a region too, but not a card: it holds no FME or port.
-        let pr = format!(
-            "{fme}/dfl-fme-region.{}/fpga_region/region{}",
-            c.fme, c.pr_region
-        );
+        let pr = format!("{fme}/dfl-fme-region.{}/fpga_region/region{}", c.fme, c.pr_region);
         self.file(&format!("{pr}/compat_id"), &format!("{IFACE}\n"));
-        self.link(
-            &format!("class/fpga_region/region{}", c.pr_region),
-            &format!("../../{pr}"),
-        );
+        self.link(&format!("class/fpga_region/region{}", c.pr_region), &format!("../../{pr}"));
         let mgr = format!("{fme}/dfl-fme-mgr.{}/fpga_manager/fpga{}", c.fme, c.fme);
         self.file(&format!("{mgr}/state"), "unknown\n");
         self.file(&format!("{mgr}/status"), "\n");
-        self.link(
-            &format!("class/fpga_manager/fpga{}", c.fme),
-            &format!("../../{mgr}"),
-        );
+        self.link(&format!("class/fpga_manager/fpga{}", c.fme), &format!("../../{mgr}"));
         self.dev(&format!("dfl-fme.{}", c.fme));
         for (n, afu) in c.ports {
             let port = format!("{region}/dfl-port.{n}");
@@ -174,14 +141,8 @@ impl Tree {
             numa: 1,
         });
         // A device-tree FPGA region of some other FPGA driver, and a stray file.
-        t.file(
-            "devices/platform/soc/fpga-region0/fpga_region/region9/compat_id",
-            "0\n",
-        );
-        t.link(
-            "class/fpga_region/region9",
-            "../../devices/platform/soc/fpga-region0/fpga_region/region9",
-        );
+        t.file("devices/platform/soc/fpga-region0/fpga_region/region9/compat_id", "0\n");
+        t.link("class/fpga_region/region9", "../../devices/platform/soc/fpga-region0/fpga_region/region9");
         t.file("class/fpga_region/README", "not a region\n");
         t.unrelated_pci();
         t
@@ -212,17 +173,11 @@ pub fn ids(devices: &[Device]) -> Vec<&str> {
 }
 
 pub fn find<'a>(devices: &'a [Device], id: &str) -> &'a Device {
-    devices
-        .iter()
-        .find(|d| d.id == id)
-        .unwrap_or_else(|| panic!("no device {id} in {:?}", ids(devices)))
+    devices.iter().find(|d| d.id == id).unwrap_or_else(|| panic!("no device {id} in {:?}", ids(devices)))
 }
 
 pub fn attr<'a>(d: &'a Device, key: &str) -> Option<&'a str> {
-    d.attrs
-        .iter()
-        .find(|(k, _)| *k == key)
-        .map(|(_, v)| v.as_str())
+    d.attrs.iter().find(|(k, _)| *k == key).map(|(_, v)| v.as_str())
 }
 
 pub fn containers(d: &Device) -> Vec<&str> {
@@ -235,7 +190,5 @@ pub fn healthy(d: &Device) -> bool {
 
 /// Whether some problem of `d` mentions every one of `words`.
 pub fn problem_mentions(d: &Device, words: &[&str]) -> bool {
-    d.problems
-        .iter()
-        .any(|p| words.iter().all(|w| p.contains(w)))
+    d.problems.iter().any(|p| words.iter().all(|w| p.contains(w)))
 }

@@ -6,15 +6,9 @@ use super::*;
 pub fn opae_card(t: &Tree, bdf: &str, n: u32, afu: &str) {
     let pci = t.pci(bdf, "0x8086", "0xbcc0", "intel-fpga-pci", 0);
     let dev = format!("{pci}/fpga/intel-fpga-dev.{n}");
-    t.link(
-        &format!("class/fpga/intel-fpga-dev.{n}"),
-        &format!("../../{dev}"),
-    );
+    t.link(&format!("class/fpga/intel-fpga-dev.{n}"), &format!("../../{dev}"));
     let fme = format!("{dev}/intel-fpga-fme.{n}");
-    t.file(
-        &format!("{fme}/pr/interface_id"),
-        "ce489693-98f0-5f33-946d-560708be108a\n",
-    );
+    t.file(&format!("{fme}/pr/interface_id"), "ce489693-98f0-5f33-946d-560708be108a\n");
     t.file(&format!("{fme}/bitstream_id"), "0x123000200000185\n");
     t.file(&format!("{fme}/errors/fme-errors/errors"), "0x0\n");
     t.file(&format!("{fme}/errors/pcie0_errors"), "0x0\n");
@@ -50,22 +44,19 @@ fn opae_region_devel_uses_the_fme_name_and_node() {
     opae_card(&t, "0000:5e:00.0", 0, AFU_NLB0);
     let (d, _) = t.devices(Mode::RegionDevel);
     assert_eq!(ids(&d), ["intel-fpga-fme.0"]);
-    assert_eq!(
-        containers(&d[0]),
-        ["/dev/intel-fpga-port.0", "/dev/intel-fpga-fme.0"]
-    );
+    assert_eq!(containers(&d[0]), ["/dev/intel-fpga-port.0", "/dev/intel-fpga-fme.0"]);
 }
 
 #[test]
 fn opae_nested_fme_error_register_is_checked() {
     let t = Tree::new();
     opae_card(&t, "0000:5e:00.0", 0, AFU_NLB0);
-    t.file("devices/pci0000:00/0000:00:01.0/0000:5e:00.0/fpga/intel-fpga-dev.0/intel-fpga-fme.0/errors/fme-errors/errors", "0x2\n");
+    t.file(
+        "devices/pci0000:00/0000:00:01.0/0000:5e:00.0/fpga/intel-fpga-dev.0/intel-fpga-fme.0/errors/fme-errors/errors",
+        "0x2\n",
+    );
     let (d, _) = t.devices(Mode::Port);
-    assert!(problem_mentions(
-        &d[0],
-        &["intel-fpga-fme.0", "fme-errors/errors"]
-    ));
+    assert!(problem_mentions(&d[0], &["intel-fpga-fme.0", "fme-errors/errors"]));
 }
 
 #[test]

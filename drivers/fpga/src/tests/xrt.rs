@@ -18,15 +18,9 @@ pub fn alveo_card(t: &Tree, slot: &str, render: u32, instance: u32, with_mgmt: b
     t.file(&format!("{u}/rom.u.1/VBNV"), &format!("{VBNV}\n"));
     t.file(&format!("{u}/rom.u.1/timestamp"), "1596587936\n");
     t.file(&format!("{u}/xmc.u.2/serial_num"), "21320733400B\n");
-    t.file(
-        &format!("{u}/logic_uuids"),
-        "2aa6f68a1f1a62b3a47f0a0a1b6b8d4d\n",
-    );
+    t.file(&format!("{u}/logic_uuids"), "2aa6f68a1f1a62b3a47f0a0a1b6b8d4d\n");
     t.file(&format!("{u}/drm/card{}/dev", render - 128), "226:1\n");
-    t.file(
-        &format!("{u}/drm/renderD{render}/dev",),
-        &format!("226:{render}\n"),
-    );
+    t.file(&format!("{u}/drm/renderD{render}/dev",), &format!("226:{render}\n"));
     t.dev(&format!("dri/renderD{render}"));
 }
 
@@ -44,11 +38,7 @@ fn each_card_is_one_device_named_by_its_user_function() {
     let (d, notes) = t.devices(Mode::Port);
     assert!(notes.is_empty(), "{notes:?}");
     assert_eq!(ids(&d), ["0000:3b:00.1", "0000:d8:00.1"]);
-    assert!(
-        d.iter().all(healthy),
-        "{:?}",
-        d.iter().flat_map(|d| &d.problems).collect::<Vec<_>>()
-    );
+    assert!(d.iter().all(healthy), "{:?}", d.iter().flat_map(|d| &d.problems).collect::<Vec<_>>());
 }
 
 #[test]
@@ -87,12 +77,7 @@ fn management_function_without_user_function_is_skipped_with_a_note() {
     t.file(&format!("{m}/mgmt_pf"), "");
     let (d, notes) = t.devices(Mode::Port);
     assert!(d.is_empty());
-    assert!(
-        notes
-            .iter()
-            .any(|n| n.contains("0000:3b:00.0") && n.contains("xocl")),
-        "{notes:?}"
-    );
+    assert!(notes.iter().any(|n| n.contains("0000:3b:00.0") && n.contains("xocl")), "{notes:?}");
 }
 
 #[test]
@@ -102,10 +87,7 @@ fn older_xrt_without_marker_files_is_recognised_by_driver() {
         t.remove(&format!("devices/pci0000:00/0000:00:01.0/{f}"));
     }
     let (d, _) = t.devices(Mode::Port);
-    assert_eq!(
-        attr(find(&d, "0000:3b:00.1"), "mgmt_pci_address"),
-        Some("0000:3b:00.0")
-    );
+    assert_eq!(attr(find(&d, "0000:3b:00.1"), "mgmt_pci_address"), Some("0000:3b:00.0"));
 }
 
 #[test]
@@ -113,10 +95,7 @@ fn missing_rom_during_reset_makes_the_card_unhealthy_not_gone() {
     let t = two_alveo_cards();
     t.remove("devices/pci0000:00/0000:00:01.0/0000:3b:00.1/rom.u.1");
     let (d, _) = t.devices(Mode::Port);
-    assert!(problem_mentions(
-        find(&d, "0000:3b:00.1"),
-        &["0000:3b:00.1", "ROM"]
-    ));
+    assert!(problem_mentions(find(&d, "0000:3b:00.1"), &["0000:3b:00.1", "ROM"]));
     assert!(healthy(find(&d, "0000:d8:00.1")));
 }
 
@@ -126,42 +105,24 @@ fn vanished_render_or_mgmt_node_is_unhealthy() {
     t.rm_dev("dri/renderD128");
     t.rm_dev("xclmgmt55296");
     let (d, _) = t.devices(Mode::Port);
-    assert!(problem_mentions(
-        find(&d, "0000:3b:00.1"),
-        &["renderD128", "missing"]
-    ));
-    assert!(problem_mentions(
-        find(&d, "0000:d8:00.1"),
-        &["xclmgmt55296", "missing"]
-    ));
+    assert!(problem_mentions(find(&d, "0000:3b:00.1"), &["renderD128", "missing"]));
+    assert!(problem_mentions(find(&d, "0000:d8:00.1"), &["xclmgmt55296", "missing"]));
 }
 
 #[test]
 fn qdma_shell_adds_its_queue_node() {
     let t = Tree::new();
     alveo_card(&t, "0000:3b:00", 128, 15104, true);
-    t.file(
-        "devices/pci0000:00/0000:00:01.0/0000:3b:00.1/dma.qdma.u15105/uevent",
-        "",
-    );
+    t.file("devices/pci0000:00/0000:00:01.0/0000:3b:00.1/dma.qdma.u15105/uevent", "");
     t.dev("xfpga/dma.qdma.u15105.0");
     let (d, _) = t.devices(Mode::Port);
-    assert_eq!(
-        containers(&d[0]),
-        [
-            "/dev/dri/renderD128",
-            "/dev/xclmgmt15104",
-            "/dev/xfpga/dma.qdma.u15105.0"
-        ]
-    );
+    assert_eq!(containers(&d[0]), ["/dev/dri/renderD128", "/dev/xclmgmt15104", "/dev/xfpga/dma.qdma.u15105.0"]);
     assert!(healthy(&d[0]), "{:?}", d[0].problems);
 }
 
 #[test]
 fn vendor_list_limits_which_cards_count() {
     let t = two_alveo_cards();
-    let scope = crate::discover::Scope {
-        xrt_vendors: vec!["0x1d0f".into()],
-    };
+    let scope = crate::discover::Scope { xrt_vendors: vec!["0x1d0f".into()] };
     assert!(crate::discover::discover(&t.roots, &scope).cards.is_empty());
 }

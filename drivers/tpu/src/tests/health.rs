@@ -7,35 +7,21 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 fn problem(inventory: &Inventory, id: &str) -> Option<String> {
-    inventory
-        .chips()
-        .into_iter()
-        .find(|v| v.chip.id == id)
-        .unwrap()
-        .chip
-        .problem
+    inventory.chips().into_iter().find(|v| v.chip.id == id).unwrap().chip.problem
 }
 
 #[test]
 fn a_vanished_device_node_makes_the_chip_unhealthy_until_it_returns() {
     let tree = v6e_host();
     let (inventory, _) = tree.inventory();
-    assert_eq!(
-        inventory.refresh(&tree.roots),
-        Ok(false),
-        "nothing changed yet"
-    );
+    assert_eq!(inventory.refresh(&tree.roots), Ok(false), "nothing changed yet");
 
     tree.remove_node("vfio/12");
     assert_eq!(inventory.refresh(&tree.roots), Ok(true));
     let why = problem(&inventory, "0000:00:06.0").unwrap();
     assert!(why.contains("vfio/12 is missing"), "{why}");
     assert_eq!(inventory.chips().iter().filter(|v| v.healthy()).count(), 7);
-    assert_eq!(
-        inventory.refresh(&tree.roots),
-        Ok(false),
-        "the same problem is no change"
-    );
+    assert_eq!(inventory.refresh(&tree.roots), Ok(false), "the same problem is no change");
 
     tree.touch("vfio/12");
     assert_eq!(inventory.refresh(&tree.roots), Ok(true));
@@ -61,13 +47,7 @@ fn an_unplugged_chip_stays_listed_as_unhealthy_with_its_index() {
     assert_eq!(chips.len(), 4);
     let gone = chips.iter().find(|v| v.chip.id == "0000:00:05.0").unwrap();
     assert_eq!(gone.index, 1);
-    assert!(
-        gone.chip
-            .problem
-            .as_deref()
-            .unwrap()
-            .contains("PCI device 0000:00:05.0 disappeared")
-    );
+    assert!(gone.chip.problem.as_deref().unwrap().contains("PCI device 0000:00:05.0 disappeared"));
     // Its last known device node is still what a container would need.
     assert_eq!(gone.chip.nodes[0].container, "/dev/accel1");
 
@@ -80,8 +60,7 @@ fn an_unplugged_chip_stays_listed_as_unhealthy_with_its_index() {
 fn a_hot_plugged_chip_is_a_change() {
     let tree = v4_host();
     let (inventory, _) = tree.inventory();
-    tree.pci("0000:00:08.0", "0x1ae0", "0x005e")
-        .accel("0000:00:08.0", 4);
+    tree.pci("0000:00:08.0", "0x1ae0", "0x005e").accel("0000:00:08.0", 4);
     assert_eq!(inventory.refresh(&tree.roots), Ok(true));
     assert_eq!(inventory.chips().len(), 5);
 }
@@ -92,14 +71,9 @@ fn the_poll_thread_reports_changes_and_stops_when_asked() {
     let (inventory, _) = tree.inventory();
     let calls = Arc::new(AtomicUsize::new(0));
     let counter = Arc::clone(&calls);
-    let watcher = Watcher::start(
-        Duration::from_millis(10),
-        Arc::new(inventory),
-        tree.roots.clone(),
-        move || {
-            counter.fetch_add(1, Ordering::SeqCst);
-        },
-    )
+    let watcher = Watcher::start(Duration::from_millis(10), Arc::new(inventory), tree.roots.clone(), move || {
+        counter.fetch_add(1, Ordering::SeqCst);
+    })
     .unwrap();
 
     // Several polls with nothing changed: no call.
@@ -122,13 +96,8 @@ fn the_poll_thread_reports_changes_and_stops_when_asked() {
 #[test]
 fn stopping_does_not_wait_out_the_interval() {
     let tree = v4_host();
-    let watcher = Watcher::start(
-        Duration::from_secs(3600),
-        Arc::new(Inventory::default()),
-        tree.roots.clone(),
-        || {},
-    )
-    .unwrap();
+    let watcher =
+        Watcher::start(Duration::from_secs(3600), Arc::new(Inventory::default()), tree.roots.clone(), || {}).unwrap();
     let started = Instant::now();
     watcher.stop();
     assert!(started.elapsed() < Duration::from_secs(1));

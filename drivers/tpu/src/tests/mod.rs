@@ -23,10 +23,7 @@ pub struct Tree {
 impl Tree {
     pub fn new() -> Tree {
         let dir = tempfile::tempdir().unwrap();
-        let roots = Roots {
-            sysfs: dir.path().join("sys"),
-            devfs: dir.path().join("dev"),
-        };
+        let roots = Roots { sysfs: dir.path().join("sys"), devfs: dir.path().join("dev") };
         fs::create_dir_all(roots.sysfs.join("bus/pci/devices")).unwrap();
         fs::create_dir_all(&roots.devfs).unwrap();
         Tree { _dir: dir, roots }
@@ -34,9 +31,7 @@ impl Tree {
 
     /// The device folder of PCI function `address` (`0000:00:04.0`).
     pub fn device_dir(&self, address: &str) -> PathBuf {
-        self.roots
-            .sysfs
-            .join(format!("devices/pci{}/{address}", &address[..7]))
+        self.roots.sysfs.join(format!("devices/pci{}/{address}", &address[..7]))
     }
 
     /// Adds a PCI function with the given vendor and device files.
@@ -46,11 +41,7 @@ impl Tree {
         fs::write(dir.join("vendor"), format!("{vendor}\n")).unwrap();
         fs::write(dir.join("device"), format!("{device}\n")).unwrap();
         let target = format!("../../../devices/pci{}/{address}", &address[..7]);
-        symlink(
-            target,
-            self.roots.sysfs.join("bus/pci/devices").join(address),
-        )
-        .unwrap();
+        symlink(target, self.roots.sysfs.join("bus/pci/devices").join(address)).unwrap();
         self
     }
 
@@ -71,17 +62,8 @@ impl Tree {
 
     /// Binds the function to vfio-pci in IOMMU group `group`.
     pub fn vfio(&self, address: &str, group: u32) -> &Self {
-        fs::create_dir_all(
-            self.roots
-                .sysfs
-                .join(format!("kernel/iommu_groups/{group}")),
-        )
-        .unwrap();
-        symlink(
-            format!("../../../kernel/iommu_groups/{group}"),
-            self.device_dir(address).join("iommu_group"),
-        )
-        .unwrap();
+        fs::create_dir_all(self.roots.sysfs.join(format!("kernel/iommu_groups/{group}"))).unwrap();
+        symlink(format!("../../../kernel/iommu_groups/{group}"), self.device_dir(address).join("iommu_group")).unwrap();
         self.touch(&format!("vfio/{group}")).touch("vfio/vfio")
     }
 
@@ -105,11 +87,7 @@ impl Tree {
     /// Puts an unplugged function back.
     pub fn replug(&self, address: &str) {
         let target = format!("../../../devices/pci{}/{address}", &address[..7]);
-        symlink(
-            target,
-            self.roots.sysfs.join("bus/pci/devices").join(address),
-        )
-        .unwrap();
+        symlink(target, self.roots.sysfs.join("bus/pci/devices").join(address)).unwrap();
     }
 
     /// A fresh inventory over this tree, refreshed once.
@@ -123,14 +101,8 @@ impl Tree {
     /// A config over this tree with extra options.
     pub fn config(&self, pairs: &[(&str, &str)]) -> Config {
         let mut all = vec![
-            (
-                "sysfs_root".to_string(),
-                self.roots.sysfs.to_string_lossy().into_owned(),
-            ),
-            (
-                "devfs_root".to_string(),
-                self.roots.devfs.to_string_lossy().into_owned(),
-            ),
+            ("sysfs_root".to_string(), self.roots.sysfs.to_string_lossy().into_owned()),
+            ("devfs_root".to_string(), self.roots.devfs.to_string_lossy().into_owned()),
         ];
         all.extend(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())));
         Config::from_options(&Options::new(all)).unwrap()
@@ -140,18 +112,8 @@ impl Tree {
 /// A TPU v4 VM: 4 chips on `/dev/accel0..3`, one NUMA node.
 pub fn v4_host() -> Tree {
     let tree = Tree::new();
-    for (i, address) in [
-        "0000:00:04.0",
-        "0000:00:05.0",
-        "0000:00:06.0",
-        "0000:00:07.0",
-    ]
-    .iter()
-    .enumerate()
-    {
-        tree.pci(address, "0x1ae0", "0x005e")
-            .numa(address, 0)
-            .accel(address, i as u32);
+    for (i, address) in ["0000:00:04.0", "0000:00:05.0", "0000:00:06.0", "0000:00:07.0"].iter().enumerate() {
+        tree.pci(address, "0x1ae0", "0x005e").numa(address, 0).accel(address, i as u32);
     }
     tree
 }
@@ -172,14 +134,10 @@ pub const V6E_CHIPS: [&str; 8] = [
 pub fn v6e_host() -> Tree {
     let tree = Tree::new();
     for (i, address) in V6E_CHIPS.iter().enumerate() {
-        tree.pci(address, "0x1ae0", "0x006f")
-            .numa(address, (i / 4) as i32)
-            .vfio(address, 10 + i as u32);
+        tree.pci(address, "0x1ae0", "0x006f").numa(address, (i / 4) as i32).vfio(address, 10 + i as u32);
     }
-    tree.pci("0000:00:03.0", "0x1ae0", "0x0042")
-        .numa("0000:00:03.0", 0);
-    tree.pci("0000:00:0b.0", "0x8086", "0x7d1d")
-        .numa("0000:00:0b.0", 0);
+    tree.pci("0000:00:03.0", "0x1ae0", "0x0042").numa("0000:00:03.0", 0);
+    tree.pci("0000:00:0b.0", "0x8086", "0x7d1d").numa("0000:00:0b.0", 0);
     fs::create_dir_all(tree.device_dir("0000:00:0b.0").join("accel/accel0")).unwrap();
     tree.touch("accel/accel0");
     tree
@@ -190,17 +148,10 @@ pub fn v6e_host() -> Tree {
 pub fn tpu7x_host() -> Tree {
     let tree = Tree::new();
     let mut group = 20;
-    for (slot, numa) in [
-        ("0000:40:02", 1),
-        ("0000:40:03", 1),
-        ("0000:c0:02", 0),
-        ("0000:c0:03", 0),
-    ] {
+    for (slot, numa) in [("0000:40:02", 1), ("0000:40:03", 1), ("0000:c0:02", 0), ("0000:c0:03", 0)] {
         for function in ["0", "1"] {
             let address = format!("{slot}.{function}");
-            tree.pci(&address, "0x1ae0", "0x0076")
-                .numa(&address, numa)
-                .vfio(&address, group);
+            tree.pci(&address, "0x1ae0", "0x0076").numa(&address, numa).vfio(&address, group);
             group += 1;
         }
     }
@@ -209,8 +160,5 @@ pub fn tpu7x_host() -> Tree {
 
 /// The value of `key` in an environment list.
 pub fn var<'a>(env: &'a [(&'static str, String)], key: &str) -> &'a str {
-    env.iter()
-        .find(|(k, _)| *k == key)
-        .map(|(_, v)| v.as_str())
-        .unwrap_or_else(|| panic!("{key} is not set"))
+    env.iter().find(|(k, _)| *k == key).map(|(_, v)| v.as_str()).unwrap_or_else(|| panic!("{key} is not set"))
 }
