@@ -5,12 +5,13 @@
 //! as long as it likes: we retry with capped backoff and never exit for it.
 
 use crate::endpoint::Endpoint;
-use crate::registry::{Registry, Resource};
+use crate::registry::Resource;
 use devhost_proto::v1beta1 as pb;
 use notify::Watcher;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::sync::{Notify, watch};
@@ -24,36 +25,99 @@ const RECHECK: Duration = Duration::from_secs(2);
 struct Signals {
     /// Bumped whenever a new kubelet.sock appears.
     kubelet_gen: watch::Sender<u64>,
-    /// One per resource: its socket file was removed.
-    socket_lost: Vec<(PathBuf, Arc<Notify>)>,
+    /// Per socket path of ours: notified when the file is removed.
+    socket_lost: Mutex<HashMap<PathBuf, Arc<Notify>>>,
+}
+
+impl Signals {
+    fn lost(&self) -> Vec<(PathBuf, Arc<Notify>)> {
+        self.socket_lost.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|(p, n)| (p.clone(), n.clone())).collect()
+    }
 }
 
 fn inode(path: &Path) -> Option<u64> {
     std::fs::symlink_metadata(path).ok().filter(|m| m.file_type().is_socket()).map(|m| m.ino())
 }
 
-/// Serves every loadable resource until `stop` fires; then removes our
-/// sockets and returns.
-pub async fn serve(registry: Arc<Registry>, dir: PathBuf, stop: watch::Receiver<bool>) {
-    let served: Vec<Arc<Resource>> = registry.resources.iter().filter(|r| r.driver.is_some()).cloned().collect();
-    for r in registry.resources.iter().filter(|r| r.driver.is_none()) {
-        tracing::error!(resource = %r.config.name, "not served: {}", r.error.as_deref().unwrap_or("driver unavailable"));
+struct Served {
+    resource: Arc<Resource>,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// The endpoints being served in one device-plugins folder, one task per
+/// resource, plus the folder watch they share.
+pub struct Endpoints {
+    dir: PathBuf,
+    signals: Arc<Signals>,
+    served: Mutex<Vec<Served>>,
+    _watcher: Option<notify::RecommendedWatcher>,
+    checker: tokio::task::JoinHandle<()>,
+}
+
+impl Endpoints {
+    /// Starts watching `dir` (inotify plus a periodic stat check).
+    pub fn start(dir: PathBuf) -> Endpoints {
+        let signals = Arc::new(Signals { kubelet_gen: watch::channel(0).0, socket_lost: Mutex::new(HashMap::new()) });
+        let watcher = watch_dir(&dir, signals.clone());
+        let checker = tokio::spawn(recheck(dir.clone(), signals.clone()));
+        Endpoints { dir, signals, served: Mutex::new(Vec::new()), _watcher: watcher, checker }
     }
-    let signals = Arc::new(Signals {
-        kubelet_gen: watch::channel(0).0,
-        socket_lost: served.iter().map(|r| (dir.join(&r.config.socket_name), Arc::new(Notify::new()))).collect(),
-    });
-    let _watcher = watch_dir(&dir, signals.clone());
-    let checker = tokio::spawn(recheck(dir.clone(), signals.clone(), stop.clone()));
-    let mut tasks = Vec::new();
-    for (res, (_, lost)) in served.into_iter().zip(signals.socket_lost.iter()) {
-        let (dir, lost, gen_rx, stop) = (dir.clone(), lost.clone(), signals.kubelet_gen.subscribe(), stop.clone());
-        tasks.push(tokio::spawn(serve_resource(res, dir, lost, gen_rx, stop)));
+
+    /// Serves exactly `resources` (those with a driver): starts the new ones
+    /// and stops the ones no longer listed. Resources served already keep
+    /// their socket, registration and streams.
+    pub async fn sync(&self, resources: &[Arc<Resource>]) {
+        let wanted: Vec<&Arc<Resource>> = resources.iter().filter(|r| r.driver.is_some()).collect();
+        for r in resources.iter().filter(|r| r.driver.is_none()) {
+            tracing::error!(resource = %r.config.name, "not served: {}", r.error.as_deref().unwrap_or("driver unavailable"));
+        }
+        let gone: Vec<Served> = {
+            let mut served = self.served.lock().unwrap_or_else(|p| p.into_inner());
+            let (keep, gone): (Vec<Served>, Vec<Served>) =
+                std::mem::take(&mut *served).into_iter().partition(|s| wanted.iter().any(|w| Arc::ptr_eq(w, &s.resource)));
+            *served = keep;
+            gone
+        };
+        stop_all(gone).await;
+        let mut served = self.served.lock().unwrap_or_else(|p| p.into_inner());
+        for r in wanted {
+            if served.iter().any(|s| Arc::ptr_eq(&s.resource, r)) {
+                continue;
+            }
+            let path = self.dir.join(&r.config.socket_name);
+            let lost = Arc::new(Notify::new());
+            self.signals.socket_lost.lock().unwrap_or_else(|p| p.into_inner()).insert(path, lost.clone());
+            let (stop, stop_rx) = watch::channel(false);
+            let task = tokio::spawn(serve_resource(
+                r.clone(),
+                self.dir.clone(),
+                lost,
+                self.signals.kubelet_gen.subscribe(),
+                stop_rx,
+            ));
+            served.push(Served { resource: r.clone(), stop, task });
+        }
     }
-    for t in tasks {
-        let _ = t.await;
+
+    /// Stops every endpoint and removes our sockets.
+    pub async fn shutdown(&self) {
+        let all = std::mem::take(&mut *self.served.lock().unwrap_or_else(|p| p.into_inner()));
+        stop_all(all).await;
+        self.checker.abort();
     }
-    checker.abort();
+}
+
+/// Stops endpoints and waits (bounded) for their sockets to be removed.
+async fn stop_all(list: Vec<Served>) {
+    for s in &list {
+        let _ = s.stop.send(true);
+    }
+    for s in list {
+        if tokio::time::timeout(Duration::from_secs(2), s.task).await.is_err() {
+            tracing::warn!(resource = %s.resource.config.name, "endpoint did not stop within 2 s");
+        }
+    }
 }
 
 /// inotify on the folder: kubelet.sock created → restart signal; one of our
@@ -68,7 +132,7 @@ fn watch_dir(dir: &Path, signals: Arc<Signals>) -> Option<notify::RecommendedWat
                     signals.kubelet_gen.send_modify(|g| *g += 1);
                 }
                 notify::EventKind::Remove(_) => {
-                    if let Some((_, n)) = signals.socket_lost.iter().find(|(s, _)| s == p) {
+                    if let Some(n) = signals.socket_lost.lock().unwrap_or_else(|p| p.into_inner()).get(p) {
                         n.notify_one();
                     }
                 }
@@ -87,21 +151,18 @@ fn watch_dir(dir: &Path, signals: Arc<Signals>) -> Option<notify::RecommendedWat
 
 /// The stat-based safety net: catches a replaced kubelet.sock or a lost
 /// socket even when inotify missed it (folder deleted and re-created).
-async fn recheck(dir: PathBuf, signals: Arc<Signals>, mut stop: watch::Receiver<bool>) {
+async fn recheck(dir: PathBuf, signals: Arc<Signals>) {
     let kubelet = dir.join(devhost_proto::KUBELET_SOCKET);
     let mut last = inode(&kubelet);
     loop {
-        tokio::select! {
-            _ = tokio::time::sleep(RECHECK) => {}
-            _ = stop.changed() => return,
-        }
+        tokio::time::sleep(RECHECK).await;
         let now = inode(&kubelet);
         if now.is_some() && now != last {
             signals.kubelet_gen.send_modify(|g| *g += 1);
         }
         last = now;
-        for (path, lost) in &signals.socket_lost {
-            if inode(path).is_none() {
+        for (path, lost) in signals.lost() {
+            if inode(&path).is_none() {
                 lost.notify_one();
             }
         }

@@ -130,29 +130,84 @@ fn load_manifest(path: &Path, kubelet_dir: Option<&Path>) -> Option<Manifest> {
 
 async fn run(config: &Path, kubelet_dir: Option<&Path>) -> ExitCode {
     let Some(manifest) = load_manifest(config, kubelet_dir) else { return ExitCode::from(2) };
-    let registry = Arc::new(Registry::open(&manifest, true).await);
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    registry.spawn_watchers(stop_rx.clone());
-    let server = tokio::spawn(devhost::kubelet::serve(registry.clone(), manifest.kubelet_dir.clone(), stop_rx));
-    let signal = wait_for_signal().await;
-    tracing::info!("{signal}: removing our sockets and exiting");
-    let _ = stop_tx.send(true);
-    if tokio::time::timeout(std::time::Duration::from_secs(2), server).await.is_err() {
-        tracing::warn!("endpoints did not stop within 2 s");
+    let registry = Registry::open(&manifest, true).await;
+    let endpoints = devhost::kubelet::Endpoints::start(manifest.kubelet_dir.clone());
+    endpoints.sync(&registry.resources()).await;
+    let Some(mut signals) = Signals::install() else { return ExitCode::FAILURE };
+    loop {
+        match signals.next().await {
+            Signal::Reload => {
+                tracing::info!("SIGHUP: reloading {}", config.display());
+                let Some(next) = load_manifest(config, kubelet_dir) else {
+                    tracing::error!("new manifest rejected; still serving the previous one");
+                    continue;
+                };
+                if next.kubelet_dir != manifest.kubelet_dir {
+                    tracing::warn!(
+                        "kubelet_dir changed to {}; a restart is needed to move, still serving in {}",
+                        next.kubelet_dir.display(),
+                        manifest.kubelet_dir.display()
+                    );
+                }
+                let changes = registry.apply(&next).await;
+                let names = |v: &[Arc<devhost::registry::Resource>]| {
+                    v.iter().map(|r| r.config.name.clone()).collect::<Vec<_>>().join(", ")
+                };
+                tracing::info!(
+                    started = %names(&changes.started),
+                    stopped = %names(&changes.stopped),
+                    unchanged = %names(&changes.kept),
+                    "reload applied"
+                );
+                endpoints.sync(&registry.resources()).await;
+            }
+            Signal::Stop(name) => {
+                tracing::info!("{name}: removing our sockets and exiting");
+                break;
+            }
+        }
     }
+    endpoints.shutdown().await;
     registry.shutdown();
     ExitCode::SUCCESS
 }
 
-async fn wait_for_signal() -> &'static str {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
-        tracing::error!("cannot install signal handlers; running until killed");
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
+enum Signal {
+    Reload,
+    Stop(&'static str),
+}
+
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> Option<Signals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        match (signal(SignalKind::terminate()), signal(SignalKind::interrupt()), signal(SignalKind::hangup())) {
+            (Ok(term), Ok(int), Ok(hup)) => Some(Signals { term, int, hup }),
+            _ => {
+                tracing::error!("cannot install signal handlers");
+                None
+            }
+        }
+    }
+
+    async fn next(&mut self) -> Signal {
+        tokio::select! {
+            _ = self.term.recv() => Signal::Stop("SIGTERM"),
+            _ = self.int.recv() => Signal::Stop("SIGINT"),
+            _ = self.hup.recv() => Signal::Reload,
+        }
+    }
+}
+
+async fn wait_for_signal() {
+    match Signals::install() {
+        Some(mut s) => while !matches!(s.next().await, Signal::Stop(_)) {},
+        None => std::future::pending().await,
     }
 }
 
@@ -161,7 +216,7 @@ async fn list(config: &Path, json: bool) -> ExitCode {
     let registry = Registry::open(&manifest, false).await;
     if json {
         let out: Vec<serde_json::Value> = registry
-            .resources
+            .resources()
             .iter()
             .map(|r| {
                 let view = r.snapshot();
@@ -192,7 +247,7 @@ async fn list(config: &Path, json: bool) -> ExitCode {
             }
         }
     } else {
-        for r in &registry.resources {
+        for r in &registry.resources() {
             println!("{} (driver {})", r.config.name, r.config.driver);
             if let Some(e) = &r.error {
                 println!("  NOT SERVED: {e}");
@@ -218,10 +273,10 @@ async fn check(config: &Path) -> ExitCode {
     let Some(manifest) = load_manifest(config, None) else { return ExitCode::from(2) };
     let registry = Registry::open(&manifest, false).await;
     let problems: Vec<String> = registry
-        .drivers
-        .values()
+        .drivers()
+        .into_values()
         .filter_map(|slot| match slot {
-            Slot::Failed(e) => Some(e.clone()),
+            Slot::Failed(e) => Some(e),
             Slot::Ready(_) => None,
         })
         .collect();
@@ -239,10 +294,7 @@ async fn check(config: &Path) -> ExitCode {
 }
 
 async fn sim(config: &Path, keep_running: bool) -> ExitCode {
-    match devhost::sim::run(config, keep_running, async {
-        wait_for_signal().await;
-    })
-    .await
+    match devhost::sim::run(config, keep_running, wait_for_signal()).await
     {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

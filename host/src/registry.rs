@@ -11,7 +11,7 @@ use devhost_proto::v1beta1 as pb;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use tokio::sync::watch;
 
 /// A resource's current devices, with health already decided by the host.
@@ -60,15 +60,33 @@ impl Resource {
 }
 
 /// A driver instance, or why it could not be brought up.
+#[derive(Clone)]
 pub enum Slot {
     Ready(Arc<Instance>),
     Failed(String),
 }
 
+struct DriverEntry {
+    config: DriverConfig,
+    slot: Slot,
+    /// Stops the instance's rescan task.
+    stop: watch::Sender<bool>,
+}
+
+/// What a manifest (re)load changed.
+#[derive(Default)]
+pub struct Changes {
+    pub started: Vec<Arc<Resource>>,
+    pub stopped: Vec<Arc<Resource>>,
+    pub kept: Vec<Arc<Resource>>,
+}
+
 pub struct Registry {
-    pub drivers: BTreeMap<String, Slot>,
-    pub resources: Vec<Arc<Resource>>,
-    configs: BTreeMap<String, DriverConfig>,
+    drivers: RwLock<BTreeMap<String, DriverEntry>>,
+    resources: RwLock<Vec<Arc<Resource>>>,
+    /// Whether instances get watch_start and a rescan task (the daemon), or
+    /// are only scanned once (list, check).
+    watching: bool,
     /// Conflicts already logged, so a rescan does not repeat them.
     logged: Mutex<HashSet<(String, String)>>,
 }
@@ -85,14 +103,52 @@ fn resolve(cfg: &DriverConfig, cache: &mut HashMap<PathBuf, Result<Module, Strin
         .clone()
 }
 
+fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|p| p.into_inner())
+}
+
 impl Registry {
-    /// Loads every module and creates every driver instance, then starts the
-    /// drivers' watches and takes a first scan. Failures are kept per driver;
-    /// they never stop the others.
-    pub async fn open(manifest: &Manifest, watch: bool) -> Registry {
+    /// Loads every module and creates every driver instance of `manifest`,
+    /// then takes a first scan. With `watching`, drivers also get
+    /// watch_start and a rescan task. Failures are kept per driver; they
+    /// never stop the others.
+    pub async fn open(manifest: &Manifest, watching: bool) -> Arc<Registry> {
+        let reg = Arc::new(Registry {
+            drivers: RwLock::new(BTreeMap::new()),
+            resources: RwLock::new(Vec::new()),
+            watching,
+            logged: Mutex::new(HashSet::new()),
+        });
+        reg.apply(manifest).await;
+        reg
+    }
+
+    /// Brings the registry to `manifest`, touching only what changed: a
+    /// driver whose table is unchanged keeps its instance, and a resource
+    /// whose entry and driver are unchanged keeps its `Resource` (and so its
+    /// socket and streams). Failed drivers are retried.
+    pub async fn apply(self: &Arc<Self>, manifest: &Manifest) -> Changes {
         let mut cache = HashMap::new();
-        let mut drivers = BTreeMap::new();
+        let mut old = std::mem::take(&mut *write(&self.drivers));
+        let mut next = BTreeMap::new();
+        let mut fresh = Vec::new();
+        let mut kept_drivers = Vec::new();
         for (name, cfg) in &manifest.drivers {
+            match old.remove(name) {
+                Some(e) if e.config == *cfg && matches!(e.slot, Slot::Ready(_)) => {
+                    if let Slot::Ready(i) = &e.slot {
+                        kept_drivers.push(i.clone());
+                    }
+                    next.insert(name.clone(), e);
+                    continue;
+                }
+                Some(e) => retire(e),
+                None => {}
+            }
             let slot = match resolve(cfg, &mut cache) {
                 Err(e) => Slot::Failed(e),
                 Ok(module) => match Instance::create(name, module, &cfg.options, cfg.call_timeout).await {
@@ -100,39 +156,81 @@ impl Registry {
                     Err(e) => Slot::Failed(format!("{e}")),
                 },
             };
-            if let Slot::Failed(e) = &slot {
-                tracing::error!(driver = %name, "driver not loaded, its resources are not served: {e}");
+            match &slot {
+                Slot::Failed(e) => tracing::error!(driver = %name, "driver not loaded, its resources are not served: {e}"),
+                Slot::Ready(i) => fresh.push(i.clone()),
             }
-            drivers.insert(name.clone(), slot);
+            next.insert(name.clone(), DriverEntry { config: cfg.clone(), slot, stop: watch::channel(false).0 });
         }
-        let resources = manifest
-            .resources
-            .iter()
-            .map(|cfg| {
-                let (driver, error) = match drivers.get(&cfg.driver) {
-                    Some(Slot::Ready(i)) => (Some(i.clone()), None),
-                    Some(Slot::Failed(e)) => (None, Some(e.clone())),
-                    None => (None, Some(format!("driver {} is not configured", cfg.driver))),
-                };
-                Arc::new(Resource {
-                    config: cfg.clone(),
-                    driver,
-                    error,
-                    view: watch::channel(Arc::new(View::default())).0,
-                    registered: AtomicBool::new(false),
-                })
-            })
-            .collect();
-        let reg = Registry { drivers, resources, configs: manifest.drivers.clone(), logged: Mutex::new(HashSet::new()) };
-        for (name, slot) in &reg.drivers {
-            if let Slot::Ready(inst) = slot {
-                if watch && let Err(e) = inst.watch_start().await {
-                    tracing::error!(driver = %name, "watch_start failed; relying on rescans: {e}");
+        for (_, e) in old {
+            retire(e);
+        }
+
+        let old_resources = std::mem::take(&mut *write(&self.resources));
+        let mut changes = Changes::default();
+        let mut resources = Vec::with_capacity(manifest.resources.len());
+        for cfg in &manifest.resources {
+            let (driver, error) = match next.get(&cfg.driver).map(|e| &e.slot) {
+                Some(Slot::Ready(i)) => (Some(i.clone()), None),
+                Some(Slot::Failed(e)) => (None, Some(e.clone())),
+                None => (None, Some(format!("driver {} is not configured", cfg.driver))),
+            };
+            let same = old_resources.iter().find(|r| {
+                r.config == *cfg
+                    && match (&r.driver, &driver) {
+                        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                        _ => false,
+                    }
+            });
+            match same {
+                Some(r) => {
+                    changes.kept.push(r.clone());
+                    resources.push(r.clone());
                 }
-                reg.rescan(inst).await;
+                None => {
+                    let r = Arc::new(Resource {
+                        config: cfg.clone(),
+                        driver,
+                        error,
+                        view: watch::channel(Arc::new(View::default())).0,
+                        registered: AtomicBool::new(false),
+                    });
+                    changes.started.push(r.clone());
+                    resources.push(r);
+                }
             }
         }
-        reg
+        changes.stopped =
+            old_resources.into_iter().filter(|o| !resources.iter().any(|r| Arc::ptr_eq(r, o))).collect();
+        *write(&self.resources) = resources;
+        *write(&self.drivers) = next;
+
+        for inst in &fresh {
+            if self.watching && let Err(e) = inst.watch_start().await {
+                tracing::error!(driver = %inst.name, "watch_start failed; relying on rescans: {e}");
+            }
+        }
+        // New instances need their first scan; kept ones republish to the
+        // (possibly) new set of resources.
+        for inst in fresh.iter().chain(kept_drivers.iter()) {
+            self.rescan(inst).await;
+        }
+        if self.watching {
+            for inst in &fresh {
+                self.spawn_watcher(inst);
+            }
+        }
+        changes
+    }
+
+    /// Every resource, in manifest order.
+    pub fn resources(&self) -> Vec<Arc<Resource>> {
+        read(&self.resources).clone()
+    }
+
+    /// Every driver instance by name, or why it failed.
+    pub fn drivers(&self) -> BTreeMap<String, Slot> {
+        read(&self.drivers).iter().map(|(k, e)| (k.clone(), e.slot.clone())).collect()
     }
 
     /// Scans one instance and publishes the result to its resources.
@@ -153,7 +251,9 @@ impl Registry {
     fn publish(&self, inst: &Arc<Instance>, devices: Option<Vec<Device>>) {
         let broken = inst.poisoned() || inst.hung().is_some();
         let mut taken: HashMap<String, String> = HashMap::new();
-        for res in self.resources.iter().filter(|r| r.config.driver == inst.name && r.driver.is_some()) {
+        let resources = self.resources();
+        let mine_only = |r: &&Arc<Resource>| r.driver.as_ref().is_some_and(|d| Arc::ptr_eq(d, inst));
+        for res in resources.iter().filter(mine_only) {
             let mut mine: Vec<Device> = match &devices {
                 Some(all) => all
                     .iter()
@@ -194,50 +294,56 @@ impl Registry {
         }
     }
 
-    /// Runs until `stop` fires: rescans each instance on "devices changed",
-    /// on its poll interval, and when a hang or panic changes its state.
-    pub fn spawn_watchers(self: &Arc<Self>, stop: watch::Receiver<bool>) {
-        for (name, slot) in &self.drivers {
-            let Slot::Ready(inst) = slot else { continue };
-            let poll = self.configs.get(name).and_then(|c| c.poll_interval);
-            let (reg, inst, mut stop) = (self.clone(), inst.clone(), stop.clone());
-            tokio::spawn(async move {
-                loop {
-                    let tick = async {
-                        match poll {
-                            Some(p) => tokio::time::sleep(p).await,
-                            None => std::future::pending().await,
-                        }
-                    };
-                    tokio::select! {
-                        _ = inst.changed.notified() => {}
-                        _ = tick => {}
-                        _ = stop.changed() => break,
+    /// Rescans `inst` on "devices changed", on its poll interval, and when a
+    /// hang or panic changes its state, until the driver is retired.
+    fn spawn_watcher(self: &Arc<Self>, inst: &Arc<Instance>) {
+        let (poll, mut stop) = match read(&self.drivers).get(&inst.name) {
+            Some(e) => (e.config.poll_interval, e.stop.subscribe()),
+            None => return,
+        };
+        let (reg, inst) = (Arc::downgrade(self), inst.clone());
+        tokio::spawn(async move {
+            loop {
+                let tick = async {
+                    match poll {
+                        Some(p) => tokio::time::sleep(p).await,
+                        None => std::future::pending().await,
                     }
-                    if *stop.borrow() {
-                        break;
-                    }
-                    reg.rescan(&inst).await;
+                };
+                tokio::select! {
+                    _ = inst.changed.notified() => {}
+                    _ = tick => {}
+                    _ = stop.changed() => break,
                 }
-            });
-        }
+                if *stop.borrow() {
+                    break;
+                }
+                let Some(reg) = reg.upgrade() else { break };
+                reg.rescan(&inst).await;
+            }
+        });
     }
 
-    pub fn resource(&self, name: &str) -> Option<&Arc<Resource>> {
-        self.resources.iter().find(|r| r.config.name == name)
+    pub fn resource(&self, name: &str) -> Option<Arc<Resource>> {
+        read(&self.resources).iter().find(|r| r.config.name == name).cloned()
     }
 
     /// Stops every driver (watch_stop, destroy) after queued calls.
     pub fn shutdown(&self) {
-        for slot in self.drivers.values() {
-            if let Slot::Ready(inst) = slot {
-                inst.shutdown();
-            }
+        for (_, e) in std::mem::take(&mut *write(&self.drivers)) {
+            retire(e);
         }
     }
 
     pub fn all_registered(&self) -> bool {
-        self.resources.iter().filter(|r| r.driver.is_some()).all(|r| r.registered.load(Ordering::Acquire))
+        read(&self.resources).iter().filter(|r| r.driver.is_some()).all(|r| r.registered.load(Ordering::Acquire))
     }
 }
 
+/// Stops a driver's rescan task and its instance.
+fn retire(e: DriverEntry) {
+    let _ = e.stop.send(true);
+    if let Slot::Ready(inst) = e.slot {
+        inst.shutdown();
+    }
+}

@@ -3,7 +3,7 @@
 //! manifest advertises and what a container would receive, without a cluster.
 
 use crate::manifest::Manifest;
-use crate::registry::Registry;
+use crate::registry::{Registry, Resource};
 use kubelet_emu::Kubelet;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -36,14 +36,13 @@ pub async fn run(config: &Path, keep_running: bool, stop: impl std::future::Futu
     let scratch = ScratchDir::new()?;
     let manifest = Manifest::load(config, Some(&scratch.0)).map_err(|e| anyhow::anyhow!("{} is invalid:\n{e}", config.display()))?;
     let kubelet = Arc::new(Kubelet::start(&scratch.0)?);
-    let registry = Arc::new(Registry::open(&manifest, true).await);
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    registry.spawn_watchers(stop_rx.clone());
-    let server = tokio::spawn(crate::kubelet::serve(registry.clone(), scratch.0.clone(), stop_rx));
+    let registry = Registry::open(&manifest, true).await;
+    let endpoints = crate::kubelet::Endpoints::start(scratch.0.clone());
+    let resources = registry.resources();
+    endpoints.sync(&resources).await;
 
     let mut out = String::new();
-    let served: Vec<&str> =
-        registry.resources.iter().filter(|r| r.driver.is_some()).map(|r| r.config.name.as_str()).collect();
+    let served: Vec<&str> = resources.iter().filter(|r| r.driver.is_some()).map(|r| r.config.name.as_str()).collect();
     for name in &served {
         if let Err(e) = kubelet.wait_list_count(name, 1, REGISTER_WAIT).await {
             let _ = writeln!(out, "! {name}: {e}");
@@ -54,9 +53,9 @@ pub async fn run(config: &Path, keep_running: bool, stop: impl std::future::Futu
         "devhost sim: {} — {} of {} resource(s) registered with the embedded kubelet\n",
         config.display(),
         kubelet.resources().len(),
-        registry.resources.len()
+        resources.len()
     );
-    out.push_str(&device_table(&registry, &kubelet));
+    out.push_str(&device_table(&resources, &kubelet));
     for name in &served {
         out.push_str(&allocation_report(&kubelet, name).await);
     }
@@ -70,16 +69,15 @@ pub async fn run(config: &Path, keep_running: bool, stop: impl std::future::Futu
             w.abort();
         }
     }
-    let _ = stop_tx.send(true);
-    let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
+    endpoints.shutdown().await;
     registry.shutdown();
     kubelet.stop();
     Ok(())
 }
 
-fn device_table(registry: &Registry, kubelet: &Kubelet) -> String {
+fn device_table(resources: &[Arc<Resource>], kubelet: &Kubelet) -> String {
     let mut rows: Vec<[String; 5]> = vec![["RESOURCE", "DEVICE", "HEALTH", "NUMA", "ATTRIBUTES"].map(String::from)];
-    for r in &registry.resources {
+    for r in resources {
         let name = r.config.name.clone();
         if let Some(e) = &r.error {
             rows.push([name, "-".into(), "NOT SERVED".into(), "-".into(), e.clone()]);

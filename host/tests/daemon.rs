@@ -157,7 +157,7 @@ async fn sigterm_removes_only_our_sockets_and_exits_zero() {
     let other = node.kubelet_dir().join("other-vendor.sock");
     let _other = std::os::unix::net::UnixListener::bind(&other).unwrap();
     assert!(node.kubelet_dir().join("devhost-example.com_c.sock").exists());
-    let status = tokio::task::block_in_place(|| d.terminate(Duration::from_secs(3))).expect("exits within 3 s");
+    let status = tokio::task::block_in_place(|| d.terminate(Duration::from_secs(1))).expect("exits within 1 s");
     assert!(status.success(), "exit status {status:?}");
     assert!(!node.kubelet_dir().join("devhost-example.com_c.sock").exists());
     assert!(!node.kubelet_dir().join("devhost-example.com_r.sock").exists());

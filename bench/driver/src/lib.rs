@@ -7,7 +7,8 @@
 //! Options:
 //! - `count`: devices, 0..=100000 (default 8); IDs are `<prefix>-<i>`
 //! - `prefix`: ID prefix (default `b`)
-//! - `numa_nodes`: device i is on node i % numa_nodes; 0 = no NUMA (default 2)
+//! - `numa_nodes`: device i is on node i % numa_nodes (with `link_group`, its
+//!   whole group is on one node); 0 = no NUMA (default 2)
 //! - `link_group`: devices in the same run of this many consecutive indices are
 //!   linked (40 within a pair, 20 within a quad, 10 otherwise); 0 = no links
 //! - `trigger`: path of the datagram socket to bind; each datagram is the full
@@ -83,7 +84,7 @@ impl BenchDriver {
 }
 
 impl Driver for BenchDriver {
-    const HOOKS: Hooks = Hooks { allocate: true, preferred_allocation: false, pre_start: false, watch: true };
+    const HOOKS: Hooks = Hooks { allocate: true, watch: true, ..Hooks::NONE };
 
     fn create(host: Host, options: &Options) -> Result<Self> {
         options.deny_unknown(&["count", "prefix", "numa_nodes", "link_group", "trigger"])?;
@@ -109,7 +110,9 @@ impl Driver for BenchDriver {
         for i in 0..self.count {
             let id = self.id(i);
             let health = if unhealthy.contains(&i) { Health::Unhealthy } else { Health::Healthy };
-            let numa = (self.numa_nodes > 0).then(|| i % self.numa_nodes);
+            // A link group shares a NUMA node, as GPUs on one board share a socket.
+            let slot = if self.link_group > 0 { i / self.link_group } else { i };
+            let numa = (self.numa_nodes > 0).then(|| slot % self.numa_nodes);
             let mut dev = scan.device(&id, health, numa);
             dev.attr("index", &i.to_string())
                 .device_node("/dev/null", &format!("/dev/bench{i}"), "rw")

@@ -1,5 +1,5 @@
 /*
- * devhost_driver.h — the devhost driver ABI, version 1.
+ * devhost_driver.h — the devhost driver ABI, version 1.1.
  *
  * This header is the contract between the devhost host daemon and a driver
  * module (a shared object the host loads with dlopen). It is the single source
@@ -31,8 +31,8 @@
  *  - Threading: by default the host makes at most one call at a time into an
  *    instance, always from a thread it owns for that instance (never from an
  *    async runtime thread). With DEVHOST_CAP_CONCURRENT the host may call
- *    `scan`, `allocate`, `preferred_allocation` and `pre_start` concurrently
- *    from several threads. `create`, `destroy`, `watch_start` and `watch_stop`
+ *    `scan`, `allocate`, `preferred_allocation`, `pre_start` and `release`
+ *    concurrently from several threads. `create`, `destroy`, `watch_start` and `watch_stop`
  *    are never concurrent with any other call on the same instance.
  *    `host->log` may be called from any thread from the start of `create`
  *    until `destroy` returns; `host->devices_changed` from any thread from
@@ -46,6 +46,7 @@
  *    side reads only the fields that lie within the size the other side
  *    declared. Additions bump DEVHOST_ABI_MINOR; a major bump means a new
  *    entry symbol (`devhost_driver_entry_v2`). The host never unloads a module.
+ *    1.1 appended `release` to the descriptor; a 1.0 module simply has none.
  */
 #ifndef DEVHOST_DRIVER_H
 #define DEVHOST_DRIVER_H
@@ -59,7 +60,7 @@ extern "C" {
 
 /* ABI version this header describes. */
 #define DEVHOST_ABI_MAJOR 1u
-#define DEVHOST_ABI_MINOR 0u
+#define DEVHOST_ABI_MINOR 1u
 
 /* First field of the descriptor: the bytes "DVHD" read as a little-endian u32. */
 #define DEVHOST_DRIVER_MAGIC 0x44485644u
@@ -245,6 +246,25 @@ typedef struct devhost_driver_desc {
     devhost_status (*watch_start)(void *instance, devhost_call *call);
     /* Optional. Stop those threads; called before destroy. */
     void (*watch_stop)(void *instance);
+
+    /* ---- added in 1.1 ---- */
+
+    /* Optional. The devices a container held are held by no container any
+     * more (its pod is gone): reset or scrub them before the next tenant.
+     * Called once per batch (the IDs one container let go of), on a host
+     * thread, never on an async runtime, with the instance's call deadline;
+     * it may block for the reset but must return before the deadline.
+     * While it runs the host reports these devices Unhealthy, so the kubelet
+     * does not hand them out half-clean. OK makes them Healthy again (as far
+     * as scan says so). Any other status, with a message from set_error,
+     * keeps them Unhealthy with that message; the host retries the whole
+     * batch with growing pauses until it succeeds. DEVHOST_ERR_NOT_FOUND
+     * means the devices are gone and ends the retries. It must be safe to
+     * call again for a device already clean (a retry after a missed
+     * deadline repeats it). Only called when the host can see which pods
+     * hold devices (the kubelet's pod-resources socket). */
+    devhost_status (*release)(void *instance, const devhost_str *device_ids, size_t count,
+                              devhost_call *call);
 } devhost_driver_desc;
 
 /* The entry point every module exports. It returns a pointer to a static

@@ -1,4 +1,4 @@
-//! The devhost driver ABI, version 1: a `#[repr(C)]` mirror of
+//! The devhost driver ABI, version 1.1: a `#[repr(C)]` mirror of
 //! `include/devhost_driver.h`, which is the contract. Nothing here has
 //! behaviour; the host's loader and the SDK build on these types, and a layout
 //! test compiles the header and compares every size, offset and constant.
@@ -8,7 +8,7 @@
 use core::ffi::{c_char, c_void};
 
 pub const DEVHOST_ABI_MAJOR: u16 = 1;
-pub const DEVHOST_ABI_MINOR: u16 = 0;
+pub const DEVHOST_ABI_MINOR: u16 = 1;
 pub const DEVHOST_DRIVER_MAGIC: u32 = 0x4448_5644;
 pub const DEVHOST_ENTRY_SYMBOL_V1: &str = "devhost_driver_entry_v1";
 
@@ -182,6 +182,9 @@ pub struct devhost_driver_desc {
     pub pre_start: Option<IdsFn>,
     pub watch_start: Option<ScanFn>,
     pub watch_stop: Option<WatchStopFn>,
+    // ---- added in 1.1 ----
+    /// Reset or scrub devices no container holds any more (optional).
+    pub release: Option<IdsFn>,
 }
 
 // SAFETY: the descriptor is immutable static data (string literals and
@@ -193,6 +196,11 @@ pub type EntryFn = unsafe extern "C" fn() -> *const devhost_driver_desc;
 /// The smallest descriptor the host accepts: everything up to and including
 /// `scan`, the last required field of v1.0.
 pub const DESC_MIN_SIZE_V1: usize = core::mem::offset_of!(devhost_driver_desc, scan) + core::mem::size_of::<usize>();
+
+/// `struct_size` of a v1.0 descriptor: everything up to and including
+/// `watch_stop`. A driver declaring this size has no `release`.
+pub const DESC_SIZE_V1_0: usize =
+    core::mem::offset_of!(devhost_driver_desc, watch_stop) + core::mem::size_of::<usize>();
 
 /// Whether a field at `offset` of width `width` lies within a struct whose
 /// other side declared `declared` bytes.

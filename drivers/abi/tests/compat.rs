@@ -172,3 +172,31 @@ fn frozen_constants_keep_their_values() {
     }
     assert_none("a frozen constant changed", problems);
 }
+
+#[test]
+fn the_current_minor_has_a_frozen_folder() {
+    // Bumping DEVHOST_ABI_MINOR ships a new minor: its header and a driver
+    // using what it added must be frozen beside the older ones.
+    let current = (DEVHOST_ABI_MAJOR as i128, DEVHOST_ABI_MINOR as i128);
+    let folders: Vec<_> = frozen_folders().into_iter().map(|(_, v)| v).collect();
+    assert!(
+        folders.contains(&current),
+        "no tests/compat/v{}_{} for the current ABI (found {folders:?})",
+        current.0,
+        current.1
+    );
+}
+
+#[test]
+fn the_v1_0_descriptor_ends_at_watch_stop() {
+    // The host decides that a driver has no `release` from its declared
+    // size; that size for a v1.0 module must be exactly DESC_SIZE_V1_0.
+    let dir = repo_root().join("tests/compat/v1_0");
+    let (_, c) = probe_frozen(&dir);
+    assert_eq!(c.structs["devhost_driver_desc"].0, DESC_SIZE_V1_0);
+    assert!(!field_present(
+        DESC_SIZE_V1_0,
+        std::mem::offset_of!(devhost_driver_desc, release),
+        size_of::<usize>()
+    ));
+}

@@ -22,10 +22,7 @@ async fn scan(inst: &Instance) -> Vec<Device> {
 }
 
 fn find<'a>(devices: &'a [Device], id: &str) -> &'a Device {
-    devices
-        .iter()
-        .find(|d| d.id == id)
-        .unwrap_or_else(|| panic!("device {id} not reported in {devices:?}"))
+    devices.iter().find(|d| d.id == id).unwrap_or_else(|| panic!("device {id} not reported in {devices:?}"))
 }
 
 fn health(devices: &[Device]) -> Vec<bool> {
@@ -42,9 +39,7 @@ fn utf8(path: &Path) -> &str {
 
 /// Whether the driver calls `devices_changed` within `within`.
 async fn notified_within(inst: &Instance, within: Duration) -> bool {
-    tokio::time::timeout(within, inst.changed.notified())
-        .await
-        .is_ok()
+    tokio::time::timeout(within, inst.changed.notified()).await.is_ok()
 }
 
 /// Lets pending changes settle and drops the one permit `Notify` stores, so
@@ -69,7 +64,8 @@ fn host_loader_accepts_the_descriptor() {
 
 #[tokio::test]
 async fn defaults_give_two_healthy_paired_devices_on_numa_node_0() {
-    let devices = scan(&create("defaults", &[]).await).await;
+    let inst = create("defaults", &[]).await;
+    let devices = scan(&inst).await;
     let attributes = BTreeMap::from(
         [("model", "example-v1"), ("index", "1"), ("vendor", "example.com")]
             .map(|(k, v)| (k.to_string(), v.to_string())),
@@ -100,7 +96,8 @@ async fn defaults_give_two_healthy_paired_devices_on_numa_node_0() {
 #[tokio::test]
 async fn options_set_count_prefix_model_and_numa_layout() {
     let options = [("count", "5"), ("prefix", "acc"), ("numa_nodes", "2"), ("model", "m9")];
-    let devices = scan(&create("options", &options).await).await;
+    let inst = create("options", &options).await;
+    let devices = scan(&inst).await;
     let layout: Vec<_> = devices.iter().map(|d| (d.id.clone(), d.numa_node)).collect();
     let expected: Vec<_> = (0..5).map(|i| (format!("acc-{i}"), Some(i % 2))).collect();
     assert_eq!(layout, expected);
@@ -112,14 +109,16 @@ async fn options_set_count_prefix_model_and_numa_layout() {
 
 #[tokio::test]
 async fn zero_numa_nodes_means_no_numa_affinity() {
-    let devices = scan(&create("no-numa", &[("numa_nodes", "0")]).await).await;
+    let inst = create("no-numa", &[("numa_nodes", "0")]).await;
+    let devices = scan(&inst).await;
     assert_eq!(devices.len(), 2);
     assert!(devices.iter().all(|d| d.numa_node.is_none()), "{devices:?}");
 }
 
 #[tokio::test]
 async fn zero_count_reports_no_devices() {
-    assert_eq!(scan(&create("none", &[("count", "0")]).await).await, []);
+    let inst = create("none", &[("count", "0")]).await;
+    assert_eq!(scan(&inst).await, []);
 }
 
 #[tokio::test]
@@ -218,10 +217,8 @@ async fn pre_start_logs_the_ids_at_info() {
     assert_eq!(logs_of("pre-start"), [], "create logged");
     let done = inst.pre_start(ids(&["example-1", "example-0"])).await;
     done.unwrap_or_else(|e| panic!("pre_start: {e}"));
-    let expected = LogLine {
-        level: tracing::Level::INFO,
-        message: "pre_start: devices example-1,example-0 are ready".into(),
-    };
+    let expected =
+        LogLine { level: tracing::Level::INFO, message: "pre_start: devices example-1,example-0 are ready".into() };
     assert_eq!(logs_of("pre-start"), [expected]);
 }
 

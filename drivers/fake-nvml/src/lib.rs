@@ -12,6 +12,8 @@
 //! ones the wrapper reads. Every export catches panics (a panic would abort
 //! the host) and answers `NVML_ERROR_UNKNOWN` instead.
 
-mod exports;
+mod device;
+mod events;
+mod ffi;
 pub mod machine;
 pub mod state;

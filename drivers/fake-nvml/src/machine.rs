@@ -195,8 +195,7 @@ pub fn profile_slices(profile: &str) -> Option<(u32, u32)> {
 impl Machine {
     /// Parses and checks a machine file's text; `origin` names it in errors.
     pub fn parse(text: &str, origin: &Path) -> Result<Machine, String> {
-        let machine: Machine =
-            toml::from_str(text).map_err(|e| format!("machine file {}: {e}", origin.display()))?;
+        let machine: Machine = toml::from_str(text).map_err(|e| format!("machine file {}: {e}", origin.display()))?;
         machine.check().map_err(|e| format!("machine file {}: {e}", origin.display()))?;
         Ok(machine)
     }
@@ -208,8 +207,9 @@ impl Machine {
             if !uuids.insert(gpu.uuid.as_str()) {
                 return Err(format!("gpu[{i}]: duplicate uuid {:?}", gpu.uuid));
             }
-            let bdf = Bdf::parse(&gpu.pci_bus_id)
-                .ok_or_else(|| format!("gpu[{i}]: pci_bus_id {:?} is not domain:bus:device.function", gpu.pci_bus_id))?;
+            let bdf = Bdf::parse(&gpu.pci_bus_id).ok_or_else(|| {
+                format!("gpu[{i}]: pci_bus_id {:?} is not domain:bus:device.function", gpu.pci_bus_id)
+            })?;
             if !buses.insert(bdf) {
                 return Err(format!("gpu[{i}]: duplicate pci_bus_id {:?}", gpu.pci_bus_id));
             }
@@ -247,10 +247,7 @@ impl Machine {
 
     /// The PCIe level between two GPUs.
     pub fn level(&self, a: usize, b: usize) -> Level {
-        self.topology
-            .iter()
-            .find(|p| p.gpus == [a, b] || p.gpus == [b, a])
-            .map_or(self.topology_default, |p| p.level)
+        self.topology.iter().find(|p| p.gpus == [a, b] || p.gpus == [b, a]).map_or(self.topology_default, |p| p.level)
     }
 }
 

@@ -133,8 +133,7 @@ impl Runtime {
                     (Some(_), Some(_)) => (num(2)? as u32, num(3)? as u32),
                     _ => (NO_INSTANCE, NO_INSTANCE),
                 };
-                let event =
-                    Event { gpu, event_type: XID_EVENT, data: num(1)?, gpu_instance: gi, compute_instance: ci };
+                let event = Event { gpu, event_type: XID_EVENT, data: num(1)?, gpu_instance: gi, compute_instance: ci };
                 for set in self.sets.iter_mut().flatten() {
                     if set.watches(gpu, XID_EVENT) {
                         set.queue.push_back(event);

@@ -93,9 +93,9 @@ impl Config {
             return Err(bad("device_list_strategy", "", "at least one of envvar, device-nodes, cdi"));
         }
         let cdi_kind = options.get_or("cdi_kind", "nvidia.com/gpu").trim().to_string();
-        let valid_kind = cdi_kind.split_once('/').is_some_and(|(vendor, class)| {
-            vendor.contains('.') && !class.is_empty() && !cdi_kind.contains(['=', ' '])
-        });
+        let valid_kind = cdi_kind
+            .split_once('/')
+            .is_some_and(|(vendor, class)| vendor.contains('.') && !class.is_empty() && !cdi_kind.contains(['=', ' ']));
         if !valid_kind {
             return Err(bad("cdi_kind", &cdi_kind, "vendor.com/class, e.g. nvidia.com/gpu"));
         }
@@ -108,8 +108,9 @@ impl Config {
         };
         let recovery_period = match options.get("recovery_period") {
             None => Some(DEFAULT_RECOVERY_PERIOD),
-            Some(text) => parse_period(text)
-                .ok_or_else(|| bad("recovery_period", text, "a duration like \"60s\", \"500ms\", \"2m\", or \"never\""))?,
+            Some(text) => parse_period(text).ok_or_else(|| {
+                bad("recovery_period", text, "a duration like \"60s\", \"500ms\", \"2m\", or \"never\"")
+            })?,
         };
         let without_events = match options.get_or("health_without_events", "unhealthy").trim() {
             "unhealthy" => WithoutEvents::Unhealthy,

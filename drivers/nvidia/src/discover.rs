@@ -57,11 +57,9 @@ pub fn discover(nvml: &Nvml, sysfs_root: &Path) -> Inventory {
         String::new()
     });
     let cuda_version = match nvml.sys_cuda_driver_version() {
-        Ok(v) => format!(
-            "{}.{}",
-            nvml_wrapper::cuda_driver_version_major(v),
-            nvml_wrapper::cuda_driver_version_minor(v)
-        ),
+        Ok(v) => {
+            format!("{}.{}", nvml_wrapper::cuda_driver_version_major(v), nvml_wrapper::cuda_driver_version_minor(v))
+        }
         Err(e) => {
             log::warn!("NVML: cannot read the CUDA driver version: {e}");
             String::new()
@@ -157,15 +155,18 @@ fn discover_mig(
             }
         };
         let attributes = mig.attributes().ok();
-        let memory_mib = attributes
-            .as_ref()
-            .map(|a| a.memory_size_mb)
-            .or_else(|| mig.memory_info().ok().map(|m| m.total / MIB));
+        let memory_mib =
+            attributes.as_ref().map(|a| a.memory_size_mb).or_else(|| mig.memory_info().ok().map(|m| m.total / MIB));
         // Real NVML names a MIG device "<GPU name> MIG <profile>"; the slice
         // counts are the fallback when a driver names it otherwise.
         let profile = mig.name().ok().and_then(|n| profile_from_name(&n)).or_else(|| {
             let a = attributes.as_ref()?;
-            profile_from_attributes(a.gpu_instance_slice_count, a.compute_instance_slice_count, a.memory_size_mb, parent_mib?)
+            profile_from_attributes(
+                a.gpu_instance_slice_count,
+                a.compute_instance_slice_count,
+                a.memory_size_mb,
+                parent_mib?,
+            )
         });
         match profile {
             Some(profile) => found.push(MigDevice { slot, uuid, profile, memory_mib }),

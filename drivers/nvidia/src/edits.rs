@@ -32,13 +32,8 @@ const LIBRARIES: &[&str] = &[
     "libnvidia-allocator.so",
     "libnvidia-fatbinaryloader.so",
 ];
-const BINARIES: &[&str] = &[
-    "nvidia-smi",
-    "nvidia-debugdump",
-    "nvidia-persistenced",
-    "nvidia-cuda-mps-control",
-    "nvidia-cuda-mps-server",
-];
+const BINARIES: &[&str] =
+    &["nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control", "nvidia-cuda-mps-server"];
 /// Device nodes every GPU container needs besides `/dev/nvidiaN`.
 pub const CONTROL_NODES: &[&str] = &["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"];
 
@@ -190,7 +185,8 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let lib = root.path().join("usr/lib/x86_64-linux-gnu");
         std::fs::create_dir_all(&lib).unwrap();
-        for name in ["libcuda.so.1", "libcudart.so.12", "libcudadebugger.so.1", "libnvidia-ml.so.1", "libnvidia-mlx.so"] {
+        for name in ["libcuda.so.1", "libcudart.so.12", "libcudadebugger.so.1", "libnvidia-ml.so.1", "libnvidia-mlx.so"]
+        {
             std::fs::write(lib.join(name), "").unwrap();
         }
         let files = find_driver_files(root.path());

@@ -14,7 +14,7 @@ pub mod health;
 pub mod node;
 pub mod topology;
 
-use devhost_sdk::{Driver, Host, Hooks, Options, Result, Scan};
+use devhost_sdk::{Driver, Hooks, Host, Options, Result, Scan};
 use std::sync::Arc;
 
 /// One driver instance.

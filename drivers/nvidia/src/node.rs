@@ -58,7 +58,8 @@ impl Node {
             None => Vec::new(),
         };
         let files = if config.list.device_nodes { driver_files(config) } else { DriverFiles::default() };
-        let control_nodes = if config.list.device_nodes { edits::present_control_nodes(&config.devfs_root) } else { Vec::new() };
+        let control_nodes =
+            if config.list.device_nodes { edits::present_control_nodes(&config.devfs_root) } else { Vec::new() };
         let devices = build_devices(config, &inventory, &scores, &files, &control_nodes);
         let board = Arc::new(Board::new(inventory.gpus.iter().map(|g| (g.uuid.as_str(), g.problem.as_deref()))));
         if nvml.is_some() {
@@ -94,7 +95,8 @@ impl Node {
         }
         let mut slot = self.watcher.lock().unwrap_or_else(PoisonError::into_inner);
         if slot.is_none() {
-            *slot = Some(Watcher::start(nvml.clone(), self.board.clone(), self.config.health.clone(), self.notify.clone()));
+            *slot =
+                Some(Watcher::start(nvml.clone(), self.board.clone(), self.config.health.clone(), self.notify.clone()));
         }
     }
 

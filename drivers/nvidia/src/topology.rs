@@ -42,34 +42,27 @@ pub fn nvlink_counts(addresses: &[Option<String>], remote: &[HashMap<String, u32
     let n = addresses.len();
     let gpu_at: HashMap<&str, usize> =
         addresses.iter().enumerate().filter_map(|(i, a)| Some((a.as_deref()?, i))).collect();
-    let mut counts = vec![vec![0; n]; n];
-    for i in 0..n {
-        for j in (i + 1)..n {
-            let direct = |from: usize, to: usize| {
-                addresses[to].as_ref().and_then(|a| remote.get(from)?.get(a)).copied().unwrap_or(0)
-            };
-            // Each side reports the links it sees; trust the larger count.
-            let mut links = direct(i, j).max(direct(j, i));
-            if let (Some(ri), Some(rj)) = (remote.get(i), remote.get(j)) {
-                for (switch, &a) in ri.iter().filter(|(addr, _)| !gpu_at.contains_key(addr.as_str())) {
-                    links += a.min(rj.get(switch).copied().unwrap_or(0));
-                }
+    let direct =
+        |from: usize, to: usize| addresses[to].as_ref().and_then(|a| remote.get(from)?.get(a)).copied().unwrap_or(0);
+    let pair = |i: usize, j: usize| -> u32 {
+        // Each side reports the links it sees; trust the larger count.
+        let mut links = direct(i, j).max(direct(j, i));
+        if let (Some(ri), Some(rj)) = (remote.get(i), remote.get(j)) {
+            for (switch, &a) in ri.iter().filter(|(addr, _)| !gpu_at.contains_key(addr.as_str())) {
+                links += a.min(rj.get(switch).copied().unwrap_or(0));
             }
-            counts[i][j] = links;
-            counts[j][i] = links;
         }
-    }
-    counts
+        links
+    };
+    (0..n).map(|i| (0..n).map(|j| if i == j { 0 } else { pair(i, j) }).collect()).collect()
 }
 
 /// Measures every pair of `gpus` (by position) through NVML: NVLink state and
 /// remote ends, and the PCIe common ancestor. Errors only lower scores.
 pub fn measure(nvml: &Nvml, gpus: &[Gpu]) -> Vec<Vec<u32>> {
     let n = gpus.len();
-    let devices: Vec<_> = gpus
-        .iter()
-        .map(|g| nvml.device_by_index(g.index).ok().filter(|_| g.problem.is_none()))
-        .collect();
+    let devices: Vec<_> =
+        gpus.iter().map(|g| nvml.device_by_index(g.index).ok().filter(|_| g.problem.is_none())).collect();
     let mut remote = vec![HashMap::new(); n];
     for (i, device) in devices.iter().enumerate() {
         let Some(device) = device else { continue };
@@ -94,20 +87,15 @@ pub fn measure(nvml: &Nvml, gpus: &[Gpu]) -> Vec<Vec<u32>> {
     }
     let addresses: Vec<Option<String>> = gpus.iter().map(|g| g.pci_address.clone()).collect();
     let links = nvlink_counts(&addresses, &remote);
-    let mut scores = vec![vec![0; n]; n];
-    for i in 0..n {
-        for j in (i + 1)..n {
-            let level = match (&devices[i], &devices[j]) {
-                (Some(a), Some(b)) => nvml.topology_common_ancestor(a, b).ok(),
-                _ => None,
-            };
-            let same_numa = gpus[i].numa_node.is_some() && gpus[i].numa_node == gpus[j].numa_node;
-            let score = NVLINK_SCORE * links[i][j] + pcie_score(level, same_numa);
-            scores[i][j] = score;
-            scores[j][i] = score;
-        }
-    }
-    scores
+    let pair = |i: usize, j: usize| -> u32 {
+        let level = match (&devices[i], &devices[j]) {
+            (Some(a), Some(b)) => nvml.topology_common_ancestor(a, b).ok(),
+            _ => None,
+        };
+        let same_numa = gpus[i].numa_node.is_some() && gpus[i].numa_node == gpus[j].numa_node;
+        NVLINK_SCORE * links[i][j] + pcie_score(level, same_numa)
+    };
+    (0..n).map(|i| (0..n).map(|j| if i == j { 0 } else { pair(i, j) }).collect()).collect()
 }
 
 #[cfg(test)]

@@ -43,6 +43,7 @@ pub const fn descriptor<D: Driver>(
         pre_start: if D::HOOKS.pre_start { Some(pre_start::<D>) } else { None },
         watch_start: if D::HOOKS.watch { Some(watch_start::<D>) } else { None },
         watch_stop: if D::HOOKS.watch { Some(watch_stop::<D>) } else { None },
+        release: if D::HOOKS.release { Some(release::<D>) } else { None },
     }
 }
 
@@ -234,6 +235,23 @@ pub unsafe extern "C" fn pre_start<D: Driver>(
         with_instance::<D>(instance, call, |i, _| {
             let ids = id_list(ids, count)?;
             i.driver.pre_start(&ids)
+        })
+    }
+}
+
+/// # Safety
+/// Called by the host per the ABI.
+pub unsafe extern "C" fn release<D: Driver>(
+    instance: *mut c_void,
+    ids: *const abi::devhost_str,
+    count: usize,
+    call: *mut abi::devhost_call,
+) -> abi::devhost_status {
+    // SAFETY: forwarded from the host.
+    unsafe {
+        with_instance::<D>(instance, call, |i, _| {
+            let ids = id_list(ids, count)?;
+            i.driver.release(&ids)
         })
     }
 }

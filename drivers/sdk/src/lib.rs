@@ -46,17 +46,22 @@ pub enum Health {
 }
 
 /// Which optional hooks a driver implements. Hooks left `false` are NULL in
-/// the descriptor, so the host uses its own defaults.
+/// the descriptor, so the host uses its own defaults. Write
+/// `Hooks { allocate: true, ..Hooks::NONE }`: hooks added by later ABI minors
+/// then leave your driver compiling unchanged.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Hooks {
     pub allocate: bool,
     pub preferred_allocation: bool,
     pub pre_start: bool,
     pub watch: bool,
+    /// ABI 1.1: reset devices no container holds any more ([`Driver::release`]).
+    pub release: bool,
 }
 
 impl Hooks {
-    pub const NONE: Hooks = Hooks { allocate: false, preferred_allocation: false, pre_start: false, watch: false };
+    pub const NONE: Hooks =
+        Hooks { allocate: false, preferred_allocation: false, pre_start: false, watch: false, release: false };
 }
 
 /// A devhost driver. One value of the implementing type is one driver
@@ -99,6 +104,17 @@ pub trait Driver: Sized + Send + Sync + 'static {
 
     /// Stops and joins those threads (only called when `HOOKS.watch`).
     fn watch_stop(&self) {}
+
+    /// Resets or scrubs devices that one container held and no container
+    /// holds any more (only called when `HOOKS.release`; ABI 1.1). Runs on a
+    /// host thread with the call deadline and may block for the reset. While
+    /// it runs the host reports the devices Unhealthy; an error keeps them
+    /// Unhealthy with its message, and the host retries with growing pauses.
+    /// Return [`Error::not_found`] for devices that are gone (no retry). Must
+    /// be safe to repeat on a device that is already clean.
+    fn release(&self, _device_ids: &[&str]) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Exports a [`Driver`] implementation as a devhost module: defines the

@@ -52,7 +52,7 @@ impl Tpu {
 }
 
 impl Driver for Tpu {
-    const HOOKS: Hooks = Hooks { allocate: true, preferred_allocation: true, pre_start: false, watch: true };
+    const HOOKS: Hooks = Hooks { allocate: true, preferred_allocation: true, watch: true, ..Hooks::NONE };
     // All shared state sits behind the inventory's mutex.
     const CONCURRENT: bool = true;
 

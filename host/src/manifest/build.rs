@@ -14,8 +14,8 @@ use super::names::{check_driver_name, check_resource_name, socket_name};
 use super::source::{Diagnostics, deserialize_section};
 use super::values::{DurationSetting, flatten_options};
 use super::{
-    DEFAULT_CALL_TIMEOUT, DEFAULT_DRIVER_DIR, DEFAULT_KUBELET_DIR, DriverConfig, MAX_SOCKET_PATH,
-    Manifest, ManifestErrors, ResourceConfig,
+    DEFAULT_CALL_TIMEOUT, DEFAULT_DRIVER_DIR, DEFAULT_KUBELET_DIR, DriverConfig, MAX_SOCKET_PATH, Manifest,
+    ManifestErrors, ResourceConfig,
 };
 
 #[derive(Default, Deserialize)]
@@ -51,20 +51,14 @@ struct RawResource {
     matches: Option<BTreeMap<String, Spanned<toml::Value>>>,
 }
 
-pub(super) fn parse(
-    text: &str,
-    path: &Path,
-    kubelet_dir_override: Option<&Path>,
-) -> Result<Manifest, ManifestErrors> {
+pub(super) fn parse(text: &str, path: &Path, kubelet_dir_override: Option<&Path>) -> Result<Manifest, ManifestErrors> {
     let mut diags = Diagnostics::new(path, text);
     let (document, syntax_errors) = DeTable::parse_recoverable(text);
     if !syntax_errors.is_empty() {
         // What follows a syntax error is guesswork, so only the syntax is reported, and only the
         // first error of each line: the parser's recovery tends to trip again on the same line.
-        let mut syntax_errors: Vec<_> = syntax_errors
-            .into_iter()
-            .map(|error| (error.span().unwrap_or(0..0), error.message().to_owned()))
-            .collect();
+        let mut syntax_errors: Vec<_> =
+            syntax_errors.into_iter().map(|error| (error.span().unwrap_or(0..0), error.message().to_owned())).collect();
         syntax_errors.sort_by_key(|(span, _)| span.start);
         let mut last_line = None;
         for (span, message) in syntax_errors {
@@ -82,21 +76,9 @@ pub(super) fn parse(
     let base = path.parent().unwrap_or(Path::new(""));
     let kubelet_dir = match kubelet_dir_override {
         Some(dir) => dir.to_path_buf(),
-        None => resolve_dir(
-            &top.kubelet_dir,
-            "kubelet_dir",
-            DEFAULT_KUBELET_DIR,
-            base,
-            &mut diags,
-        ),
+        None => resolve_dir(&top.kubelet_dir, "kubelet_dir", DEFAULT_KUBELET_DIR, base, &mut diags),
     };
-    let driver_dir = resolve_dir(
-        &top.driver_dir,
-        "driver_dir",
-        DEFAULT_DRIVER_DIR,
-        base,
-        &mut diags,
-    );
+    let driver_dir = resolve_dir(&top.driver_dir, "driver_dir", DEFAULT_DRIVER_DIR, base, &mut diags);
     let default_timeout = top.call_timeout.map_or(DEFAULT_CALL_TIMEOUT, |t| t.0);
 
     let DeValue::Table(table) = document.get_ref() else {
@@ -168,15 +150,13 @@ impl Builder<'_> {
                 self.diags.error(value.span(), &section, message);
                 continue;
             }
-            let Some(raw) = deserialize_section::<RawDriver>(value, &section, &mut self.diags)
-            else {
+            let Some(raw) = deserialize_section::<RawDriver>(value, &section, &mut self.diags) else {
                 continue;
             };
             let module_candidates = match &raw.module {
                 Some(module) if module.get_ref().is_empty() => {
                     let field = format!("{section}.module");
-                    self.diags
-                        .error(module.span(), &field, "the module path is empty");
+                    self.diags.error(module.span(), &field, "the module path is empty");
                     Vec::new()
                 }
                 Some(module) => vec![self.driver_dir.join(module.get_ref())],
@@ -186,18 +166,14 @@ impl Builder<'_> {
                 Some(options) => {
                     let (pairs, duplicates) = flatten_options(options.get_ref());
                     for key in duplicates {
-                        let message = format!(
-                            "option `{key}` is given twice once nested tables are joined with '.'"
-                        );
-                        self.diags
-                            .error(options.span(), &format!("{section}.options"), message);
+                        let message = format!("option `{key}` is given twice once nested tables are joined with '.'");
+                        self.diags.error(options.span(), &format!("{section}.options"), message);
                     }
                     pairs
                 }
                 None => Vec::new(),
             };
-            self.declared_at
-                .insert(name_text.clone(), value.span().start);
+            self.declared_at.insert(name_text.clone(), value.span().start);
             let config = DriverConfig {
                 name: name_text.clone(),
                 module_candidates,
@@ -212,10 +188,7 @@ impl Builder<'_> {
 
     /// `libdevhost_X.so` first (the name our build produces), then a plain `X.so`.
     fn conventional_modules(&self, driver: &str) -> Vec<PathBuf> {
-        vec![
-            self.driver_dir.join(format!("libdevhost_{driver}.so")),
-            self.driver_dir.join(format!("{driver}.so")),
-        ]
+        vec![self.driver_dir.join(format!("libdevhost_{driver}.so")), self.driver_dir.join(format!("{driver}.so"))]
     }
 
     fn resources(&mut self, resources: &Spanned<DeValue<'_>>) {
@@ -263,9 +236,7 @@ impl Builder<'_> {
         }
         let driver = raw.driver.get_ref().clone();
         match check_driver_name(&driver) {
-            Err(why) => self
-                .diags
-                .error(raw.driver.span(), &format!("{section}.driver"), why),
+            Err(why) => self.diags.error(raw.driver.span(), &format!("{section}.driver"), why),
             Ok(()) if !self.drivers.contains_key(&driver) => {
                 // The module may appear later; whether it exists is the loader's question.
                 let config = DriverConfig {
@@ -289,21 +260,14 @@ impl Builder<'_> {
                 continue;
             };
             if key.is_empty() {
-                self.diags
-                    .error(span, &field, "the attribute name is empty");
+                self.diags.error(span, &field, "the attribute name is empty");
             } else if pattern.is_empty() {
                 let message = "the glob is empty; use \"*\" to accept any value";
                 self.diags.error(span, &field, message);
             }
             matches.push((key, pattern));
         }
-        self.resources.push(ResourceConfig {
-            name,
-            driver,
-            matches,
-            socket_name: socket,
-            location,
-        });
+        self.resources.push(ResourceConfig { name, driver, matches, socket_name: socket, location });
     }
 
     fn finish(self, path: &Path) -> Result<Manifest, ManifestErrors> {
@@ -316,10 +280,7 @@ impl Builder<'_> {
             .iter()
             .filter(|(name, _)| !used.contains(name.as_str()))
             .map(|(name, offset)| {
-                format!(
-                    "{}: driver.{name}: declared but no [[resource]] uses it",
-                    self.diags.location(*offset)
-                )
+                format!("{}: driver.{name}: declared but no [[resource]] uses it", self.diags.location(*offset))
             })
             .collect();
         Ok(Manifest {

@@ -84,11 +84,7 @@ impl ResourceConfig {
     /// attribute. No `match` at all means every device of the driver.
     pub fn matches(&self, id: &str, attrs: &BTreeMap<String, String>) -> bool {
         self.matches.iter().all(|(key, pattern)| {
-            let value = if key == "id" {
-                Some(id)
-            } else {
-                attrs.get(key).map(String::as_str)
-            };
+            let value = if key == "id" { Some(id) } else { attrs.get(key).map(String::as_str) };
             value.is_some_and(|value| glob_match(pattern, value))
         })
     }
@@ -125,10 +121,7 @@ fn render_lines(diagnostics: &[Diagnostic]) -> String {
 impl Manifest {
     /// Reads and parses the manifest at `path`. `kubelet_dir_override` (from the command line)
     /// replaces the manifest's `kubelet_dir` before socket paths are checked.
-    pub fn load(
-        path: &Path,
-        kubelet_dir_override: Option<&Path>,
-    ) -> Result<Manifest, ManifestErrors> {
+    pub fn load(path: &Path, kubelet_dir_override: Option<&Path>) -> Result<Manifest, ManifestErrors> {
         let text = std::fs::read_to_string(path).map_err(|error| {
             ManifestErrors(vec![Diagnostic {
                 location: path.display().to_string(),
@@ -140,11 +133,7 @@ impl Manifest {
     }
 
     /// Parses manifest text; `path` names the file in diagnostics and anchors relative paths.
-    pub fn parse(
-        text: &str,
-        path: &Path,
-        kubelet_dir_override: Option<&Path>,
-    ) -> Result<Manifest, ManifestErrors> {
+    pub fn parse(text: &str, path: &Path, kubelet_dir_override: Option<&Path>) -> Result<Manifest, ManifestErrors> {
         build::parse(text, path, kubelet_dir_override)
     }
 }

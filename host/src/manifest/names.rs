@@ -15,19 +15,13 @@ const MAX_NAME_PART: usize = 63;
 /// starting with `requests.`. The error says which rule failed.
 pub fn check_resource_name(name: &str) -> Result<(), String> {
     if !name.contains('/') {
-        return Err(format!(
-            "`{name}` has no domain; an extended resource name looks like `example.com/gpu`"
-        ));
+        return Err(format!("`{name}` has no domain; an extended resource name looks like `example.com/gpu`"));
     }
     if name.contains("kubernetes.io/") {
-        return Err(format!(
-            "`{name}` contains `kubernetes.io/`, which is reserved for Kubernetes' own resources"
-        ));
+        return Err(format!("`{name}` contains `kubernetes.io/`, which is reserved for Kubernetes' own resources"));
     }
     if name.starts_with(REQUESTS_PREFIX) {
-        return Err(format!(
-            "`{name}` starts with `{REQUESTS_PREFIX}`, which the kubelet rejects"
-        ));
+        return Err(format!("`{name}` starts with `{REQUESTS_PREFIX}`, which the kubelet rejects"));
     }
     let Some((domain, part)) = name.split_once('/') else {
         return Err(format!("`{name}` has no `/`"));
@@ -59,16 +53,11 @@ fn check_domain(domain: &str) -> Result<(), String> {
         if label.is_empty() {
             return Err(format!("the domain `{domain}` has an empty label; {rule}"));
         }
-        if let Some(bad) = label
-            .chars()
-            .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-'))
-        {
+        if let Some(bad) = label.chars().find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-')) {
             return Err(format!("the domain `{domain}` contains {bad:?}; {rule}"));
         }
         if label.starts_with('-') || label.ends_with('-') {
-            return Err(format!(
-                "the domain label `{label}` starts or ends with '-'; {rule}"
-            ));
+            return Err(format!("the domain label `{label}` starts or ends with '-'; {rule}"));
         }
     }
     Ok(())
@@ -81,22 +70,14 @@ fn check_name_part(part: &str) -> Result<(), String> {
         return Err(format!("the part after `/` is empty; {rule}"));
     }
     if part.len() > MAX_NAME_PART {
-        return Err(format!(
-            "the part after `/` is {} characters long; {rule}",
-            part.len()
-        ));
+        return Err(format!("the part after `/` is {} characters long; {rule}", part.len()));
     }
-    if let Some(bad) = part
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
-    {
+    if let Some(bad) = part.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))) {
         return Err(format!("the part after `/` contains {bad:?}; {rule}"));
     }
     let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
     if !alnum(part.chars().next()) || !alnum(part.chars().last()) {
-        return Err(format!(
-            "`{part}` does not start and end with a letter or digit; {rule}"
-        ));
+        return Err(format!("`{part}` does not start and end with a letter or digit; {rule}"));
     }
     Ok(())
 }
@@ -107,13 +88,8 @@ pub(crate) fn check_driver_name(name: &str) -> Result<(), String> {
     if name.is_empty() {
         return Err("the driver name is empty".to_owned());
     }
-    if let Some(bad) = name
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-')))
-    {
-        return Err(format!(
-            "driver name `{name}` contains {bad:?}; only letters, digits, '_' and '-' are allowed"
-        ));
+    if let Some(bad) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-'))) {
+        return Err(format!("driver name `{name}` contains {bad:?}; only letters, digits, '_' and '-' are allowed"));
     }
     Ok(())
 }
@@ -125,13 +101,7 @@ pub(crate) fn check_driver_name(name: &str) -> Result<(), String> {
 pub fn socket_name(resource: &str) -> String {
     let body: String = resource
         .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
-                c
-            } else {
-                '_'
-            }
-        })
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') { c } else { '_' })
         .collect();
     format!("devhost-{body}.sock")
 }
@@ -167,9 +137,7 @@ pub fn glob_match(pattern: &str, text: &str) -> bool {
             },
         }
     }
-    pattern
-        .get(p..)
-        .is_some_and(|rest| rest.iter().all(|&c| c == '*'))
+    pattern.get(p..).is_some_and(|rest| rest.iter().all(|&c| c == '*'))
 }
 
 #[cfg(test)]
@@ -178,13 +146,7 @@ mod tests {
 
     #[test]
     fn valid_resource_names_pass() {
-        for name in [
-            "nvidia.com/gpu",
-            "example.com/GPU_x.1",
-            "a/b",
-            "x-1.example.com/h100",
-            "example.com/a",
-        ] {
+        for name in ["nvidia.com/gpu", "example.com/GPU_x.1", "a/b", "x-1.example.com/h100", "example.com/a"] {
             assert_eq!(check_resource_name(name), Ok(()), "{name}");
         }
     }
@@ -209,11 +171,7 @@ mod tests {
 
     #[test]
     fn kubernetes_io_names_are_reserved() {
-        for name in [
-            "kubernetes.io/gpu",
-            "foo.kubernetes.io/gpu",
-            "a/kubernetes.io/b",
-        ] {
+        for name in ["kubernetes.io/gpu", "foo.kubernetes.io/gpu", "a/kubernetes.io/b"] {
             let err = check_resource_name(name).unwrap_err();
             assert!(err.contains("reserved"), "{name}: {err}");
         }
@@ -249,17 +207,10 @@ mod tests {
         assert!(check_resource_name("a.com/").unwrap_err().contains("empty"));
         let long = "x".repeat(64);
         assert!(check_resource_name(&format!("a.com/{long}")).is_err());
-        assert_eq!(
-            check_resource_name(&format!("a.com/{}", "x".repeat(63))),
-            Ok(())
-        );
+        assert_eq!(check_resource_name(&format!("a.com/{}", "x".repeat(63))), Ok(()));
         assert!(check_resource_name("a.com/_gpu").is_err());
         assert!(check_resource_name("a.com/gpu.").is_err());
-        assert!(
-            check_resource_name("a.com/g pu")
-                .unwrap_err()
-                .contains("' '")
-        );
+        assert!(check_resource_name("a.com/g pu").unwrap_err().contains("' '"));
     }
 
     #[test]
@@ -272,10 +223,7 @@ mod tests {
 
     #[test]
     fn socket_name_is_readable_and_derived_from_the_resource() {
-        assert_eq!(
-            socket_name("nvidia.com/h100"),
-            "devhost-nvidia.com_h100.sock"
-        );
+        assert_eq!(socket_name("nvidia.com/h100"), "devhost-nvidia.com_h100.sock");
         assert_eq!(socket_name("a/../b"), "devhost-a_.._b.sock");
     }
 

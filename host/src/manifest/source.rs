@@ -26,11 +26,7 @@ pub(crate) struct Diagnostics<'a> {
 
 impl<'a> Diagnostics<'a> {
     pub(crate) fn new(path: &'a Path, text: &'a str) -> Self {
-        Diagnostics {
-            path,
-            text,
-            items: Vec::new(),
-        }
+        Diagnostics { path, text, items: Vec::new() }
     }
 
     /// `file:line:column` (both 1-based, the column counted in characters) of a byte offset.
@@ -39,10 +35,7 @@ impl<'a> Diagnostics<'a> {
         let bytes = self.text.as_bytes();
         let before = bytes.get(..offset).unwrap_or(bytes);
         let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
-        let line_start = before
-            .iter()
-            .rposition(|&b| b == b'\n')
-            .map_or(0, |newline| newline + 1);
+        let line_start = before.iter().rposition(|&b| b == b'\n').map_or(0, |newline| newline + 1);
         let column = before
             .get(line_start..)
             .unwrap_or_default()
@@ -54,11 +47,8 @@ impl<'a> Diagnostics<'a> {
     }
 
     pub(crate) fn error(&mut self, span: Range<usize>, field: &str, message: impl Into<String>) {
-        let diagnostic = Diagnostic {
-            location: self.location(span.start),
-            field: field.to_owned(),
-            message: message.into(),
-        };
+        let diagnostic =
+            Diagnostic { location: self.location(span.start), field: field.to_owned(), message: message.into() };
         self.items.push((span.start, diagnostic));
     }
 
@@ -98,9 +88,7 @@ pub(crate) fn deserialize_section<T: DeserializeOwned>(
         let Some(top_key) = path.first() else {
             // An error about the section itself. A "missing field" for a key we dropped after its
             // own error is a consequence, not news.
-            let consequence = dropped
-                .iter()
-                .any(|key| error.message() == format!("missing field `{key}`"));
+            let consequence = dropped.iter().any(|key| error.message() == format!("missing field `{key}`"));
             if !consequence {
                 diags.error(span, &field, error.message());
             }
@@ -108,11 +96,7 @@ pub(crate) fn deserialize_section<T: DeserializeOwned>(
         };
         diags.error(span, &field, error.message());
         if dropped.len() >= MAX_ERRORS_PER_SECTION {
-            diags.error(
-                value.span(),
-                section,
-                "too many errors here; fix the ones above first",
-            );
+            diags.error(value.span(), section, "too many errors here; fix the ones above first");
             return None;
         }
         let top_key = top_key.clone();

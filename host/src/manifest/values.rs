@@ -13,8 +13,7 @@ use toml::Value;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct DurationSetting(pub Duration);
 
-const DURATION_FORMS: &str =
-    "a positive whole number of seconds or a string such as \"500ms\", \"10s\" or \"2m\"";
+const DURATION_FORMS: &str = "a positive whole number of seconds or a string such as \"500ms\", \"10s\" or \"2m\"";
 
 impl<'de> de::Deserialize<'de> for DurationSetting {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -34,25 +33,19 @@ impl Visitor<'_> for DurationVisitor {
     fn visit_i64<E: de::Error>(self, secs: i64) -> Result<Self::Value, E> {
         match u64::try_from(secs) {
             Ok(secs) => self.visit_u64(secs),
-            Err(_) => Err(E::custom(format!(
-                "duration {secs} is negative; expected {DURATION_FORMS}"
-            ))),
+            Err(_) => Err(E::custom(format!("duration {secs} is negative; expected {DURATION_FORMS}"))),
         }
     }
 
     fn visit_u64<E: de::Error>(self, secs: u64) -> Result<Self::Value, E> {
         if secs == 0 {
-            return Err(E::custom(format!(
-                "duration 0 is not allowed; expected {DURATION_FORMS}"
-            )));
+            return Err(E::custom(format!("duration 0 is not allowed; expected {DURATION_FORMS}")));
         }
         Ok(DurationSetting(Duration::from_secs(secs)))
     }
 
     fn visit_f64<E: de::Error>(self, secs: f64) -> Result<Self::Value, E> {
-        Err(E::custom(format!(
-            "duration {secs} has a fraction; write milliseconds instead (e.g. \"1500ms\")"
-        )))
+        Err(E::custom(format!("duration {secs} has a fraction; write milliseconds instead (e.g. \"1500ms\")")))
     }
 
     fn visit_str<E: de::Error>(self, text: &str) -> Result<Self::Value, E> {
@@ -62,30 +55,21 @@ impl Visitor<'_> for DurationVisitor {
 
 /// Parses `<digits><unit>` with unit `ms`, `s` or `m`; zero and overflowing values are errors.
 pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
-    let digits_end = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
+    let digits_end = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
     let (digits, unit) = text.split_at(digits_end);
     let bad = || format!("`{text}` is not a duration; expected {DURATION_FORMS}");
     if digits.is_empty() {
         return Err(bad());
     }
-    let amount: u64 = digits
-        .parse()
-        .map_err(|_| format!("duration `{text}` is too large"))?;
+    let amount: u64 = digits.parse().map_err(|_| format!("duration `{text}` is too large"))?;
     if amount == 0 {
         return Err(format!("duration `{text}` is zero; it must be positive"));
     }
     match unit {
         "ms" => Ok(Duration::from_millis(amount)),
         "s" => Ok(Duration::from_secs(amount)),
-        "m" => amount
-            .checked_mul(60)
-            .map(Duration::from_secs)
-            .ok_or_else(|| format!("duration `{text}` is too large")),
-        "" => Err(format!(
-            "duration `{text}` has no unit; write `{text}s`, or the integer {text} for seconds"
-        )),
+        "m" => amount.checked_mul(60).map(Duration::from_secs).ok_or_else(|| format!("duration `{text}` is too large")),
+        "" => Err(format!("duration `{text}` has no unit; write `{text}s`, or the integer {text} for seconds")),
         _ => Err(bad()),
     }
 }
@@ -101,11 +85,8 @@ pub(crate) fn flatten_options(options: &toml::Table) -> (Vec<(String, String)>, 
         flatten_into(key.clone(), value, &mut out);
     }
     out.sort();
-    let mut duplicates: Vec<String> = out
-        .windows(2)
-        .filter(|pair| pair[0].0 == pair[1].0)
-        .map(|pair| pair[0].0.clone())
-        .collect();
+    let mut duplicates: Vec<String> =
+        out.windows(2).filter(|pair| pair[0].0 == pair[1].0).map(|pair| pair[0].0.clone()).collect();
     duplicates.dedup();
     (out, duplicates)
 }
@@ -157,21 +138,11 @@ mod tests {
 
     #[test]
     fn bad_duration_strings_are_rejected() {
-        for text in [
-            "", "0s", "0ms", "-5s", "10", "10h", "1.5s", "s", " 10s", "10 s", "10S",
-        ] {
+        for text in ["", "0s", "0ms", "-5s", "10", "10h", "1.5s", "s", " 10s", "10 s", "10S"] {
             assert!(parse_duration(text).is_err(), "{text:?} was accepted");
         }
-        assert!(
-            parse_duration("99999999999999999999s")
-                .unwrap_err()
-                .contains("too large")
-        );
-        assert!(
-            parse_duration(&format!("{}m", u64::MAX))
-                .unwrap_err()
-                .contains("too large")
-        );
+        assert!(parse_duration("99999999999999999999s").unwrap_err().contains("too large"));
+        assert!(parse_duration(&format!("{}m", u64::MAX)).unwrap_err().contains("too large"));
         assert!(parse_duration("10").unwrap_err().contains("no unit"));
     }
 

@@ -92,6 +92,7 @@ pub fn rust_layouts() -> BTreeMap<String, Layout> {
             pre_start,
             watch_start,
             watch_stop,
+            release,
         }
     );
     m

@@ -23,17 +23,12 @@ pub fn module() -> Module {
 /// Creates an instance named `name` (what the host logs as `driver`).
 pub async fn try_create(name: &str, options: &[(&str, &str)]) -> Result<Arc<Instance>, CallError> {
     capture_logs();
-    let options: Vec<(String, String)> = options
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
+    let options: Vec<(String, String)> = options.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
     Instance::create(name, module(), &options, CALL_TIMEOUT).await
 }
 
 pub async fn create(name: &str, options: &[(&str, &str)]) -> Arc<Instance> {
-    try_create(name, options)
-        .await
-        .unwrap_or_else(|e| panic!("create {options:?}: {e}"))
+    try_create(name, options).await.unwrap_or_else(|e| panic!("create {options:?}: {e}"))
 }
 
 /// The status and message of a driver's refusal; panics on other errors.
@@ -59,10 +54,7 @@ fn log_store() -> &'static Mutex<Vec<(String, LogLine)>> {
 /// What the host logged for the instance named `driver`, in order.
 pub fn logs_of(driver: &str) -> Vec<LogLine> {
     let logs = log_store().lock().unwrap_or_else(|p| p.into_inner());
-    logs.iter()
-        .filter(|(d, _)| d == driver)
-        .map(|(_, line)| line.clone())
-        .collect()
+    logs.iter().filter(|(d, _)| d == driver).map(|(_, line)| line.clone()).collect()
 }
 
 /// Installs the capturing layer process-wide, once. It must be global, not
@@ -82,10 +74,7 @@ impl<S: tracing::Subscriber> Layer<S> for Capture {
         let mut fields = Fields::default();
         event.record(&mut fields);
         if let Some(driver) = fields.driver {
-            let line = LogLine {
-                level: *event.metadata().level(),
-                message: fields.message,
-            };
+            let line = LogLine { level: *event.metadata().level(), message: fields.message };
             let mut logs = log_store().lock().unwrap_or_else(|p| p.into_inner());
             logs.push((driver, line));
         }

@@ -47,9 +47,7 @@ pub(super) fn only_error(text: &str) -> String {
 
 pub(super) fn assert_has(errors: &[String], prefix: &str, needle: &str) {
     assert!(
-        errors
-            .iter()
-            .any(|e| e.starts_with(prefix) && e.contains(needle)),
+        errors.iter().any(|e| e.starts_with(prefix) && e.contains(needle)),
         "no error starting with {prefix:?} and containing {needle:?} in {errors:#?}"
     );
 }
@@ -58,18 +56,10 @@ pub(super) fn assert_has(errors: &[String], prefix: &str, needle: &str) {
 fn example_manifest_parses() {
     let manifest = parse(EXAMPLE).unwrap();
     let nvidia = &manifest.drivers["nvidia"];
-    assert_eq!(
-        nvidia.module_candidates,
-        vec![PathBuf::from(
-            "/usr/lib/devhost/drivers/libdevhost_nvidia.so"
-        )]
-    );
+    assert_eq!(nvidia.module_candidates, vec![PathBuf::from("/usr/lib/devhost/drivers/libdevhost_nvidia.so")]);
     assert_eq!(nvidia.poll_interval, Some(Duration::from_secs(30)));
     assert_eq!(nvidia.call_timeout, Duration::from_secs(5));
-    assert_eq!(
-        nvidia.options,
-        vec![("nvml_lib".into(), "libnvidia-ml.so.1".into())]
-    );
+    assert_eq!(nvidia.options, vec![("nvml_lib".into(), "libnvidia-ml.so.1".into())]);
     assert!(!nvidia.implicit);
     let resource = &manifest.resources[0];
     assert_eq!(resource.name, "nvidia.com/h100");
@@ -106,18 +96,9 @@ fn relative_paths_resolve_against_the_manifest_folder() {
                 [[resource]]\nname = \"a.com/b\"\ndriver = \"b\"\n";
     let manifest = parse(text).unwrap();
     assert_eq!(manifest.kubelet_dir, PathBuf::from("/etc/devhost/sockets"));
-    assert_eq!(
-        manifest.driver_dir,
-        PathBuf::from("/etc/devhost/../drivers")
-    );
-    assert_eq!(
-        manifest.drivers["a"].module_candidates,
-        vec![PathBuf::from("/etc/devhost/../drivers/sub/a.so")]
-    );
-    assert_eq!(
-        manifest.drivers["b"].module_candidates,
-        vec![PathBuf::from("/opt/b.so")]
-    );
+    assert_eq!(manifest.driver_dir, PathBuf::from("/etc/devhost/../drivers"));
+    assert_eq!(manifest.drivers["a"].module_candidates, vec![PathBuf::from("/etc/devhost/../drivers/sub/a.so")]);
+    assert_eq!(manifest.drivers["b"].module_candidates, vec![PathBuf::from("/opt/b.so")]);
 }
 
 #[test]
@@ -135,13 +116,7 @@ fn undeclared_driver_is_implicit_with_conventional_candidates_in_order() {
     let acme = &manifest.drivers["acme"];
     assert!(acme.implicit);
     assert_eq!(acme.name, "acme");
-    assert_eq!(
-        acme.module_candidates,
-        vec![
-            PathBuf::from("/d/libdevhost_acme.so"),
-            PathBuf::from("/d/acme.so")
-        ]
-    );
+    assert_eq!(acme.module_candidates, vec![PathBuf::from("/d/libdevhost_acme.so"), PathBuf::from("/d/acme.so")]);
     assert_eq!(acme.call_timeout, Duration::from_secs(3));
 }
 
@@ -151,10 +126,7 @@ fn declared_driver_without_module_uses_the_convention() {
                 [[resource]]\nname = \"a.com/b\"\ndriver = \"gpu\"\n";
     let gpu = &parse(text).unwrap().drivers["gpu"];
     assert!(!gpu.implicit);
-    assert_eq!(
-        gpu.module_candidates[0],
-        PathBuf::from("/d/libdevhost_gpu.so")
-    );
+    assert_eq!(gpu.module_candidates[0], PathBuf::from("/d/libdevhost_gpu.so"));
     assert_eq!(gpu.poll_interval, Some(Duration::from_secs(60)));
 }
 
@@ -166,14 +138,8 @@ fn one_module_backs_several_instances_and_one_instance_several_resources() {
                 [[resource]]\nname = \"a.com/two\"\ndriver = \"a\"\n\
                 [[resource]]\nname = \"a.com/three\"\ndriver = \"b\"\n";
     let manifest = parse(text).unwrap();
-    assert_eq!(
-        manifest.drivers["a"].module_candidates,
-        manifest.drivers["b"].module_candidates
-    );
-    assert_eq!(
-        manifest.drivers["b"].options,
-        vec![("x".into(), "2".into())]
-    );
+    assert_eq!(manifest.drivers["a"].module_candidates, manifest.drivers["b"].module_candidates);
+    assert_eq!(manifest.drivers["b"].options, vec![("x".into(), "2".into())]);
     let names: Vec<&str> = manifest.resources.iter().map(|r| r.name.as_str()).collect();
     assert_eq!(names, ["a.com/one", "a.com/two", "a.com/three"]);
 }
@@ -184,16 +150,11 @@ fn options_are_flattened_and_sorted() {
                 [driver.x.options.nested]\nkey = \"v\"\n[[driver.x.options.dev]]\npath = \"/dev/a\"\n\
                 [[resource]]\nname = \"a.com/b\"\ndriver = \"x\"\n";
     let options = &parse(text).unwrap().drivers["x"].options;
-    let expected: Vec<(String, String)> = [
-        ("dev.0.path", "/dev/a"),
-        ("flag", "true"),
-        ("list", "1,2"),
-        ("nested.key", "v"),
-        ("z", "1.5"),
-    ]
-    .iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
+    let expected: Vec<(String, String)> =
+        [("dev.0.path", "/dev/a"), ("flag", "true"), ("list", "1,2"), ("nested.key", "v"), ("z", "1.5")]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
     assert_eq!(options, &expected);
 }
 
@@ -201,12 +162,7 @@ fn options_are_flattened_and_sorted() {
 fn unused_declared_driver_is_a_warning_not_an_error() {
     let text = "[driver.spare]\n[[resource]]\nname = \"a.com/b\"\ndriver = \"x\"\n";
     let manifest = parse(text).unwrap();
-    assert_eq!(
-        manifest.warnings,
-        vec![format!(
-            "{PATH}:1:1: driver.spare: declared but no [[resource]] uses it"
-        )]
-    );
+    assert_eq!(manifest.warnings, vec![format!("{PATH}:1:1: driver.spare: declared but no [[resource]] uses it")]);
 }
 
 #[test]
@@ -232,16 +188,8 @@ fn resource_without_match_takes_every_device() {
 #[test]
 fn errors_display_one_diagnostic_per_line() {
     let errors = ManifestErrors(vec![
-        Diagnostic {
-            location: "f:1:2".into(),
-            field: "a".into(),
-            message: "bad".into(),
-        },
-        Diagnostic {
-            location: "f:3:4".into(),
-            field: "b".into(),
-            message: "worse".into(),
-        },
+        Diagnostic { location: "f:1:2".into(), field: "a".into(), message: "bad".into() },
+        Diagnostic { location: "f:3:4".into(), field: "b".into(), message: "worse".into() },
     ]);
     assert_eq!(errors.to_string(), "f:1:2: a: bad\nf:3:4: b: worse");
 }
@@ -263,9 +211,5 @@ fn unreadable_file_is_one_diagnostic_naming_the_file() {
     let ManifestErrors(diagnostics) = Manifest::load(&path, None).unwrap_err();
     assert_eq!(diagnostics.len(), 1);
     assert_eq!(diagnostics[0].location, path.display().to_string());
-    assert!(
-        diagnostics[0].message.contains("No such file"),
-        "{:?}",
-        diagnostics[0]
-    );
+    assert!(diagnostics[0].message.contains("No such file"), "{:?}", diagnostics[0]);
 }

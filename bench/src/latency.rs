@@ -1,0 +1,209 @@
+//! Figure 1: the Allocate round trip (client → unix socket → devhost → C ABI
+//! → C example driver → back), alone and with 64 concurrent clients, against
+//! the null plugin's GetDevicePluginOptions measured in the same rounds.
+
+use crate::node::{self, Artifacts, Node, Proc};
+use crate::report::Report;
+use crate::stats::{Samples, Summary, fmt_dur, p50_p99, ratio};
+use anyhow::{Context, Result, bail};
+use devhost_proto::v1beta1 as pb;
+use kubelet_emu::Kubelet;
+use pb::device_plugin_client::DevicePluginClient;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tonic::transport::Channel;
+
+pub type Client = DevicePluginClient<Channel>;
+
+/// The gRPC floor every figure is compared with.
+#[derive(Clone, Copy, Debug)]
+pub struct Floor {
+    pub seq: Summary,
+    pub conc: Summary,
+}
+
+/// Sequential and concurrent iteration counts (per round).
+const ROUNDS: usize = 4;
+const SEQ_PER_ROUND: usize = 500;
+const CONC_ROUNDS: usize = 2;
+pub const CLIENTS: usize = 64;
+const CALLS_PER_CLIENT: usize = 25;
+const WARMUP: usize = 200;
+
+/// Runs `call(client, i)` `n` times one after the other; returns each latency.
+pub async fn sequential<F, Fut>(client: &Client, n: usize, call: F) -> Result<Samples>
+where
+    F: Fn(Client, usize) -> Fut,
+    Fut: Future<Output = Result<(), tonic::Status>>,
+{
+    let mut s = Samples(Vec::with_capacity(n));
+    for i in 0..n {
+        let t = Instant::now();
+        call(client.clone(), i).await.with_context(|| format!("call {i} failed"))?;
+        s.push(t.elapsed());
+    }
+    Ok(s)
+}
+
+/// `clients.len()` tasks, each on its own connection, start together and
+/// make `per_client` calls each; returns every call's latency.
+pub async fn concurrent<F, Fut>(clients: &[Client], per_client: usize, call: F) -> Result<Samples>
+where
+    F: Fn(Client, usize) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Result<(), tonic::Status>> + Send,
+{
+    let barrier = Arc::new(tokio::sync::Barrier::new(clients.len()));
+    let mut tasks = Vec::new();
+    for (k, c) in clients.iter().enumerate() {
+        let (c, call, barrier) = (c.clone(), call.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let mut s = Samples(Vec::with_capacity(per_client));
+            for i in 0..per_client {
+                let t = Instant::now();
+                call(c.clone(), k * per_client + i).await?;
+                s.push(t.elapsed());
+            }
+            Ok::<_, tonic::Status>(s)
+        }));
+    }
+    let mut all = Samples::default();
+    for t in tasks {
+        all.extend(t.await.context("client task failed")?.context("concurrent call failed")?);
+    }
+    Ok(all)
+}
+
+/// `n` clients, each with its own connection to `socket`.
+pub async fn connect_many(socket: &std::path::Path, n: usize) -> Result<Vec<Client>> {
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        let ch = devhost_proto::connect_uds(socket).await.with_context(|| format!("cannot connect to {}", socket.display()))?;
+        v.push(DevicePluginClient::new(ch).max_decoding_message_size(node::MAX_MESSAGE));
+    }
+    Ok(v)
+}
+
+pub async fn options_call(mut c: Client, _: usize) -> Result<(), tonic::Status> {
+    c.get_device_plugin_options(pb::Empty {}).await.map(drop)
+}
+
+/// One Allocate of `ids`, checked to carry a container response.
+pub async fn allocate(mut c: Client, ids: Vec<String>) -> Result<(), tonic::Status> {
+    let req = pb::AllocateRequest { container_requests: vec![pb::ContainerAllocateRequest { devices_ids: ids }] };
+    let resp = c.allocate(req).await?.into_inner();
+    if resp.container_responses.len() != 1 {
+        return Err(tonic::Status::internal("allocate answered without exactly one container response"));
+    }
+    Ok(())
+}
+
+const RESOURCE: &str = "bench.example.com/c";
+const DEVICES: usize = 8;
+
+fn alloc_one(c: Client, i: usize) -> impl Future<Output = Result<(), tonic::Status>> + Send {
+    allocate(c, vec![format!("example-{}", i % DEVICES)])
+}
+
+/// Measures figure 1 and returns the null plugin's floor for later figures.
+pub async fn run(art: &Artifacts, report: &mut Report) -> Result<Floor> {
+    let node = Node::new()?;
+    let kubelet = Kubelet::start(&node.kubelet_dir()).context("cannot start the kubelet emulator")?;
+    let manifest = node.write_manifest(
+        "devhost.toml",
+        &format!(
+            "[driver.c]\nmodule = \"{}\"\noptions = {{ count = {DEVICES}, numa_nodes = 2 }}\n\n\
+             [[resource]]\nname = \"{RESOURCE}\"\ndriver = \"c\"\n",
+            art.module("example_c").display()
+        ),
+    )?;
+    let daemon = Proc::devhost(art, &manifest, &node.kubelet_dir())?;
+    node::wait_all_registered(&kubelet, &[RESOURCE.to_string()], 1, Some(&daemon)).await?;
+    kubelet.wait_devices(RESOURCE, node::WAIT, |d| d.len() == DEVICES).await?;
+    let null_sock = node.path().join("null.sock");
+    let _null = crate::null::spawn(art, &null_sock, None, &node.path().join("null.log"))?;
+    let null = crate::null::client(&null_sock).await?;
+    let dh = node::plugin_client(&kubelet, RESOURCE).await?;
+
+    // The driver's edits must be in the answer: this is the real path.
+    let mut probe = dh.clone();
+    let req = pb::AllocateRequest { container_requests: vec![pb::ContainerAllocateRequest { devices_ids: vec!["example-1".into()] }] };
+    let resp = probe.allocate(req).await.context("first Allocate failed")?.into_inner();
+    if !resp.container_responses.first().is_some_and(|c| c.envs.contains_key("EXAMPLE_ALLOCATED")) {
+        bail!("Allocate did not go through the C driver's hook: {resp:?}");
+    }
+
+    sequential(&null, WARMUP, options_call).await?;
+    sequential(&dh, WARMUP, alloc_one).await?;
+    let (mut base, mut alloc, mut opts) = (Samples::default(), Samples::default(), Samples::default());
+    // Interleaved rounds: drift in machine load hits both sides alike.
+    for _ in 0..ROUNDS {
+        base.extend(sequential(&null, SEQ_PER_ROUND, options_call).await?);
+        alloc.extend(sequential(&dh, SEQ_PER_ROUND, alloc_one).await?);
+        opts.extend(sequential(&dh, SEQ_PER_ROUND, options_call).await?);
+    }
+    let null_clients = connect_many(&null_sock, CLIENTS).await?;
+    let dh_path = kubelet.endpoint_path(RESOURCE).context("resource lost its endpoint")?;
+    let dh_clients = connect_many(&dh_path, CLIENTS).await?;
+    let (mut base_c, mut alloc_c) = (Samples::default(), Samples::default());
+    for _ in 0..CONC_ROUNDS {
+        base_c.extend(concurrent(&null_clients, CALLS_PER_CLIENT, options_call).await?);
+        alloc_c.extend(concurrent(&dh_clients, CALLS_PER_CLIENT, alloc_one).await?);
+    }
+    drop(daemon);
+
+    let s = |x: &Samples| x.summary().context("no samples");
+    let (base, alloc, opts, base_c, alloc_c) = (s(&base)?, s(&alloc)?, s(&opts)?, s(&base_c)?, s(&alloc_c)?);
+    report.row(
+        "1. Allocate, sequential (p50 / p99)",
+        p50_p99(&alloc),
+        format!("null RPC {}", p50_p99(&base)),
+        format!("{} (p50)", ratio(alloc.p50, base.p50)),
+        "p50 ≤ 1.2× baseline",
+        Some(alloc.p50.as_secs_f64() <= 1.2 * base.p50.as_secs_f64()),
+    );
+    report.row(
+        "1. Allocate, 64 concurrent clients (p50 / p99)",
+        p50_p99(&alloc_c),
+        format!("null RPC {}", p50_p99(&base_c)),
+        format!("{} (p99)", ratio(alloc_c.p99, base_c.p99)),
+        "p99 ≤ 1 ms",
+        Some(alloc_c.p99 <= Duration::from_millis(1)),
+    );
+    let table = [
+        ("null plugin GetDevicePluginOptions (baseline)", &base),
+        ("devhost GetDevicePluginOptions (no driver call)", &opts),
+        ("devhost Allocate, 1 device (C driver hook)", &alloc),
+        ("null plugin, 64 concurrent clients (baseline)", &base_c),
+        ("devhost Allocate, 64 concurrent clients", &alloc_c),
+    ];
+    let mut body = format!(
+        "The real `devhost` release binary serves the C example driver (`count = {DEVICES}`, `numa_nodes = 2`); \
+         the clients are the bench's own, one HTTP/2 connection each, on the resource's unix socket. The \
+         baseline is a tonic server that answers GetDevicePluginOptions with an empty message, in a process of \
+         its own with the same two-worker runtime as devhost. Sequential: {ROUNDS} interleaved rounds of \
+         {SEQ_PER_ROUND} calls each after {WARMUP} warm-up calls. Concurrent: {CLIENTS} clients start together \
+         and make {CALLS_PER_CLIENT} calls each, {CONC_ROUNDS} rounds.\n\n\
+         | Call | n | p50 | p99 | min | max | p50 vs baseline |\n| --- | --- | --- | --- | --- | --- | --- |\n"
+    );
+    for (name, x) in table {
+        let against = if name.contains("concurrent") { base_c.p50 } else { base.p50 };
+        body.push_str(&format!(
+            "| {name} | {} | {} | {} | {} | {} | {} |\n",
+            x.n,
+            fmt_dur(x.p50),
+            fmt_dur(x.p99),
+            fmt_dur(x.min),
+            fmt_dur(x.max),
+            ratio(x.p50, against)
+        ));
+    }
+    body.push_str(&format!(
+        "\nCost of the driver path on top of devhost's own gRPC handling (Allocate p50 − GetDevicePluginOptions \
+         p50): {}.\n",
+        fmt_dur(alloc.p50.saturating_sub(opts.p50))
+    ));
+    report.section("1. Allocate round trip", body);
+    Ok(Floor { seq: base, conc: base_c })
+}

@@ -1,0 +1,221 @@
+//! The pieces of a simulated node: where the built artifacts are, a short
+//! temporary folder with a manifest and a device-plugins folder, the real
+//! `devhost` process, and what `/proc` says about a process.
+
+use anyhow::{Context, Result, bail};
+use devhost_proto::v1beta1::device_plugin_client::DevicePluginClient;
+use kubelet_emu::Kubelet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tonic::transport::Channel;
+
+/// How long any single wait of the bench may take before it is a failure.
+pub const WAIT: Duration = Duration::from_secs(20);
+/// The largest message the bench's own clients accept (the scale figure
+/// checks the kubelet's 4 MiB limit separately).
+pub const MAX_MESSAGE: usize = 64 << 20;
+
+/// Built artifacts: the `devhost` binary and the driver modules beside it.
+#[derive(Clone, Debug)]
+pub struct Artifacts {
+    /// `target/<profile>`.
+    pub dir: PathBuf,
+    /// The repository root (the folder holding `config/`).
+    pub repo: PathBuf,
+}
+
+impl Artifacts {
+    /// The folder this bench binary was built into, and the repository.
+    pub fn locate() -> Result<Artifacts> {
+        let exe = std::env::current_exe().context("cannot find the bench's own executable")?;
+        let dir = exe.parent().context("the bench executable has no folder")?.to_path_buf();
+        let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .context("bench/ has no parent folder")?
+            .to_path_buf();
+        Ok(Artifacts { dir, repo })
+    }
+
+    pub fn devhost(&self) -> PathBuf {
+        self.dir.join("devhost")
+    }
+
+    /// `libdevhost_<name>.so` in the profile folder.
+    pub fn module(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("libdevhost_{name}.so"))
+    }
+
+    /// Fails with the build command when something the bench runs is missing.
+    pub fn require(&self) -> Result<()> {
+        for p in [self.devhost(), self.module("example_c"), self.module("benchdrv")] {
+            if !p.exists() {
+                bail!("{} is missing: run `cargo build --release --workspace` first", p.display());
+            }
+        }
+        Ok(())
+    }
+
+    pub fn profile(&self) -> String {
+        self.dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+    }
+}
+
+/// A temporary node folder: `<tmp>/dp` is the kubelet's device-plugins folder.
+/// Kept short because socket paths are limited to 107 bytes.
+pub struct Node {
+    pub tmp: tempfile::TempDir,
+}
+
+impl Node {
+    pub fn new() -> Result<Node> {
+        let tmp = tempfile::Builder::new().prefix("dhb").tempdir_in("/tmp").context("cannot create a node folder in /tmp")?;
+        Ok(Node { tmp })
+    }
+
+    pub fn path(&self) -> &Path {
+        self.tmp.path()
+    }
+
+    pub fn kubelet_dir(&self) -> PathBuf {
+        self.path().join("dp")
+    }
+
+    pub fn write_manifest(&self, name: &str, body: &str) -> Result<PathBuf> {
+        let p = self.path().join(name);
+        std::fs::write(&p, body).with_context(|| format!("cannot write manifest {}", p.display()))?;
+        Ok(p)
+    }
+}
+
+/// A child process of the bench (devhost or the null server): terminated
+/// with SIGTERM and reaped on drop.
+pub struct Proc {
+    pub child: Child,
+    pub started: Instant,
+    pub log: PathBuf,
+}
+
+impl Proc {
+    /// Starts `devhost run` on a manifest, logging to `<manifest>.log`.
+    /// The working directory is the repository, as for `config/*.toml`.
+    pub fn devhost(art: &Artifacts, manifest: &Path, kubelet_dir: &Path) -> Result<Proc> {
+        let mut cmd = Command::new(art.devhost());
+        cmd.args(["run", "--config"]).arg(manifest).arg("--kubelet-dir").arg(kubelet_dir).current_dir(&art.repo);
+        Proc::spawn(cmd, &manifest.with_extension("log"))
+    }
+
+    pub fn spawn(mut cmd: Command, log: &Path) -> Result<Proc> {
+        let file = std::fs::File::create(log).with_context(|| format!("cannot create log {}", log.display()))?;
+        let started = Instant::now();
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .with_context(|| format!("cannot start {:?}", cmd.get_program()))?;
+        Ok(Proc { child, started, log: log.to_path_buf() })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The end of the process's log, for error messages.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(15)..].join("\n")
+    }
+
+    /// SIGTERM, then SIGKILL after 3 s; always reaps.
+    pub fn stop(&mut self) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
+        // SAFETY: kill(2) on our own child, which has not been reaped yet.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(3) {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Waits until every resource has registered `n` times in all.
+pub async fn wait_all_registered(kubelet: &Kubelet, resources: &[String], n: u64, proc: Option<&Proc>) -> Result<()> {
+    for r in resources {
+        if let Err(e) = kubelet.wait_registration_count(r, n, WAIT).await {
+            let log = proc.map(|p| format!("\nlast log lines:\n{}", p.log_tail())).unwrap_or_default();
+            bail!("{e}{log}");
+        }
+    }
+    Ok(())
+}
+
+/// A device-plugin client of our own on a resource's socket (not the
+/// emulator's connection), with a generous message limit.
+pub async fn plugin_client(kubelet: &Kubelet, resource: &str) -> Result<DevicePluginClient<Channel>> {
+    let path = kubelet.endpoint_path(resource).with_context(|| format!("{resource} never registered"))?;
+    let channel =
+        devhost_proto::connect_uds(&path).await.with_context(|| format!("cannot connect to {}", path.display()))?;
+    Ok(DevicePluginClient::new(channel).max_decoding_message_size(MAX_MESSAGE))
+}
+
+/// CPU time and memory of a process, from `/proc/<pid>/{stat,status}` and
+/// the per-thread schedstat (nanosecond run time).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ProcStat {
+    /// utime + stime in clock ticks.
+    pub ticks: u64,
+    /// Sum of the threads' on-CPU nanoseconds.
+    pub run_ns: u64,
+    pub rss_kib: u64,
+    pub threads: u64,
+}
+
+pub fn proc_stat(pid: u32) -> Result<ProcStat> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).with_context(|| format!("process {pid} is gone"))?;
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).context("unexpected /proc/<pid>/stat format")?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of stat(5); `rest` starts at field 3.
+    let tick = |i: usize| fields.get(i - 3).and_then(|v| v.parse::<u64>().ok()).context("bad utime/stime in /proc stat");
+    let ticks = tick(14)? + tick(15)?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).with_context(|| format!("process {pid} is gone"))?;
+    let field = |name: &str| -> u64 {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    let mut run_ns = 0;
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in tasks.flatten() {
+            if let Ok(s) = std::fs::read_to_string(t.path().join("schedstat")) {
+                run_ns += s.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            }
+        }
+    }
+    Ok(ProcStat { ticks, run_ns, rss_kib: field("VmRSS:"), threads: field("Threads:") })
+}
+
+/// Clock ticks per second for utime/stime.
+pub fn clock_ticks() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let v = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if v > 0 { v as u64 } else { 100 }
+}

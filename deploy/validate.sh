@@ -1,0 +1,174 @@
+#!/usr/bin/env bash
+# Offline checks of the deployment files in deploy/, run by .ci/run and by
+# hand (`deploy/validate.sh` from anywhere in the repository):
+#   1. yamllint on every YAML file here (deploy/.yamllint.yaml);
+#   2. every Kubernetes object against the API schemas of the oldest and the
+#      newest Kubernetes versions we support (kubernetes-validate, strict: an
+#      unknown or misspelt field is an error, and so is a kind without a
+#      schema);
+#   3. the TOML manifest inside each ConfigMap parses, and the DaemonSet
+#      agrees with it (config path, ConfigMap name, probe port, kubelet dir).
+# The tools live in a virtualenv under target/ci-venv, (re)built only when
+# deploy/requirements-ci.txt changes. kustomization.yaml is not a
+# Kubernetes object and gets step 1 only.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Oldest and newest Kubernetes versions the manifests must be valid for.
+KUBE_VERSIONS=(1.31.0 1.37.0)
+VENV=target/ci-venv
+REQUIREMENTS=deploy/requirements-ci.txt
+STAMP="$VENV/.requirements-ci.txt"
+
+fail() {
+    printf 'deploy/validate.sh: %s\n' "$*" >&2
+    exit 1
+}
+
+has_python() {
+    python3 -c 'import sys, venv, ensurepip; sys.exit(sys.version_info < (3, 11))' 2>/dev/null
+}
+
+if ! has_python; then
+    if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+        echo "installing python3 and python3-venv"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-venv
+    fi
+    has_python || fail "needs python3 >= 3.11 (tomllib) with its venv module (python3-venv)"
+fi
+
+if ! cmp -s "$REQUIREMENTS" "$STAMP"; then
+    echo "installing the validation tools into $VENV"
+    rm -rf "$VENV"
+    python3 -m venv "$VENV"
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check --require-virtualenv \
+        -r "$REQUIREMENTS" || fail "cannot install the tools of $REQUIREMENTS into $VENV"
+    cp "$REQUIREMENTS" "$STAMP"
+fi
+
+mapfile -t yaml_files < <(find deploy -maxdepth 1 -name '*.yaml' | sort)
+objects=()
+for f in "${yaml_files[@]}"; do
+    case "$f" in
+        deploy/kustomization.yaml | deploy/.yamllint.yaml) ;;
+        *) objects+=("$f") ;;
+    esac
+done
+[ ${#objects[@]} -gt 0 ] || fail "no Kubernetes manifests found in deploy/"
+
+echo "yamllint: ${yaml_files[*]}"
+"$VENV/bin/yamllint" --strict -c deploy/.yamllint.yaml "${yaml_files[@]}"
+
+for version in "${KUBE_VERSIONS[@]}"; do
+    # A kind without a schema is only a warning to the tool (exit 0), so a
+    # misspelt `kind:` would pass unchecked: treat that warning as an error.
+    if ! out="$("$VENV/bin/kubernetes-validate" --strict -k "$version" "${objects[@]}" 2>&1)"; then
+        printf '%s\n' "$out" >&2
+        fail "manifests are not valid for Kubernetes $version"
+    fi
+    printf '%s\n' "$out"
+    if grep -q "Couldn't find schema" <<<"$out"; then
+        fail "an object above has no Kubernetes $version schema (misspelt kind or apiVersion?)"
+    fi
+done
+
+echo "ConfigMap manifests and their DaemonSet"
+"$VENV/bin/python" - "${objects[@]}" <<'PY'
+"""Parses each ConfigMap's embedded devhost manifest and checks that the
+DaemonSet mounts it where it reads it and probes the port it serves on."""
+import sys
+import tomllib
+
+import yaml
+
+DEFAULT_KUBELET_DIR = "/var/lib/kubelet/device-plugins"
+problems = []
+configmaps = {}  # name -> {key: parsed TOML}
+daemonsets = []
+
+for path in sys.argv[1:]:
+    with open(path, encoding="utf-8") as f:
+        docs = [d for d in yaml.safe_load_all(f) if d]
+    for doc in docs:
+        name = doc.get("metadata", {}).get("name", "?")
+        if doc.get("kind") == "ConfigMap":
+            parsed = {}
+            for key, text in (doc.get("data") or {}).items():
+                if not key.endswith(".toml"):
+                    continue
+                try:
+                    parsed[key] = tomllib.loads(text)
+                except tomllib.TOMLDecodeError as e:
+                    # Lines count from the start of the key's text.
+                    problems.append(f"{path}: ConfigMap {name}, key {key} (lines counted "
+                                    f"within the key): TOML: {e}")
+                    parsed[key] = None
+            configmaps[name] = parsed
+        elif doc.get("kind") == "DaemonSet":
+            daemonsets.append((path, name, doc))
+
+for path, name, ds in daemonsets:
+    where = f"{path}: DaemonSet {name}"
+    pod = ds["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    for c in pod["containers"]:
+        args = list(c.get("command", [])) + list(c.get("args", []))
+        if "--config" not in args or args.index("--config") + 1 >= len(args):
+            problems.append(f"{where}, container {c['name']}: no `--config FILE` in its args")
+            continue
+        config_path = args[args.index("--config") + 1]
+        mounted, manifest = False, None
+        for m in c.get("volumeMounts", []):
+            source = volumes.get(m["name"], {}).get("configMap")
+            if source is None:
+                continue
+            if source["name"] not in configmaps:
+                problems.append(f"{where}: volume {m['name']} names ConfigMap {source['name']}, "
+                                "which no file in deploy/ defines")
+                continue
+            found = configmaps[source["name"]]
+            # Without `items` every key becomes a file of its own name.
+            items = source.get("items") or [{"key": k, "path": k} for k in found]
+            for item in items:
+                if f"{m['mountPath'].rstrip('/')}/{item['path']}" != config_path:
+                    continue
+                mounted = True
+                manifest = found.get(item["key"])
+                if item["key"] not in found:
+                    problems.append(f"{where}: {config_path} comes from key {item['key']} "
+                                    f"of ConfigMap {source['name']}, which has no such TOML key")
+        if not mounted:
+            problems.append(f"{where}, container {c['name']}: --config {config_path} is not "
+                            "a ConfigMap item mounted by this container")
+        if manifest is None:
+            # Not mounted, or already reported as missing or unparsable.
+            continue
+        ports = {p.get("name"): p["containerPort"] for p in c.get("ports", [])}
+        addr = manifest.get("metrics_addr")
+        for probe_name in ("livenessProbe", "readinessProbe"):
+            port = c.get(probe_name, {}).get("httpGet", {}).get("port")
+            port = ports.get(port, port)
+            if port is None:
+                continue
+            if not isinstance(port, int):
+                problems.append(f"{where}: {probe_name} uses port {port!r}, not a container port")
+            elif addr is None or not str(addr).endswith(f":{port}"):
+                problems.append(f"{where}: {probe_name} probes port {port} but the manifest's "
+                                f"metrics_addr is {addr!r}")
+        kubelet_dir = manifest.get("kubelet_dir", DEFAULT_KUBELET_DIR)
+        if not any(m["mountPath"] == kubelet_dir and not m.get("readOnly")
+                   for m in c.get("volumeMounts", [])):
+            problems.append(f"{where}: the manifest's kubelet_dir {kubelet_dir} is not mounted "
+                            "read-write")
+
+if not daemonsets:
+    problems.append("no DaemonSet found in deploy/")
+for p in problems:
+    print(p, file=sys.stderr)
+if problems:
+    sys.exit(1)
+print(f"OK: {len(configmaps)} ConfigMap(s), {len(daemonsets)} DaemonSet(s)")
+PY
+
+echo "deploy/validate.sh: all checks passed"

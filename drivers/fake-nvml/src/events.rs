@@ -1,0 +1,111 @@
+//! Event calls of the fake: event sets, registration, and a wait that
+//! follows the control file.
+
+use crate::ffi::*;
+use crate::state::{ALL_EVENTS, EventSet, OLD_GPU_EVENTS, Runtime};
+use nvml_wrapper_sys::bindings::*;
+use std::ffi::{c_uint, c_ulonglong};
+use std::time::{Duration, Instant};
+
+// ---- events ----------------------------------------------------------------
+
+fn set_index(rt: &Runtime, set: nvmlEventSet_t) -> Result<usize, Ret> {
+    set.addr().checked_sub(1).filter(|&i| rt.sets.get(i).is_some_and(Option::is_some)).ok_or(INVALID_ARGUMENT)
+}
+
+/// # Safety
+/// `set` must be valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut nvmlEventSet_t) -> Ret {
+    with_rt(|rt| {
+        if let Some(code) = rt.machine.event_set_error {
+            return Err(code);
+        }
+        rt.sets.push(Some(EventSet::default()));
+        // SAFETY: forwarded caller contract.
+        unsafe { put(set, std::ptr::without_provenance_mut(rt.sets.len())) }
+    })
+}
+
+/// # Safety
+/// `types` must be valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(device: nvmlDevice_t, types: *mut c_ulonglong) -> Ret {
+    with_rt(|rt| {
+        let gpu = &rt.machine.gpus[whole_gpu(rt, device)?];
+        // SAFETY: forwarded caller contract.
+        unsafe { put(types, if gpu.events { ALL_EVENTS } else { OLD_GPU_EVENTS }) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlDeviceRegisterEvents(device: nvmlDevice_t, types: c_ulonglong, set: nvmlEventSet_t) -> Ret {
+    with_rt(|rt| {
+        let g = whole_gpu(rt, device)?;
+        let i = set_index(rt, set)?;
+        let supported = if rt.machine.gpus[g].events { ALL_EVENTS } else { OLD_GPU_EVENTS };
+        if types & !supported != 0 {
+            return Err(NOT_SUPPORTED);
+        }
+        if let Some(s) = rt.sets[i].as_mut() {
+            s.registered.push((g, types));
+        }
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `data` must be valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlEventSetWait_v2(
+    set: nvmlEventSet_t,
+    data: *mut nvmlEventData_t,
+    timeout_ms: c_uint,
+) -> Ret {
+    if data.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    let deadline = Instant::now() + Duration::from_millis(u64::from(timeout_ms));
+    loop {
+        let mut event = None;
+        let code = with_rt(|rt| {
+            let i = set_index(rt, set)?;
+            let Some(s) = rt.sets[i].as_mut() else { return Err(INVALID_ARGUMENT) };
+            if std::mem::take(&mut s.lost_pending) {
+                return Err(GPU_IS_LOST);
+            }
+            event = s.queue.pop_front();
+            Ok(())
+        });
+        if code != SUCCESS {
+            return code;
+        }
+        if let Some(e) = event {
+            let out = nvmlEventData_t {
+                device: gpu_handle(e.gpu),
+                eventType: e.event_type,
+                eventData: e.data,
+                gpuInstanceId: e.gpu_instance,
+                computeInstanceId: e.compute_instance,
+            };
+            // SAFETY: checked non-null; valid per the contract.
+            unsafe { data.write(out) };
+            return SUCCESS;
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return TIMEOUT;
+        }
+        // Sleep without holding the lock, so other calls proceed.
+        std::thread::sleep(WAIT_POLL.min(deadline - now));
+    }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlEventSetFree(set: nvmlEventSet_t) -> Ret {
+    with_rt(|rt| {
+        let i = set_index(rt, set)?;
+        rt.sets[i] = None;
+        Ok(())
+    })
+}

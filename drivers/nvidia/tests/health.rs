@@ -1,0 +1,177 @@
+//! Health through NVML events against the fake libnvidia-ml: Xid events,
+//! ignored Xids, lost GPUs, recovery, and a failing event machinery.
+
+mod common;
+
+use common::*;
+use devhost_sdk::Health;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// Generous bounds for a loaded CI machine; the fake delivers in ~10 ms.
+const SOON: Duration = Duration::from_secs(3);
+
+fn four_gpus(header: &str) -> (Vec<GpuSpec>, String) {
+    let gpus: Vec<GpuSpec> = (0..4).map(|i| gpu(i, &format!("0000:{:02x}:00.0", 0x18 + i), 0)).collect();
+    let machine = machine_toml(header, &gpus, &[]);
+    (gpus, machine)
+}
+
+fn healthy(node: &devhost_nvidia::node::Node, i: usize) -> bool {
+    health_of(node, &gpu_uuid(i)) == Some(Health::Healthy)
+}
+
+#[test]
+fn critical_xid_makes_the_gpu_unhealthy_at_once_and_it_recovers() {
+    let (gpus, machine) = four_gpus("");
+    let fx = Fixture::new(&gpus, &machine);
+    let node = fx.open(&[("recovery_period", "300ms")]);
+    node.watch_start();
+    let before = fx.changes.load(Ordering::SeqCst);
+    let injected = Instant::now();
+    fx.control("xid 2 79");
+    assert!(wait_until(SOON, || !healthy(&node, 2)), "GPU 2 never became Unhealthy");
+    let detected = injected.elapsed();
+    assert!(detected < Duration::from_secs(1), "took {detected:?}");
+    assert!(fx.changes.load(Ordering::SeqCst) > before, "the host was not told");
+    assert!(node.unhealthy_reason(&gpu_uuid(2)).contains("Xid 79"));
+    assert!(healthy(&node, 0) && healthy(&node, 1) && healthy(&node, 3), "only GPU 2 is affected");
+    // It answers NVML normally, so after the quiet period it is back.
+    assert!(wait_until(SOON, || healthy(&node, 2)), "GPU 2 did not recover");
+    assert!(injected.elapsed() >= Duration::from_millis(300), "recovered before the quiet period");
+    node.watch_stop();
+}
+
+#[test]
+fn ignored_xids_leave_the_gpu_healthy() {
+    let (gpus, machine) = four_gpus("");
+    let fx = Fixture::new(&gpus, &machine);
+    let node = fx.open(&[("recovery_period", "never"), ("ignored_xids", "13,31,43,45,68,109,94")]);
+    node.watch_start();
+    // Events arrive in order: once GPU 0's Xid 79 shows, GPU 1's earlier ones were handled.
+    fx.control("xid 1 13");
+    fx.control("xid 1 94");
+    fx.control("xid 0 79");
+    assert!(wait_until(SOON, || !healthy(&node, 0)));
+    assert!(healthy(&node, 1), "an ignored Xid made GPU 1 Unhealthy");
+    node.watch_stop();
+}
+
+#[test]
+fn without_recovery_an_unhealthy_gpu_stays_unhealthy() {
+    let (gpus, machine) = four_gpus("");
+    let fx = Fixture::new(&gpus, &machine);
+    let node = fx.open(&[("recovery_period", "never")]);
+    node.watch_start();
+    fx.control("xid 3 48");
+    assert!(wait_until(SOON, || !healthy(&node, 3)));
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!healthy(&node, 3));
+    node.watch_stop();
+}
+
+#[test]
+fn a_lost_gpu_is_unhealthy_until_it_answers_again() {
+    let (gpus, machine) = four_gpus("");
+    let fx = Fixture::new(&gpus, &machine);
+    let node = fx.open(&[("recovery_period", "200ms")]);
+    node.watch_start();
+    fx.control("lost 1");
+    assert!(wait_until(SOON, || !healthy(&node, 1)), "GPU 1 never became Unhealthy");
+    assert!(node.unhealthy_reason(&gpu_uuid(1)).contains("lost"), "{}", node.unhealthy_reason(&gpu_uuid(1)));
+    assert!(healthy(&node, 0) && healthy(&node, 2) && healthy(&node, 3));
+    // While lost it never recovers, however long the quiet period has been.
+    std::thread::sleep(Duration::from_millis(600));
+    assert!(!healthy(&node, 1), "a lost GPU recovered");
+    fx.control("back 1");
+    assert!(wait_until(SOON, || healthy(&node, 1)), "GPU 1 did not recover after coming back");
+    node.watch_stop();
+}
+
+#[test]
+fn an_xid_on_a_mig_gpu_makes_all_its_mig_devices_unhealthy() {
+    let mut gpus = vec![gpu(0, "0000:18:00.0", 0), gpu(1, "0000:2a:00.0", 0)];
+    gpus[1].extra = "mig_mode = true".into();
+    gpus[1].migs = vec![(0, mig_uuid(1, 0), "1g.10gb".into(), 9856), (1, mig_uuid(1, 1), "1g.10gb".into(), 9856)];
+    let machine = machine_toml("", &gpus, &[]);
+    let fx = Fixture::new(&gpus, &machine);
+    let node = fx.open(&[("recovery_period", "never")]);
+    node.watch_start();
+    fx.control("xid 1 48 1 0");
+    assert!(wait_until(SOON, || health_of(&node, &mig_uuid(1, 0)) == Some(Health::Unhealthy)));
+    assert_eq!(health_of(&node, &mig_uuid(1, 1)), Some(Health::Unhealthy));
+    assert_eq!(health_of(&node, &gpu_uuid(0)), Some(Health::Healthy));
+    node.watch_stop();
+}
+
+#[test]
+fn a_broken_event_machinery_reports_every_gpu_unhealthy() {
+    let (gpus, machine) = four_gpus("event_set_error = 999");
+    let fx = Fixture::new(&gpus, &machine);
+    let node = fx.open(&[]);
+    assert!(snapshot(&node).iter().all(|(_, h)| *h == Health::Healthy), "healthy before watching");
+    node.watch_start();
+    // watch_start returns after registration: no waiting needed.
+    let all: Vec<Health> = snapshot(&node).into_iter().map(|(_, h)| h).collect();
+    assert_eq!(all, vec![Health::Unhealthy; 4]);
+    assert!(node.unhealthy_reason(&gpu_uuid(0)).contains("event set"));
+    // The operator's opt-out is for GPUs without event support, not for failures.
+    let node2 = fx.open(&[("health_without_events", "healthy")]);
+    node2.watch_start();
+    assert!(snapshot(&node2).iter().all(|(_, h)| *h == Health::Unhealthy));
+    node2.watch_stop();
+    node.watch_stop();
+}
+
+#[test]
+fn gpus_without_xid_events_follow_health_without_events() {
+    let (mut gpus, _) = four_gpus("");
+    gpus[3].extra = "events = false".into();
+    let machine = machine_toml("", &gpus, &[]);
+    let fx = Fixture::new(&gpus, &machine);
+
+    let strict = fx.open(&[]);
+    strict.watch_start();
+    assert!(!healthy(&strict, 3), "an unwatched GPU was silently Healthy");
+    assert!(strict.unhealthy_reason(&gpu_uuid(3)).contains("health_without_events"));
+    assert!(healthy(&strict, 0) && healthy(&strict, 1) && healthy(&strict, 2));
+    // The other GPUs are still watched after GPU 3's registration was refused.
+    fx.control("xid 0 79");
+    assert!(wait_until(SOON, || !healthy(&strict, 0)));
+    strict.watch_stop();
+
+    let relaxed = fx.open(&[("health_without_events", "healthy")]);
+    relaxed.watch_start();
+    assert!(healthy(&relaxed, 3));
+    relaxed.watch_stop();
+}
+
+#[test]
+fn unsupported_event_sets_follow_health_without_events() {
+    // NVML_ERROR_NOT_SUPPORTED (3) from nvmlEventSetCreate: a platform without events.
+    let (gpus, machine) = four_gpus("event_set_error = 3");
+    let fx = Fixture::new(&gpus, &machine);
+    let relaxed = fx.open(&[("health_without_events", "healthy")]);
+    relaxed.watch_start();
+    assert!(snapshot(&relaxed).iter().all(|(_, h)| *h == Health::Healthy));
+    relaxed.watch_stop();
+    let strict = fx.open(&[]);
+    strict.watch_start();
+    assert!(snapshot(&strict).iter().all(|(_, h)| *h == Health::Unhealthy));
+    strict.watch_stop();
+}
+
+#[test]
+fn watch_stop_joins_the_thread_promptly() {
+    let (gpus, machine) = four_gpus("");
+    let fx = Fixture::new(&gpus, &machine);
+    let node = fx.open(&[]);
+    node.watch_start();
+    let start = Instant::now();
+    node.watch_stop();
+    assert!(start.elapsed() < Duration::from_secs(2), "watch_stop took {:?}", start.elapsed());
+    // Stopped: events are no longer acted on.
+    fx.control("xid 0 79");
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(healthy(&node, 0));
+}

@@ -1,0 +1,111 @@
+//! SIGHUP re-reads the manifest and applies only the difference: untouched
+//! resources keep their sockets and streams, a newly dropped module can be
+//! enabled, and an invalid manifest is refused while the old one serves.
+
+mod common;
+use common::*;
+use std::os::unix::fs::MetadataExt;
+use std::time::Duration;
+
+fn hup(d: &Daemon) {
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(d.child.id() as i32, libc::SIGHUP) };
+}
+
+fn inode(node: &Node, sock: &str) -> u64 {
+    std::fs::metadata(node.kubelet_dir().join(sock)).unwrap().ino()
+}
+
+fn body(dir: &std::path::Path, resources: &str) -> String {
+    format!(
+        r#"
+driver_dir = "{}"
+[driver.example_c]
+options = {{ count = 4 }}
+[driver.example_rust]
+options = {{ count = 2 }}
+{resources}
+"#,
+        dir.display()
+    )
+}
+
+const A: &str = "[[resource]]\nname = \"example.com/a\"\ndriver = \"example_c\"\nmatch = { model = \"example-*\" }\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_applies_only_the_difference() {
+    let node = Node::new();
+    let dir = module("example_c").parent().unwrap().to_path_buf();
+    let a = "[[resource]]\nname = \"example.com/a\"\ndriver = \"example_c\"\nmatch = { index = \"0\" }\n";
+    let b = "[[resource]]\nname = \"example.com/b\"\ndriver = \"example_rust\"\n";
+    let d1 = "[[resource]]\nname = \"example.com/d\"\ndriver = \"example_c\"\nmatch = { index = \"1\" }\n";
+    let d2 = "[[resource]]\nname = \"example.com/d\"\ndriver = \"example_c\"\nmatch = { index = \"2\" }\n";
+    let c = "[[resource]]\nname = \"example.com/c\"\ndriver = \"example_c\"\nmatch = { index = \"3\" }\n";
+    let m = node.write_manifest(&body(&dir, &format!("{a}{b}{d1}")));
+    let kubelet = Kubelet::start(&node.kubelet_dir()).unwrap();
+    let d = Daemon::start(&m, &node.kubelet_dir());
+    for r in ["example.com/a", "example.com/b", "example.com/d"] {
+        kubelet.wait_registered(r, WAIT).await.unwrap();
+    }
+    kubelet.wait_devices("example.com/d", WAIT, |x| x.len() == 1 && x[0].id == "example-1").await.unwrap();
+    kubelet.wait_devices("example.com/a", WAIT, |x| x.len() == 1).await.unwrap();
+    let a_inode = inode(&node, "devhost-example.com_a.sock");
+    let a_lists = kubelet.list_count("example.com/a");
+
+    std::fs::write(&m, body(&dir, &format!("{a}{d2}{c}"))).unwrap();
+    hup(&d);
+    kubelet.wait_registered("example.com/c", WAIT).await.unwrap();
+    kubelet.wait_devices("example.com/d", WAIT, |x| x.len() == 1 && x[0].id == "example-2").await.unwrap();
+    d.wait_log("reload applied", WAIT).await;
+    // Untouched: same socket, one registration, its stream still open.
+    assert_eq!(inode(&node, "devhost-example.com_a.sock"), a_inode);
+    assert_eq!(kubelet.registration_count("example.com/a"), 1);
+    assert!(kubelet.is_connected("example.com/a"));
+    assert_eq!(kubelet.list_count("example.com/a"), a_lists, "no new list was needed for a");
+    // Changed: registered again. Removed: socket gone, stream ended.
+    assert_eq!(kubelet.registration_count("example.com/d"), 2);
+    assert!(!node.kubelet_dir().join("devhost-example.com_b.sock").exists());
+    kubelet.wait_disconnected("example.com/b", WAIT).await.unwrap();
+    let resp = kubelet.allocate("example.com/a", vec![vec!["example-0".into()]]).await.unwrap();
+    assert_eq!(env_of(&resp, 0, "EXAMPLE_ALLOCATED").as_deref(), Some("example-0"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newly_dropped_module_is_enabled_by_sighup() {
+    let node = Node::new();
+    let drivers = node.path().join("drivers");
+    std::fs::create_dir_all(&drivers).unwrap();
+    std::fs::copy(module("example_c"), drivers.join("libdevhost_example_c.so")).unwrap();
+    let late = "[[resource]]\nname = \"example.com/late\"\ndriver = \"example_rust\"\n";
+    let m = node.write_manifest(&body(&drivers, &format!("{A}{late}")));
+    let kubelet = Kubelet::start(&node.kubelet_dir()).unwrap();
+    let d = Daemon::start(&m, &node.kubelet_dir());
+    kubelet.wait_registered("example.com/a", WAIT).await.unwrap();
+    d.wait_log("no module file found", WAIT).await;
+    assert!(!kubelet.resources().contains(&"example.com/late".to_string()));
+
+    std::fs::copy(module("example_rust"), drivers.join("libdevhost_example_rust.so")).unwrap();
+    hup(&d);
+    let devs = kubelet.wait_devices("example.com/late", WAIT, |x| x.len() == 2).await.unwrap();
+    assert_eq!(devs[0].id, "rex-0");
+    assert_eq!(kubelet.registration_count("example.com/a"), 1, "the running resource was not touched");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_new_manifest_is_rejected_and_the_old_one_keeps_serving() {
+    let node = Node::new();
+    let dir = module("example_c").parent().unwrap().to_path_buf();
+    let m = node.write_manifest(&body(&dir, A));
+    let kubelet = Kubelet::start(&node.kubelet_dir()).unwrap();
+    let d = Daemon::start(&m, &node.kubelet_dir());
+    kubelet.wait_devices("example.com/a", WAIT, |x| x.len() == 4).await.unwrap();
+    std::fs::write(&m, "[[resource]]\nname = \"no-slash\"\ndriver = \"example_c\"\n").unwrap();
+    hup(&d);
+    let log = d.wait_log("new manifest rejected", WAIT).await;
+    assert!(log.contains("devhost.toml:2:"), "the error names the line: {log}");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(kubelet.is_connected("example.com/a"));
+    assert_eq!(kubelet.registration_count("example.com/a"), 1);
+    let resp = kubelet.allocate("example.com/a", vec![vec!["example-1".into()]]).await.unwrap();
+    assert_eq!(env_of(&resp, 0, "EXAMPLE_ALLOCATED").as_deref(), Some("example-1"));
+}
