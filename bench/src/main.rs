@@ -1,1 +1,162 @@
-fn main() {}
+//! `devhost-bench`: runs every figure against the real `devhost` binary and
+//! writes the report (see `docs/benchmarks.md`). `null-server` is the
+//! baseline plugin the bench starts as a child process of its own.
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use devhost_bench::node::{Artifacts, Node};
+use devhost_bench::report::{self, Report};
+use devhost_bench::{demo, events, footprint, latency, micro, null, scale};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::{Duration, Instant};
+
+#[derive(Parser)]
+#[command(name = "devhost-bench", about = "Measures devhost against in-run baselines and writes docs/benchmarks.md")]
+struct Cli {
+    /// Where to write the report.
+    #[arg(long, default_value = "docs/benchmarks.md")]
+    out: PathBuf,
+    /// Length of the idle-footprint window in seconds.
+    #[arg(long, default_value_t = 30)]
+    idle_secs: u64,
+    /// Do not build the workspace first (it must already be built).
+    #[arg(long)]
+    no_build: bool,
+    /// Skip the criterion micro-benchmarks (their last saved results are reported).
+    #[arg(long)]
+    no_micro: bool,
+    #[command(subcommand)]
+    command: Option<Sub>,
+}
+
+#[derive(Subcommand)]
+enum Sub {
+    /// Serve the null baseline plugin on a socket until killed.
+    NullServer {
+        #[arg(long)]
+        socket: PathBuf,
+        /// A kubelet socket to register with.
+        #[arg(long)]
+        register: Option<PathBuf>,
+        /// How many resources to register.
+        #[arg(long, default_value_t = 1)]
+        resources: usize,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Some(Sub::NullServer { socket, register, resources }) => {
+            null::serve_main(null::ServerArgs { socket, register, resources })
+        }
+        None => bench(&cli.out, Duration::from_secs(cli.idle_secs), cli.no_build, cli.no_micro),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("devhost-bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Builds what the bench runs, with the profile this binary was built with.
+/// Without `$CARGO` (not started by `cargo run`) nothing is built.
+fn build(art: &Artifacts) -> Result<Option<PathBuf>> {
+    let Some(cargo) = std::env::var_os("CARGO").map(PathBuf::from) else { return Ok(None) };
+    let profile: Vec<String> = match art.profile().as_str() {
+        "release" => vec!["--release".into()],
+        "debug" => vec![],
+        other => vec!["--profile".into(), other.into()],
+    };
+    let run = |extra: &[&str]| -> Result<bool> {
+        let st = Command::new(&cargo).arg("build").args(&profile).args(extra).current_dir(&art.repo).status()?;
+        Ok(st.success())
+    };
+    if !run(&["--workspace"]).context("cannot run cargo")? {
+        eprintln!("devhost-bench: the workspace does not build; building only what the bench needs");
+        if !run(&["-p", "devhost", "-p", "devhost-example-c", "-p", "devhost-benchdrv"])? {
+            anyhow::bail!("cannot build devhost, the C example and the bench driver");
+        }
+    }
+    Ok(Some(cargo))
+}
+
+fn command_line() -> String {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .map(|a| if a.contains(' ') { format!("'{a}'") } else { a })
+        .collect();
+    let mut cmd = String::from("cargo run --release -p devhost-bench");
+    if !args.is_empty() {
+        cmd.push_str(" -- ");
+        cmd.push_str(&args.join(" "));
+    }
+    cmd
+}
+
+fn bench(out: &Path, idle: Duration, no_build: bool, no_micro: bool) -> Result<()> {
+    let started = Instant::now();
+    let art = Artifacts::locate()?;
+    let cargo = if no_build { None } else { build(&art)? };
+    art.require()?;
+    if art.profile() != "release" {
+        eprintln!("devhost-bench: WARNING: profile {:?}, not release; figures are not representative", art.profile());
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let mut report = Report::default();
+    rt.block_on(async {
+        let step = |n: &str| eprintln!("devhost-bench: {n} ({:.0} s)", started.elapsed().as_secs_f64());
+        step("1. Allocate round trip");
+        let floor = latency::run(&art, &mut report).await.context("figure 1 (it is also every baseline)")?;
+        step("2. health propagation");
+        if let Err(e) = events::health(&art, &floor, &mut report).await {
+            report.failures.push(format!("2. health propagation: {e:#}"));
+        }
+        step("3. kubelet restart");
+        if let Err(e) = events::restart(&art, &mut report).await {
+            report.failures.push(format!("3. kubelet restart: {e:#}"));
+        }
+        let demo_node = Node::new()?;
+        match demo::choose(&art, &demo_node) {
+            Ok(demo) => {
+                step("4. start-up");
+                if let Err(e) = events::startup(&art, &demo, &mut report).await {
+                    report.failures.push(format!("4. start-up: {e:#}"));
+                }
+                step("5. idle footprint");
+                if let Err(e) = footprint::run(&art, &demo, idle, &mut report).await {
+                    report.failures.push(format!("5. idle footprint: {e:#}"));
+                }
+            }
+            Err(e) => report.failures.push(format!("4. and 5. (no demo node): {e:#}")),
+        }
+        step("6. scale");
+        if let Err(e) = scale::run(&art, &floor, &mut report).await {
+            report.failures.push(format!("6. scale: {e:#}"));
+        }
+        anyhow::Ok(())
+    })?;
+    drop(rt);
+    let mut ran_micro = false;
+    if let (false, Some(cargo)) = (no_micro, &cargo) {
+        eprintln!("devhost-bench: 7. micro-benchmarks ({:.0} s)", started.elapsed().as_secs_f64());
+        match micro::run_criterion(cargo, &art) {
+            Ok(()) => ran_micro = true,
+            Err(e) => report.failures.push(format!("7. micro-benchmarks: {e:#}")),
+        }
+    }
+    report.micro = Some(micro::section(&art, ran_micro));
+    let md = report.render(&command_line(), &report::machine(), &report::now_utc(), started.elapsed());
+    std::fs::write(out, &md).with_context(|| format!("cannot write {}", out.display()))?;
+    for r in report.rows.iter().filter(|r| r.met == Some(false)) {
+        eprintln!("devhost-bench: target missed: {}: {} (target {})", r.figure, r.result, r.target);
+    }
+    for f in &report.failures {
+        eprintln!("devhost-bench: not measured: {f}");
+    }
+    eprintln!("devhost-bench: wrote {} in {:.0} s", out.display(), started.elapsed().as_secs_f64());
+    Ok(())
+}

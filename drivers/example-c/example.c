@@ -2,9 +2,10 @@
  * example.c — the devhost example driver in C, and the template to copy.
  *
  * It invents `count` devices, reports them in scan with their container
- * edits, adds an env var and an annotation in allocate, and watches a text
- * file for health changes on a thread of its own. Only libc and pthreads;
- * it compiles cleanly with -std=c11 -Wall -Wextra -Werror.
+ * edits, adds an env var and an annotation in allocate, watches a text
+ * file for health changes on a thread of its own, and "resets" devices in
+ * release (ABI 1.1) when their pod is gone. Only libc and pthreads; it
+ * compiles cleanly with -std=c11 -Wall -Wextra -Werror.
  *
  * Options (all optional, see README.md):
  *   count        number of devices, 0..1024 (default 2); IDs are <prefix>-<i>
@@ -12,6 +13,10 @@
  *   numa_nodes   device i is on NUMA node i % numa_nodes; 0 = no NUMA (default 1)
  *   health_file  text file whose lines name unhealthy device IDs
  *   model        value of the `model` attribute (default "example-v1")
+ *   release_file       release appends "released <id>,<id>...\n" here
+ *   release_fail_file  text file whose lines name devices whose release fails
+ *                      (to watch the host retry; edit it to let a retry pass)
+ *   release_delay_ms   how long a release takes, 0..600000 (default 0)
  */
 #define _POSIX_C_SOURCE 200809L /* getline, nanosleep, struct stat.st_mtim */
 
@@ -32,6 +37,7 @@
 /* Longest prefix that keeps "<prefix>-1023" within the ABI's 63-byte ID limit. */
 #define MAX_PREFIX_LEN 58u
 #define WATCH_PERIOD_NS 50000000L /* 50 ms */
+#define MAX_RELEASE_DELAY_MS 600000u /* 10 min: long enough to outlast any call deadline */
 
 #if defined(__GNUC__)
 #define PRINTF_LIKE(fmt, args) __attribute__((format(printf, fmt, args)))
@@ -66,6 +72,9 @@ typedef struct example {
     char *prefix;
     char *model;
     char *health_file; /* NULL: every device is healthy */
+    char *release_file; /* NULL: releases are not recorded */
+    char *release_fail_file; /* NULL: every release succeeds */
+    unsigned release_delay_ms;
 
     pthread_t thread;      /* valid while `watching` */
     bool watching;         /* touched only by host calls, which never overlap */
@@ -150,14 +159,16 @@ static bool device_index(const example *ex, devhost_str id, unsigned *out) {
     return parse_uint(digits, ex->count - 1, out);
 }
 
-/* Marks the devices the health file names. A missing file means all healthy. */
-static devhost_status read_health(const example *ex, devhost_call *call, bool *unhealthy) {
-    if (ex->health_file == NULL) return DEVHOST_OK;
-    FILE *file = fopen(ex->health_file, "r");
+/* Marks the devices named by the lines of the file at `path` (the value of
+ * option `option`). No path or a missing file marks nothing. */
+static devhost_status read_id_file(const example *ex, devhost_call *call, const char *option,
+                                   const char *path, bool *marked) {
+    if (path == NULL) return DEVHOST_OK;
+    FILE *file = fopen(path, "r");
     if (file == NULL) {
         if (errno == ENOENT) return DEVHOST_OK;
-        return fail(ex->host, call, DEVHOST_ERR_UNAVAILABLE, "cannot open health_file \"%s\": %s",
-                    ex->health_file, strerror(errno));
+        return fail(ex->host, call, DEVHOST_ERR_UNAVAILABLE, "cannot open %s \"%s\": %s", option,
+                    path, strerror(errno));
     }
     char *line = NULL;
     size_t capacity = 0;
@@ -167,14 +178,13 @@ static devhost_status read_health(const example *ex, devhost_call *call, bool *u
         while (s.len > 0 && strchr(" \t\r\n", s.ptr[s.len - 1]) != NULL) s.len--;
         while (s.len > 0 && (s.ptr[0] == ' ' || s.ptr[0] == '\t')) s.ptr++, s.len--;
         unsigned index;
-        if (device_index(ex, s, &index)) unhealthy[index] = true; /* other IDs: not ours */
+        if (device_index(ex, s, &index)) marked[index] = true; /* other IDs: not ours */
     }
     free(line);
     bool failed = ferror(file) != 0;
     fclose(file);
     if (failed)
-        return fail(ex->host, call, DEVHOST_ERR_UNAVAILABLE, "cannot read health_file \"%s\"",
-                    ex->health_file);
+        return fail(ex->host, call, DEVHOST_ERR_UNAVAILABLE, "cannot read %s \"%s\"", option, path);
     return DEVHOST_OK;
 }
 
@@ -281,6 +291,8 @@ static void example_destroy(void *instance) {
     free(ex->prefix);
     free(ex->model);
     free(ex->health_file);
+    free(ex->release_file);
+    free(ex->release_fail_file);
     free(ex);
 }
 
@@ -294,8 +306,9 @@ static devhost_status example_create(const devhost_host_api *host, const devhost
         !HOST_HAS(host, add_annotation))
         return fail(host, call, DEVHOST_ERR_UNSUPPORTED, "the host API lacks a v1.0 callback");
 
-    unsigned count = 2, numa_nodes = 1;
+    unsigned count = 2, numa_nodes = 1, release_delay_ms = 0;
     devhost_str prefix = str_of("example"), model = str_of("example-v1"), health_file = {NULL, 0};
+    devhost_str release_file = {NULL, 0}, release_fail_file = {NULL, 0};
     for (size_t i = 0; i < option_count; i++) {
         devhost_kv opt = options[i];
         if (str_is(opt.key, "count")) {
@@ -320,10 +333,18 @@ static devhost_status example_create(const devhost_host_api *host, const devhost
             health_file = opt.value;
         } else if (str_is(opt.key, "model")) {
             model = opt.value;
+        } else if (str_is(opt.key, "release_file") || str_is(opt.key, "release_fail_file")) {
+            if (opt.value.len == 0 || memchr(opt.value.ptr, '\0', opt.value.len) != NULL)
+                return bad_option(host, call, opt, "is not a file path");
+            *(str_is(opt.key, "release_file") ? &release_file : &release_fail_file) = opt.value;
+        } else if (str_is(opt.key, "release_delay_ms")) {
+            if (!parse_uint(opt.value, MAX_RELEASE_DELAY_MS, &release_delay_ms))
+                return bad_option(host, call, opt, "is not a number between 0 and 600000");
         } else {
             return fail(host, call, DEVHOST_ERR_INVALID_ARGUMENT,
                         "unknown option \"%.*s\" (value \"%.*s\"); known options: count, prefix, "
-                        "numa_nodes, health_file, model",
+                        "numa_nodes, health_file, model, release_file, release_fail_file, "
+                        "release_delay_ms",
                         SHOW(opt.key), SHOW(opt.value));
         }
     }
@@ -339,7 +360,12 @@ static devhost_status example_create(const devhost_host_api *host, const devhost
     ex->prefix = str_dup(prefix);
     ex->model = str_dup(model);
     ex->health_file = health_file.len > 0 ? str_dup(health_file) : NULL;
-    if (ex->prefix == NULL || ex->model == NULL || (health_file.len > 0 && ex->health_file == NULL)) {
+    ex->release_file = release_file.len > 0 ? str_dup(release_file) : NULL;
+    ex->release_fail_file = release_fail_file.len > 0 ? str_dup(release_fail_file) : NULL;
+    ex->release_delay_ms = release_delay_ms;
+    if (ex->prefix == NULL || ex->model == NULL || (health_file.len > 0 && ex->health_file == NULL) ||
+        (release_file.len > 0 && ex->release_file == NULL) ||
+        (release_fail_file.len > 0 && ex->release_fail_file == NULL)) {
         example_destroy(ex);
         return fail(host, call, DEVHOST_ERR_INTERNAL, "out of memory");
     }
@@ -351,7 +377,7 @@ static devhost_status example_scan(void *instance, devhost_call *call) {
     example *ex = instance;
     bool *unhealthy = calloc(ex->count + 1u, sizeof *unhealthy);
     if (unhealthy == NULL) return fail(ex->host, call, DEVHOST_ERR_INTERNAL, "out of memory");
-    devhost_status st = read_health(ex, call, unhealthy);
+    devhost_status st = read_id_file(ex, call, "health_file", ex->health_file, unhealthy);
     /* Emitter failures are not fatal: the host logs and drops what it
      * refuses, so report the remaining devices anyway. */
     for (unsigned i = 0; st == DEVHOST_OK && i < ex->count; i++)
@@ -390,6 +416,55 @@ static devhost_status example_pre_start(void *instance, const devhost_str *ids, 
     return DEVHOST_OK;
 }
 
+/*
+ * ABI 1.1: the devices one container held are free again. A real driver
+ * resets or scrubs them here (it may block, within the call deadline); the
+ * host reports them Unhealthy until this returns OK, and retries a failure.
+ * The example "resets" by sleeping `release_delay_ms`, fails for the
+ * devices `release_fail_file` names, and records the call in `release_file`.
+ */
+static devhost_status example_release(void *instance, const devhost_str *ids, size_t count,
+                                      devhost_call *call) {
+    example *ex = instance;
+    if (ex->release_delay_ms > 0) { /* the "reset" */
+        struct timespec delay = {(time_t)(ex->release_delay_ms / 1000u),
+                                 (long)(ex->release_delay_ms % 1000u) * 1000000L};
+        while (nanosleep(&delay, &delay) != 0 && errno == EINTR) {
+        }
+    }
+    bool *failing = calloc(ex->count + 1u, sizeof *failing);
+    if (failing == NULL) return fail(ex->host, call, DEVHOST_ERR_INTERNAL, "out of memory");
+    devhost_status st =
+        read_id_file(ex, call, "release_fail_file", ex->release_fail_file, failing);
+    for (size_t i = 0; st == DEVHOST_OK && i < count; i++) {
+        unsigned index;
+        if (!device_index(ex, ids[i], &index)) /* NOT_FOUND: the host stops retrying */
+            st = fail(ex->host, call, DEVHOST_ERR_NOT_FOUND, "unknown device \"%.*s\"",
+                      SHOW(ids[i]));
+        else if (failing[index])
+            st = fail(ex->host, call, DEVHOST_ERR_UNAVAILABLE,
+                      "device \"%.*s\" did not come back from its reset", SHOW(ids[i]));
+    }
+    free(failing);
+    if (st != DEVHOST_OK) return st;
+    if (ex->release_file == NULL) return DEVHOST_OK;
+    char *joined = join_ids(ids, count);
+    if (joined == NULL) return fail(ex->host, call, DEVHOST_ERR_INTERNAL, "out of memory");
+    FILE *file = fopen(ex->release_file, "a");
+    if (file == NULL) {
+        free(joined);
+        return fail(ex->host, call, DEVHOST_ERR_UNAVAILABLE, "cannot open release_file \"%s\": %s",
+                    ex->release_file, strerror(errno));
+    }
+    bool written = fprintf(file, "released %s\n", joined) > 0;
+    written = fclose(file) == 0 && written;
+    free(joined);
+    if (!written)
+        return fail(ex->host, call, DEVHOST_ERR_UNAVAILABLE, "cannot write release_file \"%s\"",
+                    ex->release_file);
+    return DEVHOST_OK;
+}
+
 static devhost_status example_watch_start(void *instance, devhost_call *call) {
     example *ex = instance;
     if (ex->health_file == NULL || ex->watching) return DEVHOST_OK; /* nothing to watch */
@@ -425,6 +500,7 @@ static const devhost_driver_desc DESCRIPTOR = {
     .pre_start = example_pre_start,
     .watch_start = example_watch_start,
     .watch_stop = example_watch_stop,
+    .release = example_release, /* ABI 1.1; a 1.0 host ignores it */
 };
 
 /* The only exported symbol. Everything above is static. */

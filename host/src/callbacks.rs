@@ -18,6 +18,7 @@ pub enum CallKind {
     Preferred,
     PreStart,
     Watch,
+    Release,
 }
 
 /// What one call collected. Behind a mutex because a driver may emit from

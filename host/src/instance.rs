@@ -344,6 +344,22 @@ impl Instance {
         self.check("pre_start", status, state).map(drop)
     }
 
+    /// The driver's release hook (ABI 1.1) for the devices one container let
+    /// go of. `Ok(false)`: the driver has no hook, nothing was called.
+    pub async fn release(&self, ids: Vec<String>) -> Result<bool, CallError> {
+        let Some(f) = self.module.release() else { return Ok(false) };
+        let (status, state) = self
+            .run("release", move |inst, _| {
+                let views = str_views(&ids);
+                let ctx = CallCtx::new(CallKind::Release);
+                // SAFETY: views borrow `ids`, alive for the call.
+                let status = unsafe { f(inst, views.as_ptr(), views.len(), ctx.as_raw()) };
+                (status, ctx.into_state())
+            })
+            .await?;
+        self.check("release", status, state).map(|_| true)
+    }
+
     /// Stops the worker: watch_stop and destroy run on it after queued calls.
     /// A hung worker keeps its thread; the module is never unloaded anyway.
     pub fn shutdown(&self) {

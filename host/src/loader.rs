@@ -144,6 +144,10 @@ impl Module {
     pub fn watch_stop(&self) -> Option<abi::WatchStopFn> {
         optional_field!(self, watch_stop)
     }
+    /// ABI 1.1; a 1.0 descriptor ends before it, so a 1.0 module has none.
+    pub fn release(&self) -> Option<abi::IdsFn> {
+        optional_field!(self, release)
+    }
     pub fn concurrent(&self) -> bool {
         self.desc.capabilities & abi::DEVHOST_CAP_CONCURRENT != 0
     }
@@ -163,6 +167,9 @@ impl Module {
         if self.watch_start().is_some() {
             caps.push("watch");
         }
+        if self.release().is_some() {
+            caps.push("release");
+        }
         if self.concurrent() {
             caps.push("concurrent");
         }
@@ -172,4 +179,80 @@ impl Module {
     pub fn abi_version(&self) -> String {
         format!("{}.{}", self.desc.abi_major, self.desc.abi_minor)
     }
+}
+
+/// Why a module file is not trusted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TrustError {
+    #[error("{path}: cannot inspect: {detail}")]
+    Inspect { path: PathBuf, detail: String },
+    #[error("{path}: {what} is writable by {who} (mode {mode:04o}); refusing to load code anyone else can replace")]
+    Writable { path: PathBuf, what: &'static str, who: &'static str, mode: u32 },
+    #[error("{path}: {what} is owned by uid {uid}, not by root or the daemon's user (uid {euid})")]
+    Owner { path: PathBuf, what: &'static str, uid: u32, euid: u32 },
+    #[error("{path}: sha256 mismatch: the manifest pins {expected}, the file is {found}")]
+    Sha256 { path: PathBuf, expected: String, found: String },
+}
+
+/// Checks that a module file, and the folder holding it, can only have
+/// been written by root (or the user the daemon runs as), and that its
+/// SHA-256 matches the manifest's pin if there is one. Symbolic links are
+/// followed: the file that `dlopen` would map is the one checked.
+pub fn check_trust(path: &Path, sha256_pin: Option<&str>) -> Result<(), Vec<TrustError>> {
+    use std::os::unix::fs::MetadataExt;
+    let inspect = |p: &Path, e: std::io::Error| TrustError::Inspect { path: p.to_path_buf(), detail: e.to_string() };
+    let real = std::fs::canonicalize(path).map_err(|e| vec![inspect(path, e)])?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    let mut problems = Vec::new();
+    let folder = real.parent().unwrap_or(Path::new("/")).to_path_buf();
+    for (p, what) in [(&real, "module file"), (&folder, "its folder")] {
+        let meta = match std::fs::metadata(p) {
+            Ok(m) => m,
+            Err(e) => {
+                problems.push(inspect(p, e));
+                continue;
+            }
+        };
+        let mode = meta.mode() & 0o7777;
+        // Group/other write on the folder lets someone swap the file (or, with the
+        // sticky bit, plant one the manifest names before it exists): refuse both.
+        let writable = match (mode & 0o020 != 0, mode & 0o002 != 0) {
+            (true, true) => Some("group and others"),
+            (true, false) => Some("its group"),
+            (false, true) => Some("others"),
+            (false, false) => None,
+        };
+        if let Some(who) = writable {
+            problems.push(TrustError::Writable { path: p.clone(), what, who, mode });
+        }
+        if meta.uid() != 0 && meta.uid() != euid {
+            problems.push(TrustError::Owner { path: p.clone(), what, uid: meta.uid(), euid });
+        }
+    }
+    if let Some(expected) = sha256_pin {
+        match sha256_file(&real) {
+            Ok(found) if found.eq_ignore_ascii_case(expected) => {}
+            Ok(found) => problems.push(TrustError::Sha256 { path: real.clone(), expected: expected.to_string(), found }),
+            Err(e) => problems.push(inspect(&real, e)),
+        }
+    }
+    if problems.is_empty() { Ok(()) } else { Err(problems) }
+}
+
+/// The SHA-256 of a file as lower-case hex.
+pub fn sha256_file(path: &Path) -> std::io::Result<String> {
+    use sha2::Digest;
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)?;
+    let mut hasher = sha2::Sha256::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }

@@ -14,6 +14,9 @@ struct Cli {
     /// Log output format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
     log_format: LogFormat,
+    /// Load driver modules even when others could have written them (development only).
+    #[arg(long, global = true)]
+    allow_untrusted_modules: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -82,8 +85,11 @@ fn init_logs(format: LogFormat, quiet: bool) {
     }
 }
 
+static ALLOW_UNTRUSTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    ALLOW_UNTRUSTED.store(cli.allow_untrusted_modules, std::sync::atomic::Ordering::Relaxed);
     init_logs(cli.log_format, matches!(cli.command, Command::Sim { .. } | Command::Demo { .. }));
     let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,
@@ -112,7 +118,13 @@ fn main() -> ExitCode {
 
 fn load_manifest(path: &Path, kubelet_dir: Option<&Path>) -> Option<Manifest> {
     match Manifest::load(path, kubelet_dir) {
-        Ok(m) => {
+        Ok(mut m) => {
+            if ALLOW_UNTRUSTED.load(std::sync::atomic::Ordering::Relaxed) {
+                m.allow_untrusted_modules = true;
+            }
+            if m.allow_untrusted_modules {
+                tracing::warn!("module trust checks are relaxed: modules others can write will be loaded");
+            }
             for w in &m.warnings {
                 tracing::warn!("{w}");
             }
@@ -332,16 +344,23 @@ fn drivers(dir: &Path) -> ExitCode {
     }
     for p in paths {
         let file = p.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+        let trust = match devhost::loader::check_trust(&p, None) {
+            Ok(()) => String::new(),
+            Err(problems) => {
+                let text: Vec<String> = problems.iter().map(|e| e.to_string()).collect();
+                format!("\n    UNTRUSTED (refused unless allow_untrusted_modules): {}", text.join("; "))
+            }
+        };
         match devhost::loader::load(&p) {
             Ok(m) => println!(
-                "{file}: {} {} (ABI {}) [{}]{}",
+                "{file}: {} {} (ABI {}) [{}]{}{trust}",
                 m.name,
                 m.version,
                 m.abi_version(),
                 m.capabilities().join(", "),
                 if m.description.is_empty() { String::new() } else { format!(" — {}", m.description) }
             ),
-            Err(e) => println!("{file}: cannot be loaded: {e}"),
+            Err(e) => println!("{file}: cannot be loaded: {e}{trust}"),
         }
     }
     ExitCode::SUCCESS

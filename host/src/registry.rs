@@ -91,12 +91,26 @@ pub struct Registry {
     logged: Mutex<HashSet<(String, String)>>,
 }
 
-/// Finds and loads a driver's module; the same file is loaded once.
-fn resolve(cfg: &DriverConfig, cache: &mut HashMap<PathBuf, Result<Module, String>>) -> Result<Module, String> {
+/// Finds a driver's module, checks that it can be trusted, and loads it;
+/// the same file is loaded once.
+fn resolve(
+    cfg: &DriverConfig,
+    allow_untrusted: bool,
+    cache: &mut HashMap<PathBuf, Result<Module, String>>,
+) -> Result<Module, String> {
     let Some(path) = cfg.module_candidates.iter().find(|p| p.exists()) else {
         let tried: Vec<String> = cfg.module_candidates.iter().map(|p| p.display().to_string()).collect();
         return Err(format!("driver {}: no module file found (tried {})", cfg.name, tried.join(", ")));
     };
+    if let Err(problems) = loader::check_trust(path, cfg.sha256.as_deref()) {
+        let text: Vec<String> = problems.iter().map(|p| p.to_string()).collect();
+        // A pin is an explicit operator request: never relaxed.
+        let pinned = problems.iter().any(|p| matches!(p, loader::TrustError::Sha256 { .. }));
+        if !allow_untrusted || pinned {
+            return Err(format!("driver {}: untrusted module: {}", cfg.name, text.join("; ")));
+        }
+        tracing::warn!(driver = %cfg.name, "LOADING AN UNTRUSTED MODULE (allow_untrusted_modules is set): {}", text.join("; "));
+    }
     cache
         .entry(path.clone())
         .or_insert_with(|| loader::load(path).map_err(|e| format!("driver {}: {e}", cfg.name)))
@@ -149,7 +163,7 @@ impl Registry {
                 Some(e) => retire(e),
                 None => {}
             }
-            let slot = match resolve(cfg, &mut cache) {
+            let slot = match resolve(cfg, manifest.allow_untrusted_modules, &mut cache) {
                 Err(e) => Slot::Failed(e),
                 Ok(module) => match Instance::create(name, module, &cfg.options, cfg.call_timeout).await {
                     Ok(inst) => Slot::Ready(inst),

@@ -152,9 +152,9 @@ fn drivers_command_lists_good_and_bad_modules() {
     build_bad(dir.path(), "BAD_MAJOR");
     let (code, out, _) = devhost(&["drivers", "--dir", dir.path().to_str().unwrap()]);
     assert_eq!(code, 0);
-    assert!(out.contains("libdevhost_example_c.so: example-c") && out.contains("(ABI 1.0)"), "{out}");
-    assert!(out.contains("allocate, pre_start, watch"), "{out}");
-    assert!(out.contains("libdevhost_testdrv.so: testdrv 0.0.1 (ABI 1.0) [allocate, preferred_allocation, pre_start, watch]"), "{out}");
+    assert!(out.contains("libdevhost_example_c.so: example-c") && out.contains("(ABI 1.1)"), "{out}");
+    assert!(out.contains("allocate, pre_start, watch, release"), "{out}");
+    assert!(out.contains("libdevhost_testdrv.so: testdrv 0.0.1 (ABI 1.1) [allocate, preferred_allocation, pre_start, watch]"), "{out}");
     assert!(out.contains("libbad_major.so: cannot be loaded") && out.contains("unsupported ABI major version 2"), "{out}");
 }
 
@@ -174,6 +174,59 @@ async fn frozen_v1_0_driver_loads_and_works_in_this_host() {
     let resp = kubelet.allocate("example.com/compat", vec![vec!["compat-1".into(), "compat-2".into()]]).await.unwrap();
     assert_eq!(env_of(&resp, 0, "COMPAT_ALLOCATED").as_deref(), Some("2"));
     assert_eq!(env_of(&resp, 0, "COMPAT_DEVICE").as_deref(), Some("compat-1,compat-2"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frozen_v1_1_driver_loads_and_releases_beside_the_v1_0_one() {
+    let node = Node::new();
+    let mut manifest = String::new();
+    for minor in ["0", "1"] {
+        let dir = repo_root().join(format!("tests/compat/v1_{minor}"));
+        let so = node.path().join(format!("libcompat_v1_{minor}.so"));
+        compile_c(&dir.join("driver.c"), &so, &dir);
+        manifest += &format!(
+            "[driver.compat{minor}]\nmodule = \"{}\"\n[[resource]]\nname = \"example.com/compat{minor}\"\ndriver = \"compat{minor}\"\n",
+            so.display()
+        );
+    }
+    let m = node.write_manifest(&manifest);
+    let kubelet = Kubelet::start(&node.kubelet_dir()).unwrap();
+    let _d = Daemon::start(&m, &node.kubelet_dir());
+    for resource in ["example.com/compat0", "example.com/compat1"] {
+        let devs = kubelet.wait_devices(resource, WAIT, |d| d.len() == 3).await.unwrap();
+        assert_eq!(devs[0].id, "compat-0", "{resource}");
+        kubelet.allocate(resource, vec![vec!["compat-1".into()]]).await.unwrap();
+    }
+    let resp = kubelet.allocate("example.com/compat0", vec![vec!["compat-2".into()]]).await.unwrap();
+    assert_eq!(env_of(&resp, 0, "COMPAT_ALLOCATED").as_deref(), Some("1"));
+
+    // The hook 1.1 added, called the way the host's release runner calls it.
+    let module = devhost::loader::load(&node.path().join("libcompat_v1_1.so")).unwrap();
+    assert_eq!((module.name, module.abi_version().as_str()), ("compat-v1.1", "1.1"));
+    assert_eq!(module.capabilities(), ["release"]);
+    let timeout = std::time::Duration::from_secs(5);
+    let inst = devhost::instance::Instance::create("compat11", module, &[], timeout).await.unwrap();
+    assert!(inst.release(vec!["compat-2".into()]).await.unwrap(), "the v1.1 driver has a release hook");
+    let scan = inst.scan().await.unwrap().devices;
+    let released: Vec<&str> = scan.iter().map(|d| d.attributes["released"].as_str()).collect();
+    assert_eq!(released, ["0", "0", "1"]);
+    let err = inst.release(vec!["gpu-7".into()]).await.unwrap_err().to_string();
+    assert!(err.contains("release failed (NOT_FOUND)"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frozen_v1_0_driver_has_no_release_hook() {
+    // A 1.0 descriptor ends before `release`: the host must not read past it.
+    let node = Node::new();
+    let so = node.path().join("libcompat_v1_0.so");
+    compile_c(&repo_root().join("tests/compat/v1_0/driver.c"), &so, &repo_root().join("tests/compat/v1_0"));
+    let module = devhost::loader::load(&so).unwrap();
+    assert_eq!(module.declared, devhost_abi::DESC_SIZE_V1_0);
+    assert!(module.release().is_none());
+    assert_eq!(module.capabilities(), ["allocate"]);
+    let timeout = std::time::Duration::from_secs(5);
+    let inst = devhost::instance::Instance::create("compat10", module, &[], timeout).await.unwrap();
+    assert!(!inst.release(vec!["compat-0".into()]).await.unwrap(), "a 1.0 driver was called for release");
 }
 
 #[test]

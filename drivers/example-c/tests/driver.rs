@@ -58,7 +58,7 @@ fn host_loader_accepts_the_descriptor() {
     assert_eq!(m.declared, size_of::<devhost_driver_desc>());
     assert_eq!((m.desc.reserved0, m.desc.capabilities), (0, 0));
     // No preferred_allocation: the example relies on the host's default.
-    assert_eq!(m.capabilities(), ["allocate", "pre_start", "watch"]);
+    assert_eq!(m.capabilities(), ["allocate", "pre_start", "watch", "release"]);
     assert!(m.watch_stop().is_some() && m.desc.destroy.is_some());
 }
 

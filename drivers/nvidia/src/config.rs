@@ -120,14 +120,20 @@ impl Config {
         Ok(Config {
             nvml_lib: options.get_or("nvml_lib", "libnvidia-ml.so.1").to_string(),
             sysfs_root: PathBuf::from(options.get_or("sysfs_root", "/sys")),
-            devfs_root: PathBuf::from(options.get_or("devfs_root", "/dev")),
-            driver_root: PathBuf::from(options.get_or("driver_root", "/")),
+            // Host paths handed to the kubelet must be absolute.
+            devfs_root: absolute(options.get_or("devfs_root", "/dev")),
+            driver_root: absolute(options.get_or("driver_root", "/")),
             id_strategy,
             list,
             cdi_kind,
             health: HealthConfig { ignored_xids, recovery_period, without_events },
         })
     }
+}
+
+/// `path` made absolute against the working directory (no symlinks resolved).
+fn absolute(path: &str) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| PathBuf::from(path))
 }
 
 fn bad(option: &str, value: &str, expected: &str) -> Error {
@@ -196,6 +202,14 @@ mod tests {
     fn unknown_option_is_rejected() {
         let e = Config::from_options(&opts(&[("mig_strategy", "mixed")])).unwrap_err();
         assert!(e.message.contains("mig_strategy"), "{e}");
+    }
+
+    #[test]
+    fn relative_host_roots_become_absolute() {
+        let c = Config::from_options(&opts(&[("devfs_root", "sim/dev"), ("driver_root", "sim/driver")])).unwrap();
+        let cwd = std::env::current_dir().unwrap();
+        assert_eq!(c.devfs_root, cwd.join("sim/dev"));
+        assert_eq!(c.driver_root, cwd.join("sim/driver"));
     }
 
     #[test]

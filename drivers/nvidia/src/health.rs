@@ -347,30 +347,39 @@ impl<'n> Events<'n> {
             log::info!("GPU {who}: Xid {xid} ignored (listed in ignored_xids)");
             return;
         }
-        match who {
-            Some(uuid) => self.mark(&uuid, &format!("critical Xid {xid}")),
-            None => {
-                // An error nobody can place: every GPU is suspect; recovery sorts them out.
-                log::warn!("critical Xid {xid} on a GPU NVML cannot name; marking every GPU Unhealthy");
-                for uuid in uuids {
-                    self.mark(&uuid, &format!("critical Xid {xid} on an unidentified GPU"));
-                }
+        if let Some(uuid) = who {
+            self.mark(&uuid, &format!("critical Xid {xid}"));
+            return;
+        }
+        // NVML cannot name the GPU, typically because it no longer answers:
+        // blame the GPUs that fail a probe, and only if none does, all of them
+        // (recovery then restores the innocent ones).
+        if self.mark_failing(&format!("critical Xid {xid}")) == 0 {
+            log::warn!("critical Xid {xid} on a GPU NVML cannot name; marking every GPU Unhealthy");
+            for uuid in uuids {
+                self.mark(&uuid, &format!("critical Xid {xid} on an unidentified GPU"));
             }
         }
     }
 
     /// After NVML reported a lost GPU: find which by asking each one.
     fn find_lost(&mut self) {
-        let mut found = false;
-        for uuid in self.board.uuids() {
-            if let Err(e) = probe(self.nvml, &uuid) {
-                found = true;
-                self.mark(&uuid, &format!("lost: {e}"));
-            }
-        }
-        if !found {
+        if self.mark_failing("lost") == 0 {
             log::warn!("NVML reported a lost GPU, but every GPU answers");
         }
+    }
+
+    /// Marks every GPU that fails a probe, with `why` and the NVML error;
+    /// returns how many failed.
+    fn mark_failing(&mut self, why: &str) -> usize {
+        let mut failed = 0;
+        for uuid in self.board.uuids() {
+            if let Err(e) = probe(self.nvml, &uuid) {
+                failed += 1;
+                self.mark(&uuid, &format!("{why}: {e}"));
+            }
+        }
+        failed
     }
 
     /// Unhealthy GPUs that are watched and have answered for the whole

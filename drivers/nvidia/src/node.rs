@@ -142,6 +142,12 @@ pub fn build_devices(
 ) -> Vec<Device> {
     let mut devices = Vec::new();
     if config.list.device_nodes {
+        if inventory.gpus.iter().any(|g| g.mig.as_ref().is_some_and(|m| !m.is_empty())) {
+            log::warn!(
+                "device_list_strategy device-nodes: MIG devices get their parent's /dev/nvidiaN but not the \
+                 /dev/nvidia-caps access nodes CUDA needs for MIG; add envvar or cdi for MIG resources"
+            );
+        }
         for gpu in &inventory.gpus {
             if let Some(minor) = gpu.minor
                 && !config.devfs_root.join(format!("nvidia{minor}")).exists()

@@ -89,6 +89,21 @@ fn a_lost_gpu_is_unhealthy_until_it_answers_again() {
 }
 
 #[test]
+fn an_xid_from_a_gpu_that_no_longer_answers_marks_only_that_gpu() {
+    let (gpus, machine) = four_gpus("");
+    let fx = Fixture::new(&gpus, &machine);
+    let node = fx.open(&[("recovery_period", "never")]);
+    node.watch_start();
+    // Read in one go by the fake: the event names a GPU whose UUID NVML can no longer read.
+    fx.control("xid 2 79\nlost 2");
+    assert!(wait_until(SOON, || !healthy(&node, 2)));
+    // The thread pauses one tick (500 ms) after a lost GPU before it reads the Xid.
+    std::thread::sleep(Duration::from_millis(1200));
+    assert!(healthy(&node, 0) && healthy(&node, 1) && healthy(&node, 3), "the other GPUs were marked");
+    node.watch_stop();
+}
+
+#[test]
 fn an_xid_on_a_mig_gpu_makes_all_its_mig_devices_unhealthy() {
     let mut gpus = vec![gpu(0, "0000:18:00.0", 0), gpu(1, "0000:2a:00.0", 0)];
     gpus[1].extra = "mig_mode = true".into();

@@ -351,3 +351,49 @@ fn install_logger(host: Host) {
         log::set_max_level(log::LevelFilter::Debug);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Hooks, Scan};
+
+    struct Plain;
+    struct Releasing;
+
+    impl Driver for Plain {
+        fn create(_: Host, _: &Options) -> crate::Result<Self> {
+            Ok(Plain)
+        }
+        fn scan(&self, _: &mut Scan<'_>) -> crate::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Driver for Releasing {
+        const HOOKS: Hooks = Hooks { release: true, ..Hooks::NONE };
+        fn create(_: Host, _: &Options) -> crate::Result<Self> {
+            Ok(Releasing)
+        }
+        fn scan(&self, _: &mut Scan<'_>) -> crate::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn desc<D: Driver>() -> abi::devhost_driver_desc {
+        descriptor::<D>(c"t".as_ptr(), c"0".as_ptr(), std::ptr::null())
+    }
+
+    #[test]
+    fn release_is_in_the_descriptor_only_with_the_hook() {
+        assert!(desc::<Plain>().release.is_none());
+        assert!(desc::<Releasing>().release.is_some());
+    }
+
+    #[test]
+    fn descriptor_declares_the_1_1_size_and_version() {
+        let d = desc::<Releasing>();
+        assert_eq!(d.struct_size as usize, std::mem::size_of::<abi::devhost_driver_desc>());
+        assert!(d.struct_size as usize > abi::DESC_SIZE_V1_0, "release lies past the v1.0 descriptor");
+        assert_eq!((d.abi_major, d.abi_minor), (1, 1));
+    }
+}

@@ -24,6 +24,7 @@ struct RawTop {
     kubelet_dir: Option<Spanned<String>>,
     driver_dir: Option<Spanned<String>>,
     call_timeout: Option<DurationSetting>,
+    allow_untrusted_modules: Option<bool>,
     // Walked separately, entry by entry, so one bad entry does not hide the others; listed here
     // so that unknown-key messages name them.
     #[serde(rename = "driver")]
@@ -39,6 +40,7 @@ struct RawDriver {
     poll_interval: Option<DurationSetting>,
     call_timeout: Option<DurationSetting>,
     options: Option<Spanned<toml::Table>>,
+    sha256: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -99,7 +101,9 @@ pub(super) fn parse(text: &str, path: &Path, kubelet_dir_override: Option<&Path>
     if let Some(resources) = table.get("resource") {
         builder.resources(resources);
     }
-    builder.finish(path)
+    let mut manifest = builder.finish(path)?;
+    manifest.allow_untrusted_modules = top.allow_untrusted_modules.unwrap_or(false);
+    Ok(manifest)
 }
 
 /// A directory key: relative paths are taken from the manifest's folder, so a manifest and its
@@ -173,6 +177,15 @@ impl Builder<'_> {
                 }
                 None => Vec::new(),
             };
+            let sha256 = raw.sha256.as_ref().and_then(|pin| {
+                let hex = pin.get_ref().to_ascii_lowercase();
+                if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    Some(hex)
+                } else {
+                    self.diags.error(pin.span(), &format!("{section}.sha256"), "expected 64 hexadecimal digits");
+                    None
+                }
+            });
             self.declared_at.insert(name_text.clone(), value.span().start);
             let config = DriverConfig {
                 name: name_text.clone(),
@@ -181,14 +194,21 @@ impl Builder<'_> {
                 poll_interval: raw.poll_interval.map(|d| d.0),
                 call_timeout: raw.call_timeout.map_or(self.default_timeout, |d| d.0),
                 implicit: false,
+                sha256,
             };
             self.drivers.insert(name_text, config);
         }
     }
 
-    /// `libdevhost_X.so` first (the name our build produces), then a plain `X.so`.
+    /// `libdevhost_X.so` first (the name our build produces; cargo spells `-` as `_`), then a
+    /// plain `X.so`.
     fn conventional_modules(&self, driver: &str) -> Vec<PathBuf> {
-        vec![self.driver_dir.join(format!("libdevhost_{driver}.so")), self.driver_dir.join(format!("{driver}.so"))]
+        let mut names = vec![format!("libdevhost_{driver}.so")];
+        if driver.contains('-') {
+            names.push(format!("libdevhost_{}.so", driver.replace('-', "_")));
+        }
+        names.push(format!("{driver}.so"));
+        names.into_iter().map(|n| self.driver_dir.join(n)).collect()
     }
 
     fn resources(&mut self, resources: &Spanned<DeValue<'_>>) {
@@ -246,6 +266,7 @@ impl Builder<'_> {
                     poll_interval: None,
                     call_timeout: self.default_timeout,
                     implicit: true,
+                    sha256: None,
                 };
                 self.drivers.insert(driver.clone(), config);
             }
@@ -290,6 +311,7 @@ impl Builder<'_> {
             drivers: self.drivers,
             resources: self.resources,
             warnings,
+            allow_untrusted_modules: false,
         })
     }
 }

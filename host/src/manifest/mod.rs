@@ -44,6 +44,9 @@ pub struct Manifest {
     pub resources: Vec<ResourceConfig>,
     /// Things that are allowed but probably unintended, e.g. a driver no resource uses.
     pub warnings: Vec<String>,
+    /// Load modules even when their file or folder is writable by others or owned by someone
+    /// else (development only; logged loudly).
+    pub allow_untrusted_modules: bool,
 }
 
 /// One driver instance: a module plus the options it is created with.
@@ -61,6 +64,8 @@ pub struct DriverConfig {
     pub call_timeout: Duration,
     /// True when no `[driver.X]` table exists and the instance comes from a resource's `driver`.
     pub implicit: bool,
+    /// Expected SHA-256 of the module file (lower-case hex), if pinned.
+    pub sha256: Option<String>,
 }
 
 /// One extended resource advertised to the kubelet.

@@ -44,7 +44,8 @@ fn misbehave_create(options: &Options) -> Result<()> {
 }
 
 impl Driver for TestDriver {
-    const HOOKS: Hooks = Hooks { allocate: true, preferred_allocation: true, pre_start: true, watch: true, ..Hooks::NONE };
+    const HOOKS: Hooks =
+        Hooks { allocate: true, preferred_allocation: true, pre_start: true, watch: true, ..Hooks::NONE };
 
     fn create(host: Host, options: &Options) -> Result<Self> {
         options.deny_unknown(&["count", "prefix", "panic_in", "hang_in", "hang_ms", "fail_create", "bad_ids", "propose"])?;

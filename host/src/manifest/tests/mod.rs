@@ -121,6 +121,32 @@ fn undeclared_driver_is_implicit_with_conventional_candidates_in_order() {
 }
 
 #[test]
+fn a_hyphenated_driver_name_also_finds_the_cargo_spelling() {
+    let text = "driver_dir = \"/d\"\n[[resource]]\nname = \"a.com/b\"\ndriver = \"example-c\"\n";
+    let manifest = parse(text).unwrap();
+    let candidates = &manifest.drivers["example-c"].module_candidates;
+    assert_eq!(
+        candidates,
+        &vec![
+            PathBuf::from("/d/libdevhost_example-c.so"),
+            PathBuf::from("/d/libdevhost_example_c.so"),
+            PathBuf::from("/d/example-c.so")
+        ]
+    );
+}
+
+#[test]
+fn trust_settings_are_read() {
+    let pin = "AB".repeat(32);
+    let text = format!("allow_untrusted_modules = true\n[driver.x]\nsha256 = \"{pin}\"\n[[resource]]\nname = \"a.com/b\"\ndriver = \"x\"\n");
+    let manifest = parse(&text).unwrap();
+    assert!(manifest.allow_untrusted_modules);
+    assert_eq!(manifest.drivers["x"].sha256.as_deref(), Some("ab".repeat(32).as_str()));
+    let plain = parse("[[resource]]\nname = \"a.com/b\"\ndriver = \"x\"\n").unwrap();
+    assert!(!plain.allow_untrusted_modules);
+}
+
+#[test]
 fn declared_driver_without_module_uses_the_convention() {
     let text = "driver_dir = \"/d\"\n[driver.gpu]\npoll_interval = 60\n\
                 [[resource]]\nname = \"a.com/b\"\ndriver = \"gpu\"\n";
