@@ -1,12 +1,16 @@
-//! Compiles `v1beta1/api.proto` with protox (pure Rust), so building needs no
-//! system `protoc`, then generates tonic clients and servers for both services.
+//! Compiles `v1beta1/api.proto` (Device Plugin API) and
+//! `podresources/v1/api.proto` (PodResources API) with protox (pure Rust), so
+//! building needs no system `protoc`, then generates tonic clients and servers
+//! for every service.
 
 use std::error::Error;
 
 fn main() -> Result<(), Box<dyn Error>> {
-    let proto = "v1beta1/api.proto";
-    println!("cargo:rerun-if-changed={proto}");
-    let fds = protox::compile([proto], ["."])?;
+    let protos = ["v1beta1/api.proto", "podresources/v1/api.proto"];
+    for proto in protos {
+        println!("cargo:rerun-if-changed={proto}");
+    }
+    let fds = protox::compile(protos, ["."])?;
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)

@@ -31,6 +31,20 @@ fn idle_of(start: ProcStat, end: ProcStat, rss_max_kib: u64, secs: f64) -> Idle 
     }
 }
 
+/// Threads that ran during the window, busiest first: `name (tid N): 0.012 %`.
+fn busy_threads(before: &[(u32, String, u64)], after: &[(u32, String, u64)], secs: f64) -> Vec<String> {
+    let mut v: Vec<(u64, String)> = after
+        .iter()
+        .map(|(tid, name, ns)| {
+            let was = before.iter().find(|(t, _, _)| t == tid).map(|(_, _, n)| *n).unwrap_or(0);
+            (ns.saturating_sub(was), format!("`{name}` (tid {tid})"))
+        })
+        .filter(|(d, _)| *d > 0)
+        .collect();
+    v.sort_by(|a, b| b.0.cmp(&a.0));
+    v.into_iter().map(|(d, name)| format!("{name}: {:.4} %", d as f64 / 1e9 / secs * 100.0)).collect()
+}
+
 fn mib(kib: u64) -> String {
     format!("{:.1} MiB", kib as f64 / 1024.0)
 }
@@ -47,6 +61,7 @@ pub async fn run(art: &Artifacts, demo: &Demo, idle: Duration, report: &mut Repo
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     let (d0, n0) = (proc_stat(daemon.pid())?, proc_stat(null.pid())?);
+    let threads0 = node::threads(daemon.pid());
     let (mut d_max, mut n_max) = (d0.rss_kib, n0.rss_kib);
     let t = Instant::now();
     while t.elapsed() < idle {
@@ -57,6 +72,7 @@ pub async fn run(art: &Artifacts, demo: &Demo, idle: Duration, report: &mut Repo
     }
     let secs = t.elapsed().as_secs_f64();
     let (d1, n1) = (proc_stat(daemon.pid())?, proc_stat(null.pid())?);
+    let busy = busy_threads(&threads0, &node::threads(daemon.pid()), secs);
     let (d, n) = (idle_of(d0, d1, d_max, secs), idle_of(n0, n1, n_max, secs));
     drop((daemon, null));
 
@@ -95,11 +111,13 @@ pub async fn run(art: &Artifacts, demo: &Demo, idle: Duration, report: &mut Repo
              `/proc/<pid>/status`, sampled every second; CPU is `utime + stime` of `/proc/<pid>/stat` (clock ticks \
              of 1/{} s) and, for resolution, the sum of the threads' `schedstat` run time.\n\n\
              | Process | RSS max | RSS at end | CPU (utime+stime) | CPU (schedstat) | threads |\n\
-             | --- | --- | --- | --- | --- | --- |\n{}{}",
+             | --- | --- | --- | --- | --- | --- |\n{}{}\n\
+             Where devhost's idle CPU went (threads that ran at all, by schedstat): {}.\n",
             demo.notes,
             node::clock_ticks(),
             row("devhost", &d),
-            row("null plugin (baseline)", &n)
+            row("null plugin (baseline)", &n),
+            if busy.is_empty() { "none".to_string() } else { busy.join(", ") }
         ),
     );
     Ok(())

@@ -213,6 +213,22 @@ pub fn proc_stat(pid: u32) -> Result<ProcStat> {
     Ok(ProcStat { ticks, run_ns, rss_kib: field("VmRSS:"), threads: field("Threads:") })
 }
 
+/// Each thread of a process: (tid, name, on-CPU nanoseconds from schedstat).
+pub fn threads(pid: u32) -> Vec<(u32, String, u64)> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
+    let mut out = Vec::new();
+    for t in tasks.flatten() {
+        let Some(tid) = t.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        let name = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default().trim().to_string();
+        let ns = std::fs::read_to_string(t.path().join("schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()))
+            .unwrap_or(0);
+        out.push((tid, name, ns));
+    }
+    out
+}
+
 /// Clock ticks per second for utime/stime.
 pub fn clock_ticks() -> u64 {
     // SAFETY: sysconf has no preconditions.

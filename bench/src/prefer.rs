@@ -144,7 +144,8 @@ impl Rng {
     }
 }
 
-fn binomial(n: usize, k: usize) -> u128 {
+/// C(n, k).
+pub fn binomial(n: usize, k: usize) -> u128 {
     (0..k).fold(1u128, |acc, i| acc * (n - i) as u128 / (i as u128 + 1))
 }
 

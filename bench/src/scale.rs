@@ -144,15 +144,21 @@ fn policy_section() -> String {
     let mut body = String::from(
         "\n### The preferred-allocation policy, called directly\n\n\
          `devhost::preferred::choose` with link scores looked up by ID pair, as the endpoint does; 8 devices \
-         wanted. C(n, 8) is above 20,000 for every n here, so this is the greedy search.\n\n\
-         | available devices | calls | p50 | p99 |\n| --- | --- | --- | --- |\n",
+         wanted, on the bench driver's topology. devhost searches exhaustively up to 20,000 combinations and \
+         greedily above.\n\n\
+         | available devices | combinations | search | calls | p50 | p99 |\n| --- | --- | --- | --- | --- | --- |\n",
     );
     let mut last = Duration::ZERO;
     for (n, reps) in [(16, 200), (64, 100), (256, 10), (1024, 3), (DEVICES, 1)] {
         // Skip sizes the quadratic growth would make take more than ~20 s.
         let ratio = (n as f64 / 256.0).powi(2);
+        let combos = prefer::binomial(n, 8);
+        let search = if combos <= 20_000 { "exhaustive" } else { "greedy" };
+        let combos = if combos < 1_000_000 { combos.to_string() } else { format!("{:.1e}", combos as f64) };
+        let head = format!("| {n} | {combos} | {search} |");
         if n > 256 && last.as_secs_f64() * ratio > 20.0 {
-            body.push_str(&format!("| {n} | skipped: ~{:.0} s expected from the smaller sizes | | |\n", last.as_secs_f64() * ratio));
+            let guess = last.as_secs_f64() * ratio;
+            body.push_str(&format!("{head} skipped | ~{guess:.0} s expected (quadratic from 256) | |\n"));
             continue;
         }
         let (s, _) = prefer::time_choose(n, 8, reps, Duration::from_secs(20));
@@ -160,7 +166,7 @@ fn policy_section() -> String {
             if n == 256 {
                 last = x.p50;
             }
-            body.push_str(&format!("| {n} | {} | {} | {} |\n", x.n, fmt_dur(x.p50), fmt_dur(x.p99)));
+            body.push_str(&format!("{head} {} | {} | {} |\n", x.n, fmt_dur(x.p50), fmt_dur(x.p99)));
         }
     }
     let small = prefer::agreement(0x5eed, 300, 1..=20_000);

@@ -31,9 +31,31 @@ pub struct CallState {
     pub preferred: Vec<String>,
     /// Problems with what the driver emitted (logged by the caller).
     pub problems: Vec<String>,
+    /// Problems beyond MAX_PROBLEMS, counted rather than kept.
+    suppressed: usize,
+    /// Whether MAX_DEVICES was reached in this scan.
+    capped: bool,
     seen_ids: HashSet<String>,
     /// Whether the device being built was rejected (its details are dropped).
     current_rejected: bool,
+}
+
+/// At most this many emission problems are kept per call: a driver that
+/// emits a million bad IDs gets a summary, not a million log lines.
+pub const MAX_PROBLEMS: usize = 20;
+
+/// At most this many devices are accepted from one scan; the kubelet's 4 MiB
+/// message limit is reached long before a resource could use more.
+pub const MAX_DEVICES: usize = 100_000;
+
+impl CallState {
+    pub fn problem(&mut self, p: String) {
+        if self.problems.len() < MAX_PROBLEMS {
+            self.problems.push(p);
+        } else {
+            self.suppressed += 1;
+        }
+    }
 }
 
 pub struct CallCtx {
@@ -51,7 +73,12 @@ impl CallCtx {
     }
 
     pub fn into_state(self) -> CallState {
-        self.state.into_inner().unwrap_or_else(|poison| poison.into_inner())
+        let mut st = self.state.into_inner().unwrap_or_else(|poison| poison.into_inner());
+        if st.suppressed > 0 {
+            let n = std::mem::take(&mut st.suppressed);
+            st.problems.push(format!("... and {n} more problem(s) in the same call"));
+        }
+        st
     }
 }
 
@@ -99,7 +126,7 @@ macro_rules! strs {
         ($(match text($s) {
             Some(v) => v,
             None => {
-                $st.problems.push(format!("{}: {} is not valid UTF-8 (or NULL)", $what, stringify!($s)));
+                $st.problem(format!("{}: {} is not valid UTF-8 (or NULL)", $what, stringify!($s)));
                 return abi::DEVHOST_ERR_INVALID_ARGUMENT;
             }
         }),+)
@@ -130,22 +157,29 @@ pub unsafe extern "C" fn device_begin(
 ) -> abi::devhost_status {
     with_call(call, |kind, st| {
         if kind != CallKind::Scan {
-            st.problems.push("device_begin called outside scan".into());
+            st.problem("device_begin called outside scan".into());
             return abi::DEVHOST_ERR_FAILED_PRECONDITION;
+        }
+        if st.devices.len() >= MAX_DEVICES {
+            if !std::mem::replace(&mut st.capped, true) {
+                st.problem(format!("more than {MAX_DEVICES} devices in one scan; the rest are ignored"));
+            }
+            st.current_rejected = true;
+            return abi::DEVHOST_ERR_RESOURCE_EXHAUSTED;
         }
         let id = strs!(st, "device_begin", id);
         if let Err(why) = check_device_id(&id) {
-            st.problems.push(format!("device {id:?} dropped: {why}"));
+            st.problem(format!("device {id:?} dropped: {why}"));
             st.current_rejected = true;
             return abi::DEVHOST_ERR_INVALID_ARGUMENT;
         }
         if !st.seen_ids.insert(id.clone()) {
-            st.problems.push(format!("device {id:?} dropped: duplicate ID in one scan"));
+            st.problem(format!("device {id:?} dropped: duplicate ID in one scan"));
             st.current_rejected = true;
             return abi::DEVHOST_ERR_INVALID_ARGUMENT;
         }
         if numa_node < abi::DEVHOST_NUMA_NONE {
-            st.problems.push(format!("device {id:?}: NUMA node {numa_node} is invalid, using none"));
+            st.problem(format!("device {id:?}: NUMA node {numa_node} is invalid, using none"));
         }
         st.current_rejected = false;
         st.devices.push(Device {
@@ -163,7 +197,7 @@ pub unsafe extern "C" fn device_begin(
 /// The device the scan is describing, or the reason there is none.
 fn current_device(kind: CallKind, st: &mut CallState, what: &str) -> Result<usize, abi::devhost_status> {
     if kind != CallKind::Scan || st.devices.is_empty() && !st.current_rejected {
-        st.problems.push(format!("{what} called before device_begin or outside scan"));
+        st.problem(format!("{what} called before device_begin or outside scan"));
         return Err(abi::DEVHOST_ERR_FAILED_PRECONDITION);
     }
     if st.current_rejected {
@@ -184,7 +218,7 @@ pub unsafe extern "C" fn device_attr(call: *mut abi::devhost_call, key: abi::dev
         };
         let (key, value) = strs!(st, "device_attr", key, value);
         if key.is_empty() {
-            st.problems.push(format!("device {:?}: attribute with an empty key ignored", st.devices[i].id));
+            st.problem(format!("device {:?}: attribute with an empty key ignored", st.devices[i].id));
             return abi::DEVHOST_ERR_INVALID_ARGUMENT;
         }
         st.devices[i].attributes.insert(key, value);
@@ -217,7 +251,7 @@ fn edits_target<'a>(kind: CallKind, st: &'a mut CallState, what: &str) -> Result
             Ok(&mut st.devices[i].edits)
         }
         _ => {
-            st.problems.push(format!("{what} called outside scan and allocate"));
+            st.problem(format!("{what} called outside scan and allocate"));
             Err(abi::DEVHOST_ERR_FAILED_PRECONDITION)
         }
     }
@@ -235,7 +269,7 @@ pub unsafe extern "C" fn add_device_node(
     with_call(call, |kind, st| {
         let (host_path, container_path, permissions) = strs!(st, "add_device_node", host_path, container_path, permissions);
         if host_path.is_empty() || !permissions.chars().all(|c| matches!(c, 'r' | 'w' | 'm')) {
-            st.problems.push(format!("device node {host_path:?} ignored: empty path or permissions {permissions:?} not within \"rwm\""));
+            st.problem(format!("device node {host_path:?} ignored: empty path or permissions {permissions:?} not within \"rwm\""));
             return abi::DEVHOST_ERR_INVALID_ARGUMENT;
         }
         let container_path = if container_path.is_empty() { host_path.clone() } else { container_path };
@@ -262,7 +296,7 @@ pub unsafe extern "C" fn add_mount(
     with_call(call, |kind, st| {
         let (host_path, container_path) = strs!(st, "add_mount", host_path, container_path);
         if host_path.is_empty() || container_path.is_empty() {
-            st.problems.push("mount with an empty path ignored".into());
+            st.problem("mount with an empty path ignored".into());
             return abi::DEVHOST_ERR_INVALID_ARGUMENT;
         }
         match edits_target(kind, st, "add_mount") {
@@ -280,7 +314,7 @@ fn add_pair(call: *mut abi::devhost_call, key: abi::devhost_str, value: abi::dev
     with_call(call, |kind, st| {
         let (key, value) = strs!(st, "add_env/add_annotation", key, value);
         if key.is_empty() || (env && key.contains('=')) {
-            st.problems.push(format!("{what}: key {key:?} ignored (empty or contains '=')"));
+            st.problem(format!("{what}: key {key:?} ignored (empty or contains '=')"));
             return abi::DEVHOST_ERR_INVALID_ARGUMENT;
         }
         match edits_target(kind, st, what) {
@@ -318,7 +352,7 @@ pub unsafe extern "C" fn add_cdi_device(call: *mut abi::devhost_call, name: abi:
     with_call(call, |kind, st| {
         let name = strs!(st, "add_cdi_device", name);
         if !name.contains('/') || !name.contains('=') {
-            st.problems.push(format!("CDI name {name:?} ignored: expected vendor.com/class=name"));
+            st.problem(format!("CDI name {name:?} ignored: expected vendor.com/class=name"));
             return abi::DEVHOST_ERR_INVALID_ARGUMENT;
         }
         match edits_target(kind, st, "add_cdi_device") {
@@ -339,7 +373,7 @@ pub unsafe extern "C" fn add_cdi_device(call: *mut abi::devhost_call, name: abi:
 pub unsafe extern "C" fn prefer_device(call: *mut abi::devhost_call, id: abi::devhost_str) -> abi::devhost_status {
     with_call(call, |kind, st| {
         if kind != CallKind::Preferred {
-            st.problems.push("prefer_device called outside preferred_allocation".into());
+            st.problem("prefer_device called outside preferred_allocation".into());
             return abi::DEVHOST_ERR_FAILED_PRECONDITION;
         }
         let id = strs!(st, "prefer_device", id);

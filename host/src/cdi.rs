@@ -40,7 +40,9 @@ fn check_segment(what: &str, s: &str) -> Result<(), String> {
         return Err(format!("the {what} `{s}` must end with a letter or digit"));
     }
     match s.chars().find(|&c| !(is_alnum(c) || matches!(c, '_' | '-' | '.'))) {
-        Some(bad) => Err(format!("the {what} `{s}` contains {bad:?}; only letters, digits, '_', '-' and '.' are allowed")),
+        Some(bad) => {
+            Err(format!("the {what} `{s}` contains {bad:?}; only letters, digits, '_', '-' and '.' are allowed"))
+        }
         None => Ok(()),
     }
 }

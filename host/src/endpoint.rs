@@ -24,7 +24,7 @@ pub struct Endpoint {
 impl Endpoint {
     pub fn options(resource: &Resource) -> pb::DevicePluginOptions {
         pb::DevicePluginOptions {
-            pre_start_required: resource.driver.as_ref().is_some_and(|d| d.module.pre_start().is_some()),
+            pre_start_required: resource.driver.as_ref().is_some_and(|d| d.module.pre_start),
             get_preferred_allocation_available: true,
         }
     }
@@ -115,7 +115,7 @@ impl DevicePlugin for Endpoint {
             let default =
                 preferred::choose(cands, &c.must_include_device_i_ds, size, |a, b| links.get(&(a, b)).copied().unwrap_or(0));
             let ids = match &self.resource.driver {
-                Some(drv) if drv.module.preferred_allocation().is_some() => {
+                Some(drv) if drv.module.preferred_allocation => {
                     let size32 = u32::try_from(size).unwrap_or(u32::MAX);
                     match drv.preferred(c.available_device_i_ds.clone(), c.must_include_device_i_ds.clone(), size32).await {
                         Ok(Some(proposal)) => {

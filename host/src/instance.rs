@@ -1,11 +1,16 @@
 //! One live driver instance: created from a module and its options, served
 //! by a dedicated worker thread so that driver code never runs on the async
-//! runtime. Every call has a deadline; a panic poisons the instance and a
-//! missed deadline marks it hung until the call returns.
+//! runtime, or, with `isolation = "process"`, by a worker process (see
+//! [`crate::isolation`]). Every call has a deadline; a panic poisons the
+//! instance (an isolated one restarts instead) and a missed deadline marks
+//! it hung until the call returns.
 
 use crate::callbacks::{self, CallCtx, CallKind, CallState, HostCtx};
 use crate::device::{Device, Edits};
-use crate::loader::Module;
+use crate::isolation::protocol::Request;
+use crate::isolation::supervisor::{Spec, Worker};
+use crate::loader::{Module, ModuleInfo};
+use crate::manifest::{DriverConfig, Isolation};
 use devhost_abi as abi;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
@@ -26,6 +31,10 @@ pub enum CallError {
     Poisoned { driver: String },
     #[error("driver {driver}: worker thread is gone")]
     WorkerGone { driver: String },
+    /// An isolated driver whose worker process is down (crashed, killed,
+    /// restarting) or could not be started.
+    #[error("driver {driver}: {reason}")]
+    Unavailable { driver: String, reason: String },
 }
 
 impl CallError {
@@ -45,10 +54,20 @@ impl CallError {
             },
             CallError::Timeout { .. } | CallError::Hung { .. } => Code::DeadlineExceeded,
             CallError::Poisoned { .. } => Code::Internal,
-            CallError::WorkerGone { .. } => Code::Unavailable,
+            CallError::WorkerGone { .. } | CallError::Unavailable { .. } => Code::Unavailable,
         };
         tonic::Status::new(code, self.to_string())
     }
+}
+
+/// The error for a call that returned `status` (not OK), with the driver's message.
+pub(crate) fn status_error(driver: &str, call: &'static str, status: abi::devhost_status, state: CallState) -> CallError {
+    let message = match (state.error, status_name(status)) {
+        (Some(m), _) => m,
+        (None, "unknown status code") => format!("driver returned unknown status code {status}"),
+        (None, name) => format!("driver returned {name} without a message"),
+    };
+    CallError::Status { driver: driver.to_string(), call, code: status, status: status_name(status), message }
 }
 
 fn status_name(code: abi::devhost_status) -> &'static str {
@@ -86,9 +105,24 @@ struct Busy {
 
 pub struct Instance {
     pub name: String,
-    pub module: Module,
+    /// What the module declared (hooks, name, version), wherever its code runs.
+    pub module: ModuleInfo,
     pub changed: Arc<Notify>,
     timeout: Duration,
+    backend: Backend,
+    last_scan_problems: Mutex<Vec<String>>,
+}
+
+/// Where the driver's code runs.
+enum Backend {
+    InProcess(Local),
+    /// A worker process (`isolation = "process"`).
+    Process(Worker),
+}
+
+/// The in-process backend: the module's code and the thread that runs it.
+struct Local {
+    module: Module,
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
     poisoned: Arc<AtomicBool>,
     busy: Arc<Mutex<Busy>>,
@@ -161,13 +195,11 @@ impl Instance {
             })?;
         let inst = Arc::new(Instance {
             name: name.to_string(),
-            module,
+            module: module.info(),
             changed,
             timeout,
-
-            jobs: Mutex::new(Some(tx)),
-            poisoned,
-            busy,
+            backend: Backend::InProcess(Local { module, jobs: Mutex::new(Some(tx)), poisoned, busy }),
+            last_scan_problems: Mutex::new(Vec::new()),
         });
         let opts: Vec<(String, String)> = options.to_vec();
         let create_ptr = ptr;
@@ -195,20 +227,59 @@ impl Instance {
         Ok(inst)
     }
 
+    /// Starts a worker process for the driver `cfg` describes; the worker
+    /// loads `module` itself (its code is never mapped into the host) and
+    /// runs `create`. Fails as `create` does when the first worker cannot
+    /// load the module or `create` fails in it; later crashes restart it.
+    pub async fn create_isolated(cfg: &DriverConfig, module: &std::path::Path) -> Result<Arc<Instance>, CallError> {
+        let keep = match &cfg.isolation {
+            Isolation::Process { keep_capabilities } => keep_capabilities.as_slice(),
+            Isolation::InProcess => &[],
+        };
+        let changed = Arc::new(Notify::new());
+        let spec = Spec {
+            name: cfg.name.clone(),
+            module: module.to_path_buf(),
+            options: cfg.options.clone(),
+            timeout: cfg.call_timeout,
+            // The manifest already refused unknown names.
+            keep_caps: keep.iter().filter_map(|c| crate::isolation::capability_number(c)).collect(),
+            program: crate::isolation::worker_program(),
+        };
+        let (worker, info) = Worker::start(spec, changed.clone()).await?;
+        Ok(Arc::new(Instance {
+            name: cfg.name.clone(),
+            module: info,
+            changed,
+            timeout: cfg.call_timeout,
+            backend: Backend::Process(worker),
+            last_scan_problems: Mutex::new(Vec::new()),
+        }))
+    }
+
+    /// The PID of an isolated instance's current worker process.
+    pub fn worker_pid(&self) -> Option<u32> {
+        match &self.backend {
+            Backend::Process(w) => w.pid(),
+            Backend::InProcess(_) => None,
+        }
+    }
+
     /// Runs `f` on the worker thread with the instance pointer and the host API.
     async fn run<T: Send + 'static>(
         &self,
         call: &'static str,
         f: impl FnOnce(*mut c_void, *const abi::devhost_host_api) -> T + Send + 'static,
     ) -> Result<T, CallError> {
-        if self.poisoned.load(Ordering::Acquire) {
+        let Backend::InProcess(local) = &self.backend else { return Err(CallError::WorkerGone { driver: self.name.clone() }) };
+        if local.poisoned.load(Ordering::Acquire) {
             return Err(CallError::Poisoned { driver: self.name.clone() });
         }
         if let Some((hung_call, since)) = self.hung() {
             return Err(CallError::Hung { driver: self.name.clone(), call: hung_call, secs: since.as_secs() });
         }
         let (tx, rx) = oneshot::channel();
-        let busy = self.busy.clone();
+        let busy = local.busy.clone();
         let job: Job = Box::new(move |inst| {
             if let Ok(mut b) = busy.lock() {
                 b.call = Some((call, Instant::now()));
@@ -217,7 +288,7 @@ impl Instance {
             let _ = tx.send(f(inst, api));
         });
         {
-            let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+            let jobs = local.jobs.lock().unwrap_or_else(|p| p.into_inner());
             let sent = jobs.as_ref().map(|j| j.send(job).is_ok()).unwrap_or(false);
             if !sent {
                 return Err(CallError::WorkerGone { driver: self.name.clone() });
@@ -227,7 +298,7 @@ impl Instance {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(_)) => Err(CallError::WorkerGone { driver: self.name.clone() }),
             Err(_) => {
-                if let Ok(mut b) = self.busy.lock()
+                if let Ok(mut b) = local.busy.lock()
                     && b.call.is_some()
                 {
                     b.hung = true;
@@ -240,131 +311,199 @@ impl Instance {
 
     /// The call the worker has been stuck in past its deadline, if any.
     pub fn hung(&self) -> Option<(&'static str, Duration)> {
-        let b = self.busy.lock().unwrap_or_else(|p| p.into_inner());
+        let local = match &self.backend {
+            Backend::InProcess(l) => l,
+            Backend::Process(w) => return w.hung(),
+        };
+        let b = local.busy.lock().unwrap_or_else(|p| p.into_inner());
         match (b.hung, b.call) {
             (true, Some((call, since))) => Some((call, since.elapsed())),
             _ => None,
         }
     }
 
+    /// Whether the instance cannot serve calls: broken by a panic (in
+    /// process), or its worker process is down and restarting (isolated).
     pub fn poisoned(&self) -> bool {
-        self.poisoned.load(Ordering::Acquire)
+        match &self.backend {
+            Backend::InProcess(l) => l.poisoned.load(Ordering::Acquire),
+            Backend::Process(w) => w.down(),
+        }
     }
 
     /// Logs emission problems and turns a status into a result.
     fn check(&self, call: &'static str, status: abi::devhost_status, state: CallState) -> Result<CallState, CallError> {
-        for p in &state.problems {
-            tracing::warn!(driver = %self.name, call, "driver emitted bad data: {p}");
+        // A rescan repeats the same problems: log them when they change.
+        let repeated = call == "scan" && {
+            let mut last = self.last_scan_problems.lock().unwrap_or_else(|p| p.into_inner());
+            let same = *last == state.problems;
+            if !same {
+                last.clone_from(&state.problems);
+            }
+            same
+        };
+        if !repeated {
+            for p in &state.problems {
+                tracing::warn!(driver = %self.name, call, "driver emitted bad data: {p}");
+            }
         }
         if status == abi::DEVHOST_OK {
             return Ok(state);
         }
         if status == abi::DEVHOST_ERR_PANIC {
-            self.poisoned.store(true, Ordering::Release);
+            match &self.backend {
+                Backend::InProcess(l) => l.poisoned.store(true, Ordering::Release),
+                // A fresh process has none of the broken state: restart it.
+                Backend::Process(w) => w.restart(format!("the driver panicked in {call}")),
+            }
             self.changed.notify_one();
         }
-        let message = match (state.error, status_name(status)) {
-            (Some(m), _) => m,
-            (None, "unknown status code") => format!("driver returned unknown status code {status}"),
-            (None, name) => format!("driver returned {name} without a message"),
-        };
-        Err(CallError::Status { driver: self.name.clone(), call, code: status, status: status_name(status), message })
+        Err(status_error(&self.name, call, status, state))
     }
 
     pub async fn scan(&self) -> Result<ScanOutput, CallError> {
-        let scan = self.module.desc.scan;
-        let (status, state) = self
-            .run("scan", move |inst, _| {
-                let ctx = CallCtx::new(CallKind::Scan);
-                let status = match scan {
-                    // SAFETY: live instance on its worker thread; ctx outlives the call.
-                    Some(f) => unsafe { f(inst, ctx.as_raw()) },
-                    None => abi::DEVHOST_ERR_INTERNAL,
-                };
-                (status, ctx.into_state())
-            })
-            .await?;
+        let (status, state) = match &self.backend {
+            Backend::Process(w) => w.call("scan", Request::Scan).await?,
+            Backend::InProcess(local) => {
+                let scan = local.module.desc.scan;
+                self.run("scan", move |inst, _| {
+                    let ctx = CallCtx::new(CallKind::Scan);
+                    let status = match scan {
+                        // SAFETY: live instance on its worker thread; ctx outlives the call.
+                        Some(f) => unsafe { f(inst, ctx.as_raw()) },
+                        None => abi::DEVHOST_ERR_INTERNAL,
+                    };
+                    (status, ctx.into_state())
+                })
+                .await?
+            }
+        };
         let state = self.check("scan", status, state)?;
         Ok(ScanOutput { devices: state.devices, problems: state.problems })
     }
 
     pub async fn watch_start(&self) -> Result<(), CallError> {
-        let Some(f) = self.module.watch_start() else { return Ok(()) };
-        let (status, state) = self
-            .run("watch_start", move |inst, _| {
-                let ctx = CallCtx::new(CallKind::Watch);
-                // SAFETY: live instance on its worker thread.
-                let status = unsafe { f(inst, ctx.as_raw()) };
-                (status, ctx.into_state())
-            })
-            .await?;
+        if !self.module.watch {
+            return Ok(());
+        }
+        let (status, state) = match &self.backend {
+            Backend::Process(w) => {
+                w.watching();
+                w.call("watch_start", Request::WatchStart).await?
+            }
+            Backend::InProcess(local) => {
+                let Some(f) = local.module.watch_start() else { return Ok(()) };
+                self.run("watch_start", move |inst, _| {
+                    let ctx = CallCtx::new(CallKind::Watch);
+                    // SAFETY: live instance on its worker thread.
+                    let status = unsafe { f(inst, ctx.as_raw()) };
+                    (status, ctx.into_state())
+                })
+                .await?
+            }
+        };
         self.check("watch_start", status, state).map(drop)
     }
 
     /// The driver's allocate hook for one container, if it has one.
     pub async fn allocate(&self, ids: Vec<String>) -> Result<Option<Edits>, CallError> {
-        let Some(f) = self.module.allocate() else { return Ok(None) };
-        let (status, state) = self
-            .run("allocate", move |inst, _| {
-                let views = str_views(&ids);
-                let ctx = CallCtx::new(CallKind::Allocate);
-                // SAFETY: views borrow `ids`, alive for the call.
-                let status = unsafe { f(inst, views.as_ptr(), views.len(), ctx.as_raw()) };
-                (status, ctx.into_state())
-            })
-            .await?;
+        if !self.module.allocate {
+            return Ok(None);
+        }
+        let (status, state) = match &self.backend {
+            Backend::Process(w) => w.call("allocate", Request::Allocate { ids }).await?,
+            Backend::InProcess(local) => {
+                let Some(f) = local.module.allocate() else { return Ok(None) };
+                self.run("allocate", move |inst, _| {
+                    let views = str_views(&ids);
+                    let ctx = CallCtx::new(CallKind::Allocate);
+                    // SAFETY: views borrow `ids`, alive for the call.
+                    let status = unsafe { f(inst, views.as_ptr(), views.len(), ctx.as_raw()) };
+                    (status, ctx.into_state())
+                })
+                .await?
+            }
+        };
         Ok(Some(self.check("allocate", status, state)?.edits))
     }
 
     pub async fn preferred(&self, available: Vec<String>, must: Vec<String>, size: u32) -> Result<Option<Vec<String>>, CallError> {
-        let Some(f) = self.module.preferred_allocation() else { return Ok(None) };
-        let (status, state) = self
-            .run("preferred_allocation", move |inst, _| {
-                let (a, m) = (str_views(&available), str_views(&must));
-                let ctx = CallCtx::new(CallKind::Preferred);
-                // SAFETY: views borrow the vectors, alive for the call.
-                let status = unsafe { f(inst, a.as_ptr(), a.len(), m.as_ptr(), m.len(), size, ctx.as_raw()) };
-                (status, ctx.into_state())
-            })
-            .await?;
+        if !self.module.preferred_allocation {
+            return Ok(None);
+        }
+        let (status, state) = match &self.backend {
+            Backend::Process(w) => w.call("preferred_allocation", Request::Preferred { available, must, size }).await?,
+            Backend::InProcess(local) => {
+                let Some(f) = local.module.preferred_allocation() else { return Ok(None) };
+                self.run("preferred_allocation", move |inst, _| {
+                    let (a, m) = (str_views(&available), str_views(&must));
+                    let ctx = CallCtx::new(CallKind::Preferred);
+                    // SAFETY: views borrow the vectors, alive for the call.
+                    let status = unsafe { f(inst, a.as_ptr(), a.len(), m.as_ptr(), m.len(), size, ctx.as_raw()) };
+                    (status, ctx.into_state())
+                })
+                .await?
+            }
+        };
         Ok(Some(self.check("preferred_allocation", status, state)?.preferred))
     }
 
     pub async fn pre_start(&self, ids: Vec<String>) -> Result<(), CallError> {
-        let Some(f) = self.module.pre_start() else { return Ok(()) };
-        let (status, state) = self
-            .run("pre_start", move |inst, _| {
-                let views = str_views(&ids);
-                let ctx = CallCtx::new(CallKind::PreStart);
-                // SAFETY: views borrow `ids`, alive for the call.
-                let status = unsafe { f(inst, views.as_ptr(), views.len(), ctx.as_raw()) };
-                (status, ctx.into_state())
-            })
-            .await?;
+        if !self.module.pre_start {
+            return Ok(());
+        }
+        let (status, state) = match &self.backend {
+            Backend::Process(w) => w.call("pre_start", Request::PreStart { ids }).await?,
+            Backend::InProcess(local) => {
+                let Some(f) = local.module.pre_start() else { return Ok(()) };
+                self.run("pre_start", move |inst, _| {
+                    let views = str_views(&ids);
+                    let ctx = CallCtx::new(CallKind::PreStart);
+                    // SAFETY: views borrow `ids`, alive for the call.
+                    let status = unsafe { f(inst, views.as_ptr(), views.len(), ctx.as_raw()) };
+                    (status, ctx.into_state())
+                })
+                .await?
+            }
+        };
         self.check("pre_start", status, state).map(drop)
     }
 
     /// The driver's release hook (ABI 1.1) for the devices one container let
     /// go of. `Ok(false)`: the driver has no hook, nothing was called.
     pub async fn release(&self, ids: Vec<String>) -> Result<bool, CallError> {
-        let Some(f) = self.module.release() else { return Ok(false) };
-        let (status, state) = self
-            .run("release", move |inst, _| {
-                let views = str_views(&ids);
-                let ctx = CallCtx::new(CallKind::Release);
-                // SAFETY: views borrow `ids`, alive for the call.
-                let status = unsafe { f(inst, views.as_ptr(), views.len(), ctx.as_raw()) };
-                (status, ctx.into_state())
-            })
-            .await?;
+        if !self.module.release {
+            return Ok(false);
+        }
+        let (status, state) = match &self.backend {
+            Backend::Process(w) => w.call("release", Request::Release { ids }).await?,
+            Backend::InProcess(local) => {
+                let Some(f) = local.module.release() else { return Ok(false) };
+                self.run("release", move |inst, _| {
+                    let views = str_views(&ids);
+                    let ctx = CallCtx::new(CallKind::Release);
+                    // SAFETY: views borrow `ids`, alive for the call.
+                    let status = unsafe { f(inst, views.as_ptr(), views.len(), ctx.as_raw()) };
+                    (status, ctx.into_state())
+                })
+                .await?
+            }
+        };
         self.check("release", status, state).map(|_| true)
     }
 
     /// Stops the worker: watch_stop and destroy run on it after queued calls.
     /// A hung worker keeps its thread; the module is never unloaded anyway.
+    /// An isolated worker gets the same order and is killed if it does not
+    /// exit within the call deadline.
     pub fn shutdown(&self) {
-        if let Ok(mut jobs) = self.jobs.lock() {
-            jobs.take();
+        match &self.backend {
+            Backend::InProcess(local) => {
+                if let Ok(mut jobs) = local.jobs.lock() {
+                    jobs.take();
+                }
+            }
+            Backend::Process(w) => w.stop(),
         }
     }
 }

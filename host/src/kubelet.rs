@@ -211,7 +211,7 @@ async fn serve_resource(res: Arc<Resource>, dir: PathBuf, lost: Arc<Notify>, mut
                     break;
                 }
                 Err(e) => {
-                    tracing::warn!(resource = %name, "registration failed ({e}); retrying in {backoff:?}");
+                    tracing::warn!(resource = %name, "registration failed ({e:#}); retrying in {backoff:?}");
                     tokio::select! {
                         _ = tokio::time::sleep(backoff) => {}
                         _ = kubelet_gen.changed() => { backoff = BACKOFF_START; }
@@ -257,7 +257,11 @@ fn remove_own_socket(path: &Path) {
 }
 
 async fn register(dir: &Path, res: &Resource) -> anyhow::Result<()> {
-    let channel = devhost_proto::connect_uds_timeout(dir.join(devhost_proto::KUBELET_SOCKET), Duration::from_secs(5)).await?;
+    use anyhow::Context;
+    let sock = dir.join(devhost_proto::KUBELET_SOCKET);
+    let channel = devhost_proto::connect_uds_timeout(&sock, Duration::from_secs(5))
+        .await
+        .with_context(|| format!("cannot reach the kubelet at {}", sock.display()))?;
     let mut client = pb::registration_client::RegistrationClient::new(channel);
     let req = pb::RegisterRequest {
         version: devhost_proto::VERSION.to_string(),

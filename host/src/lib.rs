@@ -4,14 +4,24 @@
 //! ABI handshake) → [`instance`] (driver calls on worker threads, through
 //! [`callbacks`]) → [`registry`] (devices per resource) → [`endpoint`] (one
 //! gRPC server per resource) → [`kubelet`] (registration and restarts).
+//! Beside that flow, features every vendor gets: [`sharing`] (replicas),
+//! [`cdi`] (CDI spec files), [`metrics`] (Prometheus and probes) and
+//! [`status`] (health history and allocations).
 
 pub mod callbacks;
+pub mod cdi;
 pub mod device;
 pub mod endpoint;
 pub mod instance;
+pub mod isolation;
 pub mod kubelet;
 pub mod loader;
 pub mod manifest;
+pub mod metrics;
+pub mod podresources;
 pub mod preferred;
 pub mod registry;
+pub mod release;
+pub mod sharing;
 pub mod sim;
+pub mod status;

@@ -179,6 +179,42 @@ impl Module {
     pub fn abi_version(&self) -> String {
         format!("{}.{}", self.desc.abi_major, self.desc.abi_minor)
     }
+
+    /// The facts about this module that need no code: see [`ModuleInfo`].
+    pub fn info(&self) -> ModuleInfo {
+        ModuleInfo {
+            name: self.name.to_string(),
+            version: self.version.to_string(),
+            description: self.description.to_string(),
+            abi_major: self.desc.abi_major,
+            abi_minor: self.desc.abi_minor,
+            allocate: self.allocate().is_some(),
+            preferred_allocation: self.preferred_allocation().is_some(),
+            pre_start: self.pre_start().is_some(),
+            watch: self.watch_start().is_some(),
+            release: self.release().is_some(),
+            concurrent: self.concurrent(),
+        }
+    }
+}
+
+/// What a module declared about itself, without its code: which optional
+/// hooks it has and how it names itself. Every driver instance carries one,
+/// whether the module is mapped into this process or into an isolated
+/// worker process (which reports it when it starts).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModuleInfo {
+    pub name: String,
+    pub version: String,
+    pub description: String,
+    pub abi_major: u16,
+    pub abi_minor: u16,
+    pub allocate: bool,
+    pub preferred_allocation: bool,
+    pub pre_start: bool,
+    pub watch: bool,
+    pub release: bool,
+    pub concurrent: bool,
 }
 
 /// Why a module file is not trusted.

@@ -78,7 +78,12 @@ fn init_logs(format: LogFormat, quiet: bool) {
     let default = if quiet { "warn,kubelet_emu=error" } else { "info" };
     let filter = tracing_subscriber::EnvFilter::try_from_env("DEVHOST_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    use std::io::IsTerminal;
+    // Colours only for a person at a terminal, never in log files.
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
@@ -88,6 +93,10 @@ fn init_logs(format: LogFormat, quiet: bool) {
 static ALLOW_UNTRUSTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 fn main() -> ExitCode {
+    // A driver worker process (isolation = "process") is this binary too.
+    if let Some(code) = devhost::isolation::worker_entry() {
+        return code;
+    }
     let cli = Cli::parse();
     ALLOW_UNTRUSTED.store(cli.allow_untrusted_modules, std::sync::atomic::Ordering::Relaxed);
     init_logs(cli.log_format, matches!(cli.command, Command::Sim { .. } | Command::Demo { .. }));

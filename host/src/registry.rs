@@ -91,6 +91,9 @@ pub struct Registry {
     logged: Mutex<HashSet<(String, String)>>,
 }
 
+/// How long a (re)load waits for first scans before serving without them.
+const START_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Finds a driver's module, checks that it can be trusted, and loads it;
 /// the same file is loaded once.
 fn resolve(
@@ -149,8 +152,10 @@ impl Registry {
         let mut cache = HashMap::new();
         let mut old = std::mem::take(&mut *write(&self.drivers));
         let mut next = BTreeMap::new();
-        let mut fresh = Vec::new();
         let mut kept_drivers = Vec::new();
+        // New instances are created concurrently: one slow driver must not
+        // hold back the others (each create has its own deadline).
+        let mut creating = tokio::task::JoinSet::new();
         for (name, cfg) in &manifest.drivers {
             match old.remove(name) {
                 Some(e) if e.config == *cfg && matches!(e.slot, Slot::Ready(_)) => {
@@ -163,18 +168,27 @@ impl Registry {
                 Some(e) => retire(e),
                 None => {}
             }
-            let slot = match resolve(cfg, manifest.allow_untrusted_modules, &mut cache) {
-                Err(e) => Slot::Failed(e),
-                Ok(module) => match Instance::create(name, module, &cfg.options, cfg.call_timeout).await {
-                    Ok(inst) => Slot::Ready(inst),
-                    Err(e) => Slot::Failed(format!("{e}")),
-                },
-            };
+            let resolved = resolve(cfg, manifest.allow_untrusted_modules, &mut cache);
+            let (name, cfg) = (name.clone(), cfg.clone());
+            creating.spawn(async move {
+                let slot = match resolved {
+                    Err(e) => Slot::Failed(e),
+                    Ok(module) => match Instance::create(&name, module, &cfg.options, cfg.call_timeout).await {
+                        Ok(inst) => Slot::Ready(inst),
+                        Err(e) => Slot::Failed(format!("{e}")),
+                    },
+                };
+                (name, cfg, slot)
+            });
+        }
+        let mut fresh = Vec::new();
+        while let Some(joined) = creating.join_next().await {
+            let Ok((name, cfg, slot)) = joined else { continue };
             match &slot {
                 Slot::Failed(e) => tracing::error!(driver = %name, "driver not loaded, its resources are not served: {e}"),
                 Slot::Ready(i) => fresh.push(i.clone()),
             }
-            next.insert(name.clone(), DriverEntry { config: cfg.clone(), slot, stop: watch::channel(false).0 });
+            next.insert(name, DriverEntry { config: cfg, slot, stop: watch::channel(false).0 });
         }
         for (_, e) in old {
             retire(e);
@@ -219,19 +233,32 @@ impl Registry {
         *write(&self.resources) = resources;
         *write(&self.drivers) = next;
 
-        for inst in &fresh {
-            if self.watching && let Err(e) = inst.watch_start().await {
-                tracing::error!(driver = %inst.name, "watch_start failed; relying on rescans: {e}");
-            }
-        }
-        // New instances need their first scan; kept ones republish to the
-        // (possibly) new set of resources.
+        // First scans (and watch_start) run concurrently; a driver still
+        // scanning after the grace period finishes in the background and its
+        // resources start with an empty list until then.
+        let mut scans = tokio::task::JoinSet::new();
         for inst in fresh.iter().chain(kept_drivers.iter()) {
-            self.rescan(inst).await;
+            let (reg, inst, is_new) = (self.clone(), inst.clone(), fresh.iter().any(|f| Arc::ptr_eq(f, inst)));
+            scans.spawn(async move {
+                if is_new && reg.watching && let Err(e) = inst.watch_start().await {
+                    tracing::error!(driver = %inst.name, "watch_start failed; relying on rescans: {e}");
+                }
+                reg.rescan(&inst).await;
+                if is_new && reg.watching {
+                    reg.spawn_watcher(&inst);
+                }
+            });
         }
-        if self.watching {
-            for inst in &fresh {
-                self.spawn_watcher(inst);
+        let grace = tokio::time::sleep(START_GRACE);
+        tokio::pin!(grace);
+        while !scans.is_empty() {
+            tokio::select! {
+                _ = scans.join_next() => {}
+                _ = &mut grace => {
+                    tracing::warn!("{} driver(s) still scanning after {START_GRACE:?}; their resources start empty", scans.len());
+                    scans.detach_all();
+                    break;
+                }
             }
         }
         changes
@@ -250,7 +277,10 @@ impl Registry {
     /// Scans one instance and publishes the result to its resources.
     pub async fn rescan(&self, inst: &Arc<Instance>) {
         let devices = match inst.scan().await {
-            Ok(out) => Some(out.devices),
+            Ok(out) => {
+                tracing::debug!(driver = %inst.name, devices = out.devices.len(), "scanned");
+                Some(out.devices)
+            }
             Err(e) => {
                 tracing::error!(driver = %inst.name, "scan failed, its devices are reported Unhealthy: {e}");
                 None

@@ -1,7 +1,8 @@
-//! The kubelet Device Plugin API v1beta1 as Rust types, tonic clients and
-//! tonic servers, generated at build time from `v1beta1/api.proto`.
+//! The kubelet Device Plugin API v1beta1 and PodResources API v1 as Rust
+//! types, tonic clients and tonic servers, generated at build time from
+//! `v1beta1/api.proto` and `podresources/v1/api.proto`.
 //!
-//! Both the devhost host and the kubelet emulator speak this API over unix
+//! Both the devhost host and the kubelet emulator speak these APIs over unix
 //! sockets; [`connect_uds`] is the shared client-side dialer.
 
 mod uds;
@@ -14,6 +15,20 @@ pub use uds::{connect_uds, connect_uds_timeout};
 pub mod v1beta1 {
     tonic::include_proto!("v1beta1");
 }
+
+/// The kubelet's PodResources API: which container holds which device.
+pub mod podresources {
+    /// Generated messages plus `pod_resources_lister_client` and
+    /// `pod_resources_lister_server`. The proto package is exactly `v1`, so
+    /// the wire paths are `/v1.PodResourcesLister/<Method>`.
+    pub mod v1 {
+        tonic::include_proto!("v1");
+    }
+}
+
+/// Where the kubelet serves the PodResources API. Mount the folder, not the
+/// socket, into a container: the kubelet recreates the socket on restart.
+pub const POD_RESOURCES_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
 
 /// The only API version the kubelet accepts in `RegisterRequest.version`.
 pub const VERSION: &str = "v1beta1";

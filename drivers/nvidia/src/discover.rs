@@ -84,7 +84,11 @@ fn discover_gpu(nvml: &Nvml, index: u32, sysfs_root: &Path) -> Option<Gpu> {
         .ok()?;
     let mut gpu = Gpu { index, uuid, ..Gpu::default() };
     let mut problems = Vec::new();
-    let mut note = |what: &str, e: NvmlError| problems.push(format!("{what}: {e}"));
+    // A fact this GPU does not support is just left out; any other error is a problem.
+    let mut note = |what: &str, e: NvmlError| match e {
+        NvmlError::NotSupported => log::debug!("NVML: GPU index {index}: {what} is not supported"),
+        e => problems.push(format!("{what}: {e}")),
+    };
     match device.name() {
         Ok(name) => gpu.name = name,
         Err(e) => note("name", e),
@@ -170,7 +174,7 @@ fn discover_mig(
         });
         match profile {
             Some(profile) => found.push(MigDevice { slot, uuid, profile, memory_mib }),
-            None => note(&format!("profile of MIG device {uuid}"), NvmlError::NotSupported),
+            None => log::warn!("NVML: MIG device {uuid} of GPU {parent_uuid}: no profile name; it is not offered"),
         }
     }
     if found.is_empty() {

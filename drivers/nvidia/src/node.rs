@@ -142,7 +142,8 @@ pub fn build_devices(
 ) -> Vec<Device> {
     let mut devices = Vec::new();
     if config.list.device_nodes {
-        if inventory.gpus.iter().any(|g| g.mig.as_ref().is_some_and(|m| !m.is_empty())) {
+        let runtime_named = config.list.envvar || config.list.cdi;
+        if !runtime_named && inventory.gpus.iter().any(|g| g.mig.as_ref().is_some_and(|m| !m.is_empty())) {
             log::warn!(
                 "device_list_strategy device-nodes: MIG devices get their parent's /dev/nvidiaN but not the \
                  /dev/nvidia-caps access nodes CUDA needs for MIG; add envvar or cdi for MIG resources"

@@ -10,11 +10,15 @@ use serde::de::IgnoredAny;
 use toml::Spanned;
 use toml::de::{DeTable, DeValue};
 
+use super::DeviceListStrategy;
+use super::features;
 use super::names::{check_driver_name, check_resource_name, socket_name};
 use super::source::{Diagnostics, deserialize_section};
 use super::values::{DurationSetting, flatten_options};
+use crate::isolation::capability_number;
+
 use super::{
-    DEFAULT_CALL_TIMEOUT, DEFAULT_DRIVER_DIR, DEFAULT_KUBELET_DIR, DriverConfig, MAX_SOCKET_PATH, Manifest,
+    DEFAULT_CALL_TIMEOUT, DEFAULT_DRIVER_DIR, DEFAULT_KUBELET_DIR, DriverConfig, Isolation, MAX_SOCKET_PATH, Manifest,
     ManifestErrors, ResourceConfig,
 };
 
@@ -25,6 +29,8 @@ struct RawTop {
     driver_dir: Option<Spanned<String>>,
     call_timeout: Option<DurationSetting>,
     allow_untrusted_modules: Option<bool>,
+    cdi_dir: Option<Spanned<String>>,
+    metrics_addr: Option<Spanned<String>>,
     // Walked separately, entry by entry, so one bad entry does not hide the others; listed here
     // so that unknown-key messages name them.
     #[serde(rename = "driver")]
@@ -41,6 +47,8 @@ struct RawDriver {
     call_timeout: Option<DurationSetting>,
     options: Option<Spanned<toml::Table>>,
     sha256: Option<Spanned<String>>,
+    isolation: Option<Spanned<String>>,
+    keep_capabilities: Option<Spanned<Vec<Spanned<String>>>>,
 }
 
 #[derive(Deserialize)]
@@ -51,6 +59,9 @@ struct RawResource {
     #[serde(rename = "match")]
     // Values are checked by hand so that one non-string glob does not hide the other globs' errors.
     matches: Option<BTreeMap<String, Spanned<toml::Value>>>,
+    replicas: Option<Spanned<i64>>,
+    one_replica_per_container: Option<bool>,
+    device_list_strategy: Option<Spanned<DeviceListStrategy>>,
 }
 
 pub(super) fn parse(text: &str, path: &Path, kubelet_dir_override: Option<&Path>) -> Result<Manifest, ManifestErrors> {
@@ -82,6 +93,8 @@ pub(super) fn parse(text: &str, path: &Path, kubelet_dir_override: Option<&Path>
     };
     let driver_dir = resolve_dir(&top.driver_dir, "driver_dir", DEFAULT_DRIVER_DIR, base, &mut diags);
     let default_timeout = top.call_timeout.map_or(DEFAULT_CALL_TIMEOUT, |t| t.0);
+    let cdi_dir = features::cdi_dir(&top.cdi_dir, base, &mut diags);
+    let metrics_addr = features::metrics_addr(&top.metrics_addr, &mut diags);
 
     let DeValue::Table(table) = document.get_ref() else {
         return Err(ManifestErrors(diags.into_sorted()));
@@ -94,6 +107,8 @@ pub(super) fn parse(text: &str, path: &Path, kubelet_dir_override: Option<&Path>
         drivers: BTreeMap::new(),
         declared_at: BTreeMap::new(),
         resources: Vec::new(),
+        // Set even when the path itself is bad, so resources do not also report it missing.
+        cdi_dir_set: top.cdi_dir.is_some(),
     };
     if let Some(drivers) = table.get("driver") {
         builder.drivers(drivers);
@@ -103,6 +118,14 @@ pub(super) fn parse(text: &str, path: &Path, kubelet_dir_override: Option<&Path>
     }
     let mut manifest = builder.finish(path)?;
     manifest.allow_untrusted_modules = top.allow_untrusted_modules.unwrap_or(false);
+    manifest.cdi_dir = cdi_dir;
+    manifest.metrics_addr = metrics_addr;
+    for (index, r) in manifest.resources.iter().enumerate() {
+        if r.one_replica_per_container && r.replicas == 1 {
+            let field = format!("resource[{index}].one_replica_per_container");
+            manifest.warnings.push(format!("{}: {field}: has no effect without replicas > 1", r.location));
+        }
+    }
     Ok(manifest)
 }
 
@@ -134,6 +157,8 @@ struct Builder<'a> {
     /// Byte offset of each `[driver.X]` header, for the unused-driver warning.
     declared_at: BTreeMap<String, usize>,
     resources: Vec<ResourceConfig>,
+    /// Whether the manifest sets `cdi_dir` (resources may then use the `cdi` strategy).
+    cdi_dir_set: bool,
 }
 
 impl Builder<'_> {
@@ -186,6 +211,7 @@ impl Builder<'_> {
                     None
                 }
             });
+            let isolation = self.isolation(&raw, &section);
             self.declared_at.insert(name_text.clone(), value.span().start);
             let config = DriverConfig {
                 name: name_text.clone(),
@@ -195,9 +221,54 @@ impl Builder<'_> {
                 call_timeout: raw.call_timeout.map_or(self.default_timeout, |d| d.0),
                 implicit: false,
                 sha256,
+                isolation,
             };
             self.drivers.insert(name_text, config);
         }
+    }
+
+    /// `isolation` and `keep_capabilities`: capability names are checked here so that a typo is
+    /// an error at its line, not a worker that silently keeps nothing.
+    fn isolation(&mut self, raw: &RawDriver, section: &str) -> Isolation {
+        let process = match &raw.isolation {
+            None => false,
+            Some(mode) => match mode.get_ref().as_str() {
+                "in-process" => false,
+                "process" => true,
+                other => {
+                    let message = format!("unknown isolation {other:?}; expected \"in-process\" or \"process\"");
+                    self.diags.error(mode.span(), &format!("{section}.isolation"), message);
+                    false
+                }
+            },
+        };
+        let Some(caps) = &raw.keep_capabilities else {
+            return if process { Isolation::Process { keep_capabilities: Vec::new() } } else { Isolation::InProcess };
+        };
+        let field = format!("{section}.keep_capabilities");
+        if !process {
+            let message = "only applies with isolation = \"process\" (an in-process driver has the host's privileges)";
+            self.diags.error(caps.span(), &field, message);
+            return Isolation::InProcess;
+        }
+        let mut keep = Vec::new();
+        for cap in caps.get_ref() {
+            let name = cap.get_ref();
+            if capability_number(name).is_some() {
+                if !keep.contains(name) {
+                    keep.push(name.clone());
+                }
+                continue;
+            }
+            let upper = name.to_ascii_uppercase();
+            let guess = if upper.starts_with("CAP_") { upper } else { format!("CAP_{upper}") };
+            let message = match capability_number(&guess) {
+                Some(_) => format!("unknown capability {name:?}; did you mean {guess:?}?"),
+                None => format!("unknown capability {name:?}; names are as in capabilities(7), e.g. \"CAP_SYS_ADMIN\""),
+            };
+            self.diags.error(cap.span(), &field, message);
+        }
+        Isolation::Process { keep_capabilities: keep }
     }
 
     /// `libdevhost_X.so` first (the name our build produces; cargo spells `-` as `_`), then a
@@ -267,10 +338,17 @@ impl Builder<'_> {
                     call_timeout: self.default_timeout,
                     implicit: true,
                     sha256: None,
+                    isolation: Isolation::InProcess,
                 };
                 self.drivers.insert(driver.clone(), config);
             }
             Ok(()) => {}
+        }
+        let replicas = features::replicas(raw.replicas.as_ref(), section, &mut self.diags);
+        let strategy =
+            features::strategy(raw.device_list_strategy.as_ref(), section, self.cdi_dir_set, &mut self.diags);
+        if name_ok && self.cdi_dir_set {
+            features::cdi_kind(&raw.name, section, &mut self.diags);
         }
         let mut matches = Vec::new();
         for (key, pattern) in raw.matches.unwrap_or_default() {
@@ -288,7 +366,16 @@ impl Builder<'_> {
             }
             matches.push((key, pattern));
         }
-        self.resources.push(ResourceConfig { name, driver, matches, socket_name: socket, location });
+        self.resources.push(ResourceConfig {
+            name,
+            driver,
+            matches,
+            socket_name: socket,
+            location,
+            replicas,
+            one_replica_per_container: raw.one_replica_per_container.unwrap_or(false),
+            device_list_strategy: strategy,
+        });
     }
 
     fn finish(self, path: &Path) -> Result<Manifest, ManifestErrors> {
@@ -312,6 +399,8 @@ impl Builder<'_> {
             resources: self.resources,
             warnings,
             allow_untrusted_modules: false,
+            cdi_dir: None,
+            metrics_addr: None,
         })
     }
 }

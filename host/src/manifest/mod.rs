@@ -6,6 +6,7 @@
 //! The key reference is `docs/config-reference.md`.
 
 mod build;
+mod features;
 mod names;
 mod source;
 mod values;
@@ -15,6 +16,7 @@ mod tests;
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -47,6 +49,10 @@ pub struct Manifest {
     /// Load modules even when their file or folder is writable by others or owned by someone
     /// else (development only; logged loudly).
     pub allow_untrusted_modules: bool,
+    /// Folder the host keeps one CDI spec file per resource in (`cdi_dir`); `None`: no CDI files.
+    pub cdi_dir: Option<PathBuf>,
+    /// Where `/metrics`, `/healthz`, `/readyz` and `/status` are served (`metrics_addr`).
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 /// One driver instance: a module plus the options it is created with.
@@ -66,6 +72,19 @@ pub struct DriverConfig {
     pub implicit: bool,
     /// Expected SHA-256 of the module file (lower-case hex), if pinned.
     pub sha256: Option<String>,
+    /// Where the driver's code runs.
+    pub isolation: Isolation,
+}
+
+/// Where a driver instance's code runs (`isolation` in `[driver.X]`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Isolation {
+    /// In the host process, on a worker thread of its own (`"in-process"`, the default).
+    #[default]
+    InProcess,
+    /// In a worker process of its own (`"process"`), which keeps only these capabilities
+    /// (names as in capabilities(7), e.g. `CAP_SYS_ADMIN`; none by default).
+    Process { keep_capabilities: Vec<String> },
 }
 
 /// One extended resource advertised to the kubelet.
@@ -81,6 +100,33 @@ pub struct ResourceConfig {
     pub socket_name: String,
     /// `file:line:column` of the `[[resource]]` entry, for messages about it.
     pub location: String,
+    /// How many IDs each device is advertised as (`replicas`, 1 = no sharing).
+    pub replicas: u32,
+    /// Refuse a container request holding two replicas of one device.
+    pub one_replica_per_container: bool,
+    /// What Allocate answers with: raw container edits or CDI device names.
+    pub device_list_strategy: DeviceListStrategy,
+}
+
+/// `device_list_strategy` of a resource.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceListStrategy {
+    /// Device nodes, mounts, env and annotations in the Allocate answer.
+    #[default]
+    Edits,
+    /// CDI device names (and the CDI annotation) in the Allocate answer; needs `cdi_dir`.
+    Cdi,
+}
+
+impl DeviceListStrategy {
+    /// The manifest spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeviceListStrategy::Edits => "edits",
+            DeviceListStrategy::Cdi => "cdi",
+        }
+    }
 }
 
 impl ResourceConfig {

@@ -11,9 +11,8 @@ use devhost_proto::KUBELET_SOCKET;
 use devhost_proto::v1beta1::device_plugin_client::DevicePluginClient;
 use devhost_proto::v1beta1::registration_server::RegistrationServer;
 use devhost_proto::v1beta1::{
-    AllocateRequest, AllocateResponse, ContainerAllocateRequest,
-    ContainerPreferredAllocationRequest, Device, DevicePluginOptions, PreStartContainerRequest,
-    PreferredAllocationRequest,
+    AllocateRequest, AllocateResponse, ContainerAllocateRequest, ContainerPreferredAllocationRequest, Device,
+    DevicePluginOptions, PreStartContainerRequest, PreferredAllocationRequest,
 };
 use tokio::sync::oneshot;
 use tokio_stream::wrappers::UnixListenerStream;
@@ -49,11 +48,7 @@ impl Kubelet {
             .mode(DIR_MODE)
             .create(dir)
             .map_err(|e| context(e, "creating device-plugins directory", dir))?;
-        let kubelet = Kubelet {
-            dir: dir.to_path_buf(),
-            shared: Arc::new(Shared::new()),
-            server: Mutex::new(None),
-        };
+        let kubelet = Kubelet { dir: dir.to_path_buf(), shared: Arc::new(Shared::new()), server: Mutex::new(None) };
         kubelet.listen()?;
         Ok(kubelet)
     }
@@ -100,9 +95,8 @@ impl Kubelet {
     }
 
     fn listen(&self) -> io::Result<()> {
-        let runtime = tokio::runtime::Handle::try_current().map_err(|e| {
-            io::Error::other(format!("the kubelet emulator needs a tokio runtime: {e}"))
-        })?;
+        let runtime = tokio::runtime::Handle::try_current()
+            .map_err(|e| io::Error::other(format!("the kubelet emulator needs a tokio runtime: {e}")))?;
         let socket = self.socket_path();
         match std::fs::remove_file(&socket) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => {
@@ -112,9 +106,7 @@ impl Kubelet {
         }
         let listener = std::os::unix::net::UnixListener::bind(&socket)
             .map_err(|e| context(e, "binding kubelet socket", &socket))?;
-        listener
-            .set_nonblocking(true)
-            .map_err(|e| context(e, "configuring kubelet socket", &socket))?;
+        listener.set_nonblocking(true).map_err(|e| context(e, "configuring kubelet socket", &socket))?;
         let listener = {
             let _guard = runtime.enter();
             tokio::net::UnixListener::from_std(listener)
@@ -126,12 +118,13 @@ impl Kubelet {
             epoch: self.shared.read(|s| s.epoch),
         };
         let (stop, stopped) = oneshot::channel::<()>();
-        let serve = Server::builder()
-            .add_service(RegistrationServer::new(service))
-            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
+        let serve = Server::builder().add_service(RegistrationServer::new(service)).serve_with_incoming_shutdown(
+            UnixListenerStream::new(listener),
+            async {
                 // A dropped sender means the handle is gone: stop as well.
                 let _ = stopped.await;
-            });
+            },
+        );
         runtime.spawn(async move {
             if let Err(e) = serve.await {
                 tracing::error!(socket = %socket.display(), error = %e, "registration server failed");
@@ -161,9 +154,7 @@ impl Kubelet {
     }
 
     fn server_slot(&self) -> std::sync::MutexGuard<'_, Option<oneshot::Sender<()>>> {
-        self.server
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.server.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn with_resource<R>(&self, resource: &str, f: impl FnOnce(&Resource) -> R) -> Option<R> {
@@ -179,8 +170,7 @@ impl Kubelet {
 
     /// Successful registrations of `resource` (0 if never registered).
     pub fn registration_count(&self, resource: &str) -> u64 {
-        self.with_resource(resource, |r| r.registrations)
-            .unwrap_or(0)
+        self.with_resource(resource, |r| r.registrations).unwrap_or(0)
     }
 
     /// Options from the plugin's `GetDevicePluginOptions` at its latest registration.
@@ -201,8 +191,7 @@ impl Kubelet {
     /// Latest device list as the kubelet sees it: the last ListAndWatch
     /// message, with every device turned unhealthy once the connection ended.
     pub fn devices(&self, resource: &str) -> Option<Vec<Device>> {
-        self.with_resource(resource, |r| r.devices.clone())
-            .flatten()
+        self.with_resource(resource, |r| r.devices.clone()).flatten()
     }
 
     /// ListAndWatch messages received for `resource`, over all registrations.
@@ -212,8 +201,7 @@ impl Kubelet {
 
     /// True while the latest registration's connection and stream are alive.
     pub fn is_connected(&self, resource: &str) -> bool {
-        self.with_resource(resource, |r| r.live.is_some())
-            .unwrap_or(false)
+        self.with_resource(resource, |r| r.live.is_some()).unwrap_or(false)
     }
 
     /// Why the latest connection ended (stream end, restart, stop), if it did.
@@ -224,30 +212,18 @@ impl Kubelet {
     /// A raw client on the live connection, for calls the kubelet would not
     /// make (hostile inputs, calls without the advertised options).
     pub fn client(&self, resource: &str) -> Option<DevicePluginClient<Channel>> {
-        self.with_resource(resource, |r| {
-            r.live.as_ref().map(|l| plugin_client(l.channel.clone()))
-        })
-        .flatten()
+        self.with_resource(resource, |r| r.live.as_ref().map(|l| plugin_client(l.channel.clone()))).flatten()
     }
 
     // ---- waiters ----
 
     /// Waits until `resource` has registered at least once.
-    pub async fn wait_registered(
-        &self,
-        resource: &str,
-        timeout: Duration,
-    ) -> Result<(), WaitError> {
+    pub async fn wait_registered(&self, resource: &str, timeout: Duration) -> Result<(), WaitError> {
         self.wait_registration_count(resource, 1, timeout).await
     }
 
     /// Waits until `resource` has registered at least `n` times in all.
-    pub async fn wait_registration_count(
-        &self,
-        resource: &str,
-        n: u64,
-        timeout: Duration,
-    ) -> Result<(), WaitError> {
+    pub async fn wait_registration_count(&self, resource: &str, n: u64, timeout: Duration) -> Result<(), WaitError> {
         let what = || format!("{n} registration(s) of {resource:?}");
         self.shared
             .wait(what, timeout, |s| match s.resources.get(resource) {
@@ -258,12 +234,7 @@ impl Kubelet {
     }
 
     /// Waits until at least `n` ListAndWatch messages for `resource` arrived.
-    pub async fn wait_list_count(
-        &self,
-        resource: &str,
-        n: u64,
-        timeout: Duration,
-    ) -> Result<(), WaitError> {
+    pub async fn wait_list_count(&self, resource: &str, n: u64, timeout: Duration) -> Result<(), WaitError> {
         let what = || format!("{n} ListAndWatch message(s) for {resource:?}");
         self.shared
             .wait(what, timeout, |s| match s.resources.get(resource) {
@@ -284,21 +255,14 @@ impl Kubelet {
         let what = || format!("a device list for {resource:?} matching the condition");
         self.shared
             .wait(what, timeout, |s| match s.resources.get(resource) {
-                Some(Resource {
-                    devices: Some(devices),
-                    ..
-                }) if pred(devices) => Ok(devices.clone()),
+                Some(Resource { devices: Some(devices), .. }) if pred(devices) => Ok(devices.clone()),
                 _ => Err(s.describe(resource)),
             })
             .await
     }
 
     /// Waits until `resource` is registered but its connection has ended.
-    pub async fn wait_disconnected(
-        &self,
-        resource: &str,
-        timeout: Duration,
-    ) -> Result<(), WaitError> {
+    pub async fn wait_disconnected(&self, resource: &str, timeout: Duration) -> Result<(), WaitError> {
         let what = || format!("the connection of {resource:?} to end");
         self.shared
             .wait(what, timeout, |s| match s.resources.get(resource) {
@@ -311,36 +275,21 @@ impl Kubelet {
     // ---- kubelet-style calls ----
 
     /// Live client and stored options, or the error the kubelet would give.
-    fn endpoint_for_call(
-        &self,
-        resource: &str,
-    ) -> Result<(DevicePluginClient<Channel>, DevicePluginOptions), Status> {
+    fn endpoint_for_call(&self, resource: &str) -> Result<(DevicePluginClient<Channel>, DevicePluginOptions), Status> {
         self.shared.read(|s| match s.resources.get(resource) {
-            None => Err(Status::not_found(format!(
-                "no device plugin registered for resource {resource:?}"
-            ))),
-            Some(Resource {
-                live: None, ended, ..
-            }) => Err(Status::unavailable(format!(
+            None => Err(Status::not_found(format!("no device plugin registered for resource {resource:?}"))),
+            Some(Resource { live: None, ended, .. }) => Err(Status::unavailable(format!(
                 "endpoint for resource {resource:?} has been stopped ({})",
                 ended.as_deref().unwrap_or("not connected")
             ))),
-            Some(
-                r @ Resource {
-                    live: Some(live), ..
-                },
-            ) => Ok((plugin_client(live.channel.clone()), r.options)),
+            Some(r @ Resource { live: Some(live), .. }) => Ok((plugin_client(live.channel.clone()), r.options)),
         })
     }
 
     /// Allocate with one `ContainerAllocateRequest` per entry of `containers`,
     /// without a deadline. Like the kubelet, an answer without any container
     /// response is an error.
-    pub async fn allocate(
-        &self,
-        resource: &str,
-        containers: Vec<Vec<String>>,
-    ) -> Result<AllocateResponse, Status> {
+    pub async fn allocate(&self, resource: &str, containers: Vec<Vec<String>>) -> Result<AllocateResponse, Status> {
         let (mut client, _) = self.endpoint_for_call(resource)?;
         let request = AllocateRequest {
             container_requests: containers
@@ -422,9 +371,7 @@ fn remove_sockets(dir: &Path) -> io::Result<()> {
         let entry = entry.map_err(|e| context(e, "listing", dir))?;
         let path = entry.path();
         // `DirEntry::file_type` does not follow symlinks, like the kubelet's check.
-        let kind = entry
-            .file_type()
-            .map_err(|e| context(e, "inspecting", &path))?;
+        let kind = entry.file_type().map_err(|e| context(e, "inspecting", &path))?;
         if kind.is_socket() {
             match std::fs::remove_file(&path) {
                 Err(e) if e.kind() != io::ErrorKind::NotFound => {
@@ -438,8 +385,5 @@ fn remove_sockets(dir: &Path) -> io::Result<()> {
 }
 
 fn context(error: io::Error, action: &str, path: &Path) -> io::Error {
-    io::Error::new(
-        error.kind(),
-        format!("{action} {}: {error}", path.display()),
-    )
+    io::Error::new(error.kind(), format!("{action} {}: {error}", path.display()))
 }

@@ -7,14 +7,19 @@
 //! kubelet makes (Allocate, GetPreferredAllocation, PreStartContainer). It can
 //! also restart or stop like a real kubelet, deleting sockets as it does.
 //! Observations are cheap getters plus waiters woken on every change.
+//!
+//! [`PodResourcesServer`] emulates the kubelet's PodResources API on its own
+//! socket, with the pods and devices a test sets.
 
 mod kubelet;
 mod names;
+mod podresources;
 mod registration;
 mod state;
 
 pub use kubelet::Kubelet;
 pub use names::{check_extended_resource_name, is_extended_resource_name, join_endpoint};
+pub use podresources::{PodContainer, PodResourcesServer};
 pub use state::WaitError;
 
 /// Re-exported so users need not depend on `devhost-proto` for the types in

@@ -29,11 +29,9 @@ pub fn is_extended_resource_name(name: &str) -> bool {
 /// start and end alphanumeric.
 pub fn check_extended_resource_name(name: &str) -> Result<(), String> {
     if !name.contains('/') {
-        return Err(
-            "it has no domain prefix (expected e.g. \"vendor.com/device\"); \
+        return Err("it has no domain prefix (expected e.g. \"vendor.com/device\"); \
                     unprefixed names are native resources"
-                .to_string(),
-        );
+            .to_string());
     }
     if name.contains("kubernetes.io/") {
         return Err("the kubernetes.io/ namespace is reserved for native resources".to_string());
@@ -49,8 +47,7 @@ pub fn check_extended_resource_name(name: &str) -> Result<(), String> {
         (Some(prefix), Some(local), None) => (prefix, local),
         _ => return Err("it must contain exactly one '/'".to_string()),
     };
-    check_subdomain(prefix)
-        .map_err(|why| format!("prefix {:?} {why}", &prefix[REQUESTS_PREFIX.len()..]))?;
+    check_subdomain(prefix).map_err(|why| format!("prefix {:?} {why}", &prefix[REQUESTS_PREFIX.len()..]))?;
     check_name_part(local).map_err(|why| format!("name part {local:?} {why}"))
 }
 
@@ -64,20 +61,16 @@ fn check_subdomain(s: &str) -> Result<(), String> {
         let bytes = label.as_bytes();
         let alnum = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();
         match (bytes.first(), bytes.last()) {
-            (Some(first), Some(last)) => {
-                alnum(first) && alnum(last) && bytes.iter().all(|b| alnum(b) || *b == b'-')
-            }
+            (Some(first), Some(last)) => alnum(first) && alnum(last) && bytes.iter().all(|b| alnum(b) || *b == b'-'),
             _ => false,
         }
     };
     if s.split('.').all(label_ok) {
         Ok(())
     } else {
-        Err(
-            "is not a DNS-1123 subdomain (lower-case alphanumerics, '-' and '.', \
+        Err("is not a DNS-1123 subdomain (lower-case alphanumerics, '-' and '.', \
              each label starting and ending alphanumeric)"
-                .to_string(),
-        )
+            .to_string())
     }
 }
 
@@ -193,13 +186,7 @@ mod tests {
         // longest domain the kubelet accepts.
         let domain = |len: usize| {
             let first = "d".repeat(len - 3 * 61);
-            [
-                first.as_str(),
-                &"d".repeat(60),
-                &"d".repeat(60),
-                &"d".repeat(60),
-            ]
-            .join(".")
+            [first.as_str(), &"d".repeat(60), &"d".repeat(60), &"d".repeat(60)].join(".")
         };
         assert_eq!(domain(244).len(), 244);
         assert!(is_extended_resource_name(&format!("{}/x", domain(244))));
@@ -210,28 +197,13 @@ mod tests {
     fn endpoint_is_joined_and_cleaned_like_go() {
         let dir = Path::new("/var/lib/kubelet/device-plugins/");
         let join = |e| join_endpoint(dir, e);
-        assert_eq!(
-            join("gpu.sock"),
-            Path::new("/var/lib/kubelet/device-plugins/gpu.sock")
-        );
-        assert_eq!(
-            join("/x/y.sock"),
-            Path::new("/var/lib/kubelet/device-plugins/x/y.sock")
-        );
-        assert_eq!(
-            join("./a//b.sock"),
-            Path::new("/var/lib/kubelet/device-plugins/a/b.sock")
-        );
-        assert_eq!(
-            join("../evil.sock"),
-            Path::new("/var/lib/kubelet/evil.sock")
-        );
+        assert_eq!(join("gpu.sock"), Path::new("/var/lib/kubelet/device-plugins/gpu.sock"));
+        assert_eq!(join("/x/y.sock"), Path::new("/var/lib/kubelet/device-plugins/x/y.sock"));
+        assert_eq!(join("./a//b.sock"), Path::new("/var/lib/kubelet/device-plugins/a/b.sock"));
+        assert_eq!(join("../evil.sock"), Path::new("/var/lib/kubelet/evil.sock"));
         assert_eq!(join("../../../../../../x"), Path::new("/x"));
         assert_eq!(join(""), Path::new("/var/lib/kubelet/device-plugins"));
-        assert_eq!(
-            join_endpoint(Path::new("rel"), "../../a"),
-            Path::new("../a")
-        );
+        assert_eq!(join_endpoint(Path::new("rel"), "../../a"), Path::new("../a"));
         assert_eq!(join_endpoint(Path::new("rel"), ".."), Path::new("."));
     }
 }

@@ -44,12 +44,7 @@ impl Registration for RegistrationService {
     async fn register(&self, request: Request<RegisterRequest>) -> Result<Response<Empty>, Status> {
         let req = request.into_inner();
         let resource = req.resource_name.clone();
-        tracing::info!(
-            resource,
-            endpoint = req.endpoint,
-            version = req.version,
-            "Register"
-        );
+        tracing::info!(resource, endpoint = req.endpoint, version = req.version, "Register");
         let result = self.accept(req).await;
         if let Err(status) = &result {
             tracing::warn!(resource, error = status.message(), "Register rejected");
@@ -66,12 +61,8 @@ impl RegistrationService {
                 req.version
             )));
         }
-        check_extended_resource_name(&req.resource_name).map_err(|why| {
-            Status::unknown(format!(
-                "the ResourceName {:?} is invalid: {why}",
-                req.resource_name
-            ))
-        })?;
+        check_extended_resource_name(&req.resource_name)
+            .map_err(|why| Status::unknown(format!("the ResourceName {:?} is invalid: {why}", req.resource_name)))?;
         let socket = join_endpoint(&self.dir, &req.endpoint);
         let dial_timeout = self.shared.read(|s| s.dial_timeout);
         let channel = dial(&socket, dial_timeout).await.map_err(|why| {
@@ -104,10 +95,7 @@ impl RegistrationService {
             }
             let generation = state.next_generation;
             state.next_generation += 1;
-            let entry = state
-                .resources
-                .entry(req.resource_name.clone())
-                .or_default();
+            let entry = state.resources.entry(req.resource_name.clone()).or_default();
             // The newest registration replaces the previous endpoint.
             if let Some(old) = entry.live.take() {
                 old.stream.abort();
@@ -119,18 +107,10 @@ impl RegistrationService {
             entry.ended = None;
             // Spawned under the lock so the task cannot look for its own
             // generation before it is recorded.
-            let stream = tokio::spawn(list_and_watch(
-                shared,
-                req.resource_name,
-                generation,
-                plugin_client(channel.clone()),
-            ))
-            .abort_handle();
-            entry.live = Some(Live {
-                generation,
-                channel,
-                stream,
-            });
+            let stream =
+                tokio::spawn(list_and_watch(shared, req.resource_name, generation, plugin_client(channel.clone())))
+                    .abort_handle();
+            entry.live = Some(Live { generation, channel, stream });
             Ok(Empty {})
         })
     }
@@ -197,10 +177,7 @@ async fn list_and_watch(
     tracing::warn!(resource, reason, "ListAndWatch ended unexpectedly");
     shared.update(|state| {
         if let Some(entry) = state.resources.get_mut(&resource)
-            && entry
-                .live
-                .as_ref()
-                .is_some_and(|l| l.generation == generation)
+            && entry.live.as_ref().is_some_and(|l| l.generation == generation)
         {
             entry.disconnect(reason);
         }
@@ -211,12 +188,7 @@ async fn list_and_watch(
 fn record_devices(shared: &Shared, resource: &str, generation: u64, devices: Vec<Device>) -> bool {
     tracing::debug!(resource, count = devices.len(), "ListAndWatch update");
     shared.update(|state| match state.resources.get_mut(resource) {
-        Some(entry)
-            if entry
-                .live
-                .as_ref()
-                .is_some_and(|l| l.generation == generation) =>
-        {
+        Some(entry) if entry.live.as_ref().is_some_and(|l| l.generation == generation) => {
             entry.devices = Some(devices);
             entry.list_count += 1;
             true

@@ -84,10 +84,7 @@ impl Resource {
         let devices = match &self.devices {
             None => "no device list yet".to_string(),
             Some(list) => {
-                let items: Vec<String> = list
-                    .iter()
-                    .map(|d| format!("{}={}", d.id, d.health))
-                    .collect();
+                let items: Vec<String> = list.iter().map(|d| format!("{}={}", d.id, d.health)).collect();
                 format!("devices [{}]", items.join(", "))
             }
         };
@@ -142,9 +139,7 @@ impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock cannot leave the plain data here
         // half-updated in a way that matters to an emulator; keep going.
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     pub fn read<R>(&self, f: impl FnOnce(&State) -> R) -> R {
@@ -180,11 +175,7 @@ impl Shared {
                 // The sender lives in `self`, so it cannot be gone; if it
                 // were, nothing could change any more.
                 Ok(Err(_)) | Err(_) => {
-                    return self.read(&check).map_err(|last_seen| WaitError {
-                        what: what(),
-                        last_seen,
-                        timeout,
-                    });
+                    return self.read(&check).map_err(|last_seen| WaitError { what: what(), last_seen, timeout });
                 }
             }
         }

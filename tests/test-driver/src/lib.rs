@@ -1,7 +1,8 @@
 //! A Rust SDK driver for the host's tests. With no options it reports
 //! `count` healthy devices; options make it misbehave on purpose:
 //! `panic_in` / `hang_in` name a call (create, scan, allocate, preferred,
-//! pre_start, watch_start), `hang_ms` bounds a hang, `fail_create` makes
+//! pre_start, watch_start; scans misbehave from the second on, and a scan
+//! hangs only once), `hang_ms` bounds a hang, `fail_create` makes
 //! create refuse with that message, `bad_ids` emits invalid and duplicate
 //! IDs next to good ones, `propose` makes the preferred hook propose these
 //! comma-separated IDs verbatim.
@@ -65,8 +66,10 @@ impl Driver for TestDriver {
 
     fn scan(&self, scan: &mut Scan<'_>) -> Result<()> {
         // The first scan (at start-up) behaves, so that hangs and panics hit
-        // a resource that is already registered.
-        if self.scans.fetch_add(1, Ordering::Relaxed) > 0 {
+        // a resource that is already registered; a hang happens once (the
+        // second scan), so the tests can watch the driver come back.
+        let n = self.scans.fetch_add(1, Ordering::Relaxed);
+        if n > 0 && (self.hang_in != "scan" || n == 1) {
             self.misbehave("scan");
         }
         for i in 0..self.count {

@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::*;
 
 mod errors;
+mod features;
 
 pub(super) const PATH: &str = "/etc/devhost/devhost.toml";
 

@@ -9,10 +9,9 @@ use std::time::Duration;
 use devhost_proto::v1beta1::device_plugin_server::{DevicePlugin, DevicePluginServer};
 use devhost_proto::v1beta1::registration_client::RegistrationClient;
 use devhost_proto::v1beta1::{
-    AllocateRequest, AllocateResponse, ContainerAllocateResponse,
-    ContainerPreferredAllocationResponse, Device, DevicePluginOptions, Empty, ListAndWatchResponse,
-    PreStartContainerRequest, PreStartContainerResponse, PreferredAllocationRequest,
-    PreferredAllocationResponse, RegisterRequest,
+    AllocateRequest, AllocateResponse, ContainerAllocateResponse, ContainerPreferredAllocationResponse, Device,
+    DevicePluginOptions, Empty, ListAndWatchResponse, PreStartContainerRequest, PreStartContainerResponse,
+    PreferredAllocationRequest, PreferredAllocationResponse, RegisterRequest,
 };
 use devhost_proto::{HEALTHY, KUBELET_SOCKET, VERSION, connect_uds};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -23,11 +22,7 @@ use tonic::{Request, Response, Status};
 pub const WAIT: Duration = Duration::from_secs(5);
 
 pub fn device(id: &str, health: &str) -> Device {
-    Device {
-        id: id.to_string(),
-        health: health.to_string(),
-        topology: None,
-    }
+    Device { id: id.to_string(), health: health.to_string(), topology: None }
 }
 
 pub fn healthy(ids: &[&str]) -> Vec<Device> {
@@ -68,20 +63,13 @@ struct Plugin {
 
 #[tonic::async_trait]
 impl DevicePlugin for Plugin {
-    async fn get_device_plugin_options(
-        &self,
-        _: Request<Empty>,
-    ) -> Result<Response<DevicePluginOptions>, Status> {
+    async fn get_device_plugin_options(&self, _: Request<Empty>) -> Result<Response<DevicePluginOptions>, Status> {
         Ok(Response::new(self.options))
     }
 
-    type ListAndWatchStream =
-        Pin<Box<dyn Stream<Item = Result<ListAndWatchResponse, Status>> + Send>>;
+    type ListAndWatchStream = Pin<Box<dyn Stream<Item = Result<ListAndWatchResponse, Status>> + Send>>;
 
-    async fn list_and_watch(
-        &self,
-        _: Request<Empty>,
-    ) -> Result<Response<Self::ListAndWatchStream>, Status> {
+    async fn list_and_watch(&self, _: Request<Empty>) -> Result<Response<Self::ListAndWatchStream>, Status> {
         let mut ended = self.handle.ended.clone();
         let mut devices = self.handle.devices.subscribe();
         let (tx, rx) = mpsc::channel(4);
@@ -90,11 +78,7 @@ impl DevicePlugin for Plugin {
         tokio::spawn(async move {
             loop {
                 let list = devices.borrow_and_update().clone();
-                if tx
-                    .send(Ok(ListAndWatchResponse { devices: list }))
-                    .await
-                    .is_err()
-                {
+                if tx.send(Ok(ListAndWatchResponse { devices: list })).await.is_err() {
                     return;
                 }
                 tokio::select! {
@@ -128,29 +112,18 @@ impl DevicePlugin for Plugin {
         }))
     }
 
-    async fn allocate(
-        &self,
-        req: Request<AllocateRequest>,
-    ) -> Result<Response<AllocateResponse>, Status> {
+    async fn allocate(&self, req: Request<AllocateRequest>) -> Result<Response<AllocateResponse>, Status> {
         let mut container_responses = Vec::new();
         for container in req.into_inner().container_requests {
             let ids = container.devices_ids.join(",");
-            self.handle
-                .calls
-                .lock()
-                .unwrap()
-                .push(format!("Allocate: {ids}"));
+            self.handle.calls.lock().unwrap().push(format!("Allocate: {ids}"));
             if container.devices_ids.iter().any(|id| id == "bad") {
                 return Err(Status::invalid_argument("unknown device \"bad\""));
             }
-            container_responses.push(ContainerAllocateResponse {
-                envs: [("DEVICES".to_string(), ids)].into(),
-                ..Default::default()
-            });
+            container_responses
+                .push(ContainerAllocateResponse { envs: [("DEVICES".to_string(), ids)].into(), ..Default::default() });
         }
-        Ok(Response::new(AllocateResponse {
-            container_responses,
-        }))
+        Ok(Response::new(AllocateResponse { container_responses }))
     }
 
     async fn pre_start_container(
@@ -159,11 +132,7 @@ impl DevicePlugin for Plugin {
     ) -> Result<Response<PreStartContainerResponse>, Status> {
         let timeout = req.metadata().get("grpc-timeout").is_some();
         let ids = req.into_inner().devices_ids.join(",");
-        self.handle
-            .calls
-            .lock()
-            .unwrap()
-            .push(format!("PreStart: {ids} deadline {timeout}"));
+        self.handle.calls.lock().unwrap().push(format!("PreStart: {ids} deadline {timeout}"));
         Ok(Response::new(PreStartContainerResponse {}))
     }
 }
@@ -187,10 +156,7 @@ impl TestPlugin {
             end_streams: Arc::new(Mutex::new(Some(end_tx))),
             ended,
         };
-        let plugin = Plugin {
-            options,
-            handle: handle.clone(),
-        };
+        let plugin = Plugin { options, handle: handle.clone() };
         let (stop, stopped) = oneshot::channel::<()>();
         tokio::spawn(
             tonic::transport::Server::builder()
@@ -199,12 +165,7 @@ impl TestPlugin {
                     let _ = stopped.await;
                 }),
         );
-        TestPlugin {
-            handle,
-            endpoint: endpoint.to_string(),
-            socket,
-            _stop: stop,
-        }
+        TestPlugin { handle, endpoint: endpoint.to_string(), socket, _stop: stop }
     }
 
     /// Registers this plugin under `resource` with the emulator in `dir`.
@@ -214,12 +175,7 @@ impl TestPlugin {
 }
 
 /// Sends one RegisterRequest to `<dir>/kubelet.sock`.
-pub async fn register(
-    dir: &Path,
-    version: &str,
-    resource: &str,
-    endpoint: &str,
-) -> Result<(), Status> {
+pub async fn register(dir: &Path, version: &str, resource: &str, endpoint: &str) -> Result<(), Status> {
     let channel = connect_uds(dir.join(KUBELET_SOCKET))
         .await
         .map_err(|e| Status::unavailable(format!("cannot reach kubelet.sock: {e}")))?;
@@ -235,8 +191,5 @@ pub async fn register(
 }
 
 pub fn options(pre_start: bool, preferred: bool) -> DevicePluginOptions {
-    DevicePluginOptions {
-        pre_start_required: pre_start,
-        get_preferred_allocation_available: preferred,
-    }
+    DevicePluginOptions { pre_start_required: pre_start, get_preferred_allocation_available: preferred }
 }

@@ -1,0 +1,588 @@
+//! The host side of an isolated driver: one supervisor thread per instance
+//! starts the worker process, runs `create` (and `watch_start`) in it, and
+//! restarts it with capped exponential backoff when it dies or hangs. A
+//! reader thread per worker delivers replies to the calls waiting for them;
+//! when the channel ends, every call in flight fails with UNAVAILABLE at once
+//! and the instance reports itself broken, so the registry marks its devices
+//! Unhealthy until the restarted worker's scan says otherwise.
+
+use super::privileges;
+use super::protocol::{self, Message, Request};
+use super::worker::{ENV_FD, ENV_KEEP_CAPS, ENV_PARENT};
+use crate::callbacks::CallState;
+use crate::instance::{CallError, status_error};
+use crate::loader::ModuleInfo;
+use devhost_abi as abi;
+use std::collections::HashMap;
+use std::io::{BufReader, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, mpsc};
+use std::time::{Duration, Instant};
+use tokio::sync::{Notify, oneshot};
+
+/// Restart delays: doubled after each failure, from MIN up to MAX, and back
+/// to MIN once a worker has stayed up for STABLE.
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(10);
+const STABLE: Duration = Duration::from_secs(30);
+/// Deadlines a worker may miss in a row (or stay stuck for) before it is killed.
+pub const MAX_MISSES: u32 = 3;
+/// How often the supervisor looks at a live worker (hangs, a leaked channel).
+const TICK: Duration = Duration::from_millis(100);
+/// A worker that does not read its requests for this long is wedged.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What a worker call gives back: the driver's status and what it emitted.
+pub type Outcome = Result<(abi::devhost_status, CallState), CallError>;
+
+/// How to start one isolated instance.
+pub struct Spec {
+    pub name: String,
+    pub module: PathBuf,
+    pub options: Vec<(String, String)>,
+    pub timeout: Duration,
+    pub keep_caps: Vec<u32>,
+    pub program: PathBuf,
+}
+
+enum Event {
+    /// The channel of this worker generation ended.
+    Lost(u64),
+    /// Kill this worker generation and restart it, for this reason.
+    Kill(u64, String),
+    Stop,
+}
+
+/// The handle an `Instance` holds; dropping it stops the worker.
+pub struct Worker {
+    shared: Arc<Shared>,
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+struct Shared {
+    name: String,
+    timeout: Duration,
+    changed: Arc<Notify>,
+    link: Mutex<Link>,
+    events: Mutex<mpsc::Sender<Event>>,
+    /// Deadlines missed in a row, reset by any reply in time.
+    misses: AtomicU32,
+    /// Whether the host started the driver's watch, so a restart does too.
+    watching: AtomicBool,
+}
+
+enum Link {
+    Up(Arc<Conn>),
+    Down(String),
+    Stopped,
+}
+
+/// One worker process's channel and the calls waiting on it.
+struct Conn {
+    generation: u64,
+    pid: u32,
+    out: Mutex<UnixStream>,
+    calls: Mutex<Calls>,
+}
+
+#[derive(Default)]
+struct Calls {
+    closed: Option<String>,
+    next_id: u32,
+    pending: HashMap<u32, Pending>,
+    /// The call that missed its deadline and has not come back yet.
+    stuck: Option<(u32, &'static str, Instant)>,
+}
+
+struct Pending {
+    call: &'static str,
+    done: Box<dyn FnOnce(Outcome) + Send>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+static GENERATION: AtomicU64 = AtomicU64::new(1);
+
+impl Shared {
+    fn unavailable(&self, reason: impl Into<String>) -> CallError {
+        CallError::Unavailable { driver: self.name.clone(), reason: reason.into() }
+    }
+
+    fn event(&self, e: Event) {
+        let _ = lock(&self.events).send(e);
+    }
+
+    fn conn(&self) -> Result<Arc<Conn>, CallError> {
+        match &*lock(&self.link) {
+            Link::Up(c) => Ok(c.clone()),
+            Link::Down(reason) => Err(self.unavailable(format!("{reason}; restarting its worker process"))),
+            Link::Stopped => Err(self.unavailable("its worker process is stopped")),
+        }
+    }
+
+    /// Marks generation `generation` down, unless a newer state replaced it.
+    fn down_if_current(&self, generation: u64, reason: &str) {
+        let mut cur = lock(&self.link);
+        if matches!(&*cur, Link::Up(c) if c.generation == generation) {
+            *cur = Link::Down(reason.to_string());
+        }
+    }
+
+    fn set_link(&self, link: Link) {
+        let mut cur = lock(&self.link);
+        if !matches!(*cur, Link::Stopped) {
+            *cur = link;
+        }
+    }
+}
+
+impl Conn {
+    /// Registers `done` for the reply, then writes the request.
+    fn send(&self, shared: &Shared, call: &'static str, req: &Request, done: Box<dyn FnOnce(Outcome) + Send>) -> Result<u32, CallError> {
+        let id = {
+            let mut calls = lock(&self.calls);
+            if let Some(reason) = &calls.closed {
+                return Err(shared.unavailable(reason.clone()));
+            }
+            calls.next_id = calls.next_id.wrapping_add(1).max(1);
+            let id = calls.next_id;
+            calls.pending.insert(id, Pending { call, done });
+            id
+        };
+        let frame = protocol::request(id, req);
+        if let Err(e) = lock(&self.out).write_all(&frame) {
+            lock(&self.calls).pending.remove(&id);
+            // A partial frame may be in the channel: this worker is done for.
+            shared.event(Event::Kill(self.generation, format!("cannot send {call} to it: {e}")));
+            return Err(shared.unavailable(format!("cannot send {call} to its worker process: {e}")));
+        }
+        Ok(id)
+    }
+
+    /// A call of ours whose deadline passed: refuse others until it returns.
+    fn mark_stuck(&self, id: u32, call: &'static str) {
+        let mut calls = lock(&self.calls);
+        if calls.pending.contains_key(&id) && calls.stuck.is_none() {
+            calls.stuck = Some((id, call, Instant::now()));
+        }
+    }
+
+    fn stuck(&self) -> Option<(&'static str, Instant)> {
+        lock(&self.calls).stuck.map(|(_, call, since)| (call, since))
+    }
+
+    /// Ends the channel: every waiting call fails with `reason`.
+    fn close(&self, shared: &Shared, reason: &str) {
+        let pending: Vec<Pending> = {
+            let mut calls = lock(&self.calls);
+            if calls.closed.is_none() {
+                calls.closed = Some(reason.to_string());
+            }
+            calls.stuck = None;
+            calls.pending.drain().map(|(_, p)| p).collect()
+        };
+        for p in pending {
+            (p.done)(Err(shared.unavailable(format!("{reason} during {}", p.call))));
+        }
+        // Unblocks the reader thread if the process somehow lingers.
+        let _ = lock(&self.out).shutdown(std::net::Shutdown::Both);
+    }
+
+    /// A call from the supervisor thread itself (create, watch_start, shutdown).
+    fn call_blocking(&self, shared: &Shared, call: &'static str, req: &Request) -> Outcome {
+        let (tx, rx) = mpsc::channel();
+        self.send(shared, call, req, Box::new(move |o| drop(tx.send(o))))?;
+        match rx.recv_timeout(shared.timeout) {
+            Ok(o) => o,
+            Err(_) => Err(CallError::Timeout { driver: shared.name.clone(), call, timeout: shared.timeout }),
+        }
+    }
+}
+
+/// Delivers the worker's frames until its channel ends.
+fn read_loop(shared: Arc<Shared>, conn: Arc<Conn>, stream: UnixStream) {
+    let mut input = BufReader::new(stream);
+    let reason = loop {
+        let body = match protocol::read_frame(&mut input) {
+            Ok(Some(b)) => b,
+            Ok(None) => break "its worker process exited".to_string(),
+            Err(e) => break format!("its worker process channel failed ({e})"),
+        };
+        match protocol::decode_message(&body) {
+            Ok(Message::Reply { id, status, state }) => {
+                let (pending, was_stuck) = {
+                    let mut calls = lock(&conn.calls);
+                    let was_stuck = calls.stuck.is_some_and(|(s, _, _)| s == id);
+                    if was_stuck {
+                        calls.stuck = None;
+                    }
+                    (calls.pending.remove(&id), was_stuck)
+                };
+                if let Some(p) = pending {
+                    (p.done)(Ok((status, state)));
+                }
+                if was_stuck {
+                    // Back from a hang: let the registry re-evaluate health.
+                    shared.changed.notify_one();
+                }
+            }
+            Ok(Message::Log { level, message }) => emit_log(&shared.name, level, &message),
+            Ok(Message::Changed) => shared.changed.notify_one(),
+            Ok(Message::Hello { .. } | Message::LoadFailed(_)) => break "its worker process greeted twice".to_string(),
+            Err(e) => break format!("its worker process sent a {e}"),
+        }
+    };
+    shared.down_if_current(conn.generation, &reason);
+    conn.close(&shared, &reason);
+    shared.changed.notify_one();
+    shared.event(Event::Lost(conn.generation));
+}
+
+fn emit_log(driver: &str, level: abi::devhost_log_level, msg: &str) {
+    match level {
+        abi::DEVHOST_LOG_ERROR => tracing::error!(driver, "{msg}"),
+        abi::DEVHOST_LOG_WARN => tracing::warn!(driver, "{msg}"),
+        abi::DEVHOST_LOG_INFO => tracing::info!(driver, "{msg}"),
+        abi::DEVHOST_LOG_DEBUG => tracing::debug!(driver, "{msg}"),
+        _ => tracing::trace!(driver, "{msg}"),
+    }
+}
+
+impl Worker {
+    /// Starts the supervisor thread and waits until the first worker has
+    /// loaded the module and `create` succeeded in it.
+    pub async fn start(spec: Spec, changed: Arc<Notify>) -> Result<(Worker, ModuleInfo), CallError> {
+        let (tx, rx) = mpsc::channel();
+        let shared = Arc::new(Shared {
+            name: spec.name.clone(),
+            timeout: spec.timeout,
+            changed,
+            link: Mutex::new(Link::Down("its worker process is starting".into())),
+            events: Mutex::new(tx),
+            misses: AtomicU32::new(0),
+            watching: AtomicBool::new(false),
+        });
+        let (first_tx, first_rx) = oneshot::channel();
+        let sup = shared.clone();
+        // The worker's parent-death signal follows this thread, which lives
+        // as long as the instance.
+        std::thread::Builder::new()
+            .name(format!("sup-{}", spec.name))
+            .spawn(move || supervise(sup, spec, rx, first_tx))
+            .map_err(|e| shared.unavailable(format!("cannot start its supervisor thread: {e}")))?;
+        match first_rx.await {
+            Ok(Ok(info)) => Ok((Worker { shared }, info)),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(shared.unavailable("its supervisor thread ended")),
+        }
+    }
+
+    /// One driver call in the worker, with the instance's deadline.
+    pub async fn call(&self, call: &'static str, req: Request) -> Outcome {
+        let s = &self.shared;
+        let conn = s.conn()?;
+        if let Some((hung, since)) = conn.stuck() {
+            return Err(CallError::Hung { driver: s.name.clone(), call: hung, secs: since.elapsed().as_secs() });
+        }
+        let (tx, rx) = oneshot::channel();
+        let id = conn.send(s, call, &req, Box::new(move |o| drop(tx.send(o))))?;
+        match tokio::time::timeout(s.timeout, rx).await {
+            Ok(Ok(outcome)) => {
+                s.misses.store(0, Ordering::Relaxed);
+                outcome
+            }
+            Ok(Err(_)) => Err(s.unavailable(format!("its worker process dropped {call}"))),
+            Err(_) => {
+                conn.mark_stuck(id, call);
+                let n = s.misses.fetch_add(1, Ordering::Relaxed) + 1;
+                if n >= MAX_MISSES {
+                    s.event(Event::Kill(conn.generation, format!("missed {n} deadlines in a row (last in {call})")));
+                }
+                s.changed.notify_one();
+                Err(CallError::Timeout { driver: s.name.clone(), call, timeout: s.timeout })
+            }
+        }
+    }
+
+    /// Remembers that the host wants the driver's watch, for restarts.
+    pub fn watching(&self) {
+        self.shared.watching.store(true, Ordering::Release);
+    }
+
+    /// Kills and restarts the worker (the driver's state cannot be trusted).
+    pub fn restart(&self, reason: String) {
+        if let Ok(conn) = self.shared.conn() {
+            self.shared.event(Event::Kill(conn.generation, reason));
+        }
+    }
+
+    /// The call the worker has been stuck in past its deadline, if any.
+    pub fn hung(&self) -> Option<(&'static str, Duration)> {
+        let conn = self.shared.conn().ok()?;
+        conn.stuck().map(|(call, since)| (call, since.elapsed()))
+    }
+
+    /// True while no worker serves calls (crashed, restarting or stopped).
+    pub fn down(&self) -> bool {
+        self.shared.conn().is_err()
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.shared.conn().ok().map(|c| c.pid)
+    }
+
+    /// Stops the worker (watch_stop and destroy in it) without waiting.
+    pub fn stop(&self) {
+        *lock(&self.shared.link) = Link::Stopped;
+        self.shared.event(Event::Stop);
+    }
+}
+
+/// Why a worker generation ended.
+enum End {
+    Lost,
+    Kill(String),
+    Stop,
+}
+
+fn supervise(s: Arc<Shared>, spec: Spec, events: mpsc::Receiver<Event>, first: oneshot::Sender<Result<ModuleInfo, CallError>>) {
+    let mut first = Some(first);
+    let mut backoff = BACKOFF_MIN;
+    loop {
+        let started = Instant::now();
+        match start(&s, &spec) {
+            Ok((mut child, conn, info)) => {
+                s.set_link(Link::Up(conn.clone()));
+                s.misses.store(0, Ordering::Relaxed);
+                match first.take() {
+                    Some(tx) => drop(tx.send(Ok(info))),
+                    None => {
+                        tracing::info!(driver = %s.name, pid = conn.pid, "worker process restarted");
+                        s.changed.notify_one();
+                    }
+                }
+                let end = watch(&s, &conn, &mut child, &events);
+                if matches!(end, End::Stop) {
+                    let _ = conn.call_blocking(&s, "shutdown", &Request::Shutdown);
+                    wait_exit(&mut child, s.timeout);
+                }
+                let reason = match &end {
+                    End::Kill(why) => format!("its worker process was killed: {why}"),
+                    End::Lost => "its worker process exited".to_string(),
+                    End::Stop => "its worker process stopped".to_string(),
+                };
+                // Unavailable first, so that nothing new is sent to it.
+                s.down_if_current(conn.generation, &reason);
+                conn.close(&s, &reason);
+                let status = reap(&mut child);
+                if matches!(end, End::Stop) {
+                    return;
+                }
+                let reason = format!("{reason} ({status})");
+                tracing::error!(
+                    driver = %s.name, pid = conn.pid,
+                    "driver {reason}; its devices are Unhealthy until it is back (restart in {backoff:?})"
+                );
+                s.set_link(Link::Down(reason));
+                s.changed.notify_one();
+                if started.elapsed() >= STABLE {
+                    backoff = BACKOFF_MIN;
+                }
+            }
+            Err((child, e)) => {
+                if let Some(mut c) = child {
+                    reap(&mut c);
+                }
+                if let Some(tx) = first.take() {
+                    *lock(&s.link) = Link::Stopped;
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+                tracing::error!(driver = %s.name, "worker process restart failed, next try in {backoff:?}: {e}");
+                s.set_link(Link::Down(e.to_string()));
+            }
+        }
+        if stop_within(&events, backoff) {
+            *lock(&s.link) = Link::Stopped;
+            return;
+        }
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+/// Waits out a backoff delay; true when asked to stop meanwhile.
+fn stop_within(events: &mpsc::Receiver<Event>, delay: Duration) -> bool {
+    let until = Instant::now() + delay;
+    loop {
+        match events.recv_timeout(until.saturating_duration_since(Instant::now())) {
+            Ok(Event::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => return true,
+            Ok(_) => {} // about a worker already gone
+            Err(mpsc::RecvTimeoutError::Timeout) => return false,
+        }
+    }
+}
+
+/// Watches a live worker until it ends, must be killed, or must stop.
+fn watch(s: &Shared, conn: &Conn, child: &mut Child, events: &mpsc::Receiver<Event>) -> End {
+    loop {
+        match events.recv_timeout(TICK) {
+            Ok(Event::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => return End::Stop,
+            Ok(Event::Lost(g)) if g == conn.generation => return End::Lost,
+            Ok(Event::Kill(g, why)) if g == conn.generation => return End::Kill(why),
+            Ok(_) | Err(mpsc::RecvTimeoutError::Timeout) => {}
+        }
+        // A driver may have forked a child that holds the channel open.
+        if let Ok(Some(_)) = child.try_wait() {
+            return End::Lost;
+        }
+        if let Some((call, since)) = conn.stuck()
+            && since.elapsed() >= s.timeout * (MAX_MISSES - 1)
+        {
+            // The missed call plus MAX_MISSES - 1 more deadlines.
+            let secs = (since.elapsed() + s.timeout).as_secs_f32();
+            return End::Kill(format!("stuck in {call} for {secs:.1} s ({MAX_MISSES} deadlines of {:?})", s.timeout));
+        }
+    }
+}
+
+fn wait_exit(child: &mut Child, within: Duration) {
+    let until = Instant::now() + within;
+    while Instant::now() < until {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Kills the worker if it still runs, collects it, and says how it ended.
+fn reap(child: &mut Child) -> String {
+    let _ = child.kill();
+    match child.wait() {
+        Err(e) => format!("its status is unknown: {e}"),
+        Ok(st) => match (st.code(), st.signal()) {
+            (Some(code), _) => format!("exit status {code}"),
+            (None, Some(sig)) => format!("signal {sig} ({}){}", signal_name(sig), if st.core_dumped() { ", core dumped" } else { "" }),
+            _ => st.to_string(),
+        },
+    }
+}
+
+fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGILL => "SIGILL",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGTRAP => "SIGTRAP",
+        _ => "signal",
+    }
+}
+
+type Started = (Child, Arc<Conn>, ModuleInfo);
+
+/// Spawns a worker, reads its greeting, and runs create (and watch_start).
+fn start(s: &Arc<Shared>, spec: &Spec) -> Result<Started, (Option<Child>, CallError)> {
+    let fail = |e: String| (None, s.unavailable(e));
+    let (host_end, worker_end) = UnixStream::pair().map_err(|e| fail(format!("cannot create a socket pair: {e}")))?;
+    let fd = worker_end.as_raw_fd();
+    let keep: Vec<String> = spec.keep_caps.iter().map(u32::to_string).collect();
+    let mut cmd = Command::new(&spec.program);
+    cmd.arg(super::WORKER_ARG)
+        .arg(&spec.name)
+        .arg(&spec.module)
+        .env(ENV_FD, fd.to_string())
+        .env(ENV_PARENT, std::process::id().to_string())
+        .env(ENV_KEEP_CAPS, keep.join(","))
+        .stdin(Stdio::null());
+    // SAFETY: in_child makes only async-signal-safe calls (prctl, fcntl).
+    unsafe { cmd.pre_exec(move || privileges::in_child(fd)) };
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| fail(format!("cannot start its worker process {}: {e}", spec.program.display())))?;
+    // Ours must go, or the channel would never report the worker's end.
+    drop(worker_end);
+    let generation = GENERATION.fetch_add(1, Ordering::Relaxed);
+    let result = greet(s, spec, &host_end, generation, child.id());
+    match result {
+        Ok((conn, info)) => Ok((child, conn, info)),
+        Err(e) => {
+            let _ = child.kill();
+            Err((Some(child), e))
+        }
+    }
+}
+
+fn greet(s: &Arc<Shared>, spec: &Spec, stream: &UnixStream, generation: u64, pid: u32) -> Result<(Arc<Conn>, ModuleInfo), CallError> {
+    let io = |what: &str, e: std::io::Error| s.unavailable(format!("worker process (pid {pid}): {what}: {e}"));
+    stream.set_read_timeout(Some(spec.timeout)).map_err(|e| io("set_read_timeout", e))?;
+    stream.set_write_timeout(Some(WRITE_TIMEOUT)).map_err(|e| io("set_write_timeout", e))?;
+    let mut reader = stream.try_clone().map_err(|e| io("clone the channel", e))?;
+    let info = loop {
+        let body = match protocol::read_frame(&mut reader) {
+            Ok(Some(b)) => b,
+            Ok(None) => return Err(s.unavailable(format!("worker process (pid {pid}) exited before loading the module"))),
+            Err(e) => return Err(io("waiting for its greeting", e)),
+        };
+        match protocol::decode_message(&body) {
+            Ok(Message::Hello { version, info }) if version == protocol::VERSION => break info,
+            Ok(Message::Hello { version, .. }) => {
+                return Err(s.unavailable(format!(
+                    "worker program {} speaks protocol {version}, this host {}",
+                    spec.program.display(),
+                    protocol::VERSION
+                )));
+            }
+            // The loader's own message, as in-process loading reports it.
+            Ok(Message::LoadFailed(msg)) => return Err(s.unavailable(msg)),
+            Ok(Message::Log { level, message }) => emit_log(&s.name, level, &message),
+            Ok(_) => return Err(s.unavailable(format!("worker process (pid {pid}) sent a frame before its greeting"))),
+            Err(e) => return Err(s.unavailable(format!("worker process (pid {pid}) sent a {e}"))),
+        }
+    };
+    stream.set_read_timeout(None).map_err(|e| io("set_read_timeout", e))?;
+    let out = stream.try_clone().map_err(|e| io("clone the channel", e))?;
+    let conn = Arc::new(Conn { generation, pid, out: Mutex::new(out), calls: Mutex::new(Calls::default()) });
+    let (sh, c) = (s.clone(), conn.clone());
+    std::thread::Builder::new()
+        .name(format!("io-{}", s.name))
+        .spawn(move || read_loop(sh, c, reader))
+        .map_err(|e| s.unavailable(format!("cannot start its reader thread: {e}")))?;
+    let (status, state) = conn.call_blocking(s, "create", &Request::Create { options: spec.options.clone() })?;
+    log_problems(&s.name, "create", &state);
+    if status != abi::DEVHOST_OK {
+        return Err(status_error(&s.name, "create", status, state));
+    }
+    if info.watch && s.watching.load(Ordering::Acquire) {
+        match conn.call_blocking(s, "watch_start", &Request::WatchStart) {
+            Ok((abi::DEVHOST_OK, _)) => {}
+            Ok((status, state)) => {
+                let e = status_error(&s.name, "watch_start", status, state);
+                tracing::error!(driver = %s.name, "watch_start failed after the restart; relying on rescans: {e}");
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok((conn, info))
+}
+
+fn log_problems(driver: &str, call: &str, state: &CallState) {
+    for p in &state.problems {
+        tracing::warn!(driver, call, "driver emitted bad data: {p}");
+    }
+}

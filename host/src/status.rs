@@ -1,0 +1,342 @@
+//! What the host has seen, for an operator debugging a node: each device's health history (when
+//! and why it turned Unhealthy) and the allocations served, per resource, in bounded memory.
+//! Served as JSON on `/status` and by `devhost list --json`. The history and log are plain data
+//! with explicit times (so they are tested without clocks); [`Tracker`] wraps them for sharing.
+
+use crate::device::Device;
+use crate::sharing;
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Transitions kept per device.
+pub const MAX_TRANSITIONS: usize = 50;
+/// Allocations kept per resource.
+pub const MAX_ALLOCATIONS: usize = 100;
+/// Devices no longer reported whose history is still kept (the most recently changed ones).
+const MAX_GONE: usize = 256;
+
+const HEALTHY: &str = "Healthy";
+const UNHEALTHY: &str = "Unhealthy";
+/// The state of a device before it first appeared or after it disappeared.
+const ABSENT: &str = "Absent";
+
+fn health(healthy: bool) -> &'static str {
+    if healthy { HEALTHY } else { UNHEALTHY }
+}
+
+/// Why a publish marks devices Unhealthy, in the words the status shows. A panic outranks a hang,
+/// which outranks a failed scan: the later ones are consequences of the earlier.
+pub fn unhealthy_reason(scan_error: Option<&str>, poisoned: bool, hung_in: Option<&str>) -> String {
+    match (poisoned, hung_in, scan_error) {
+        (true, _, _) => "driver panicked; its instance is disabled".to_string(),
+        (false, Some(call), _) => format!("driver hung in {call}"),
+        (false, None, Some(e)) => format!("scan failed: {e}"),
+        (false, None, None) => "driver reported Unhealthy".to_string(),
+    }
+}
+
+/// One change of a device's state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Transition {
+    pub at: SystemTime,
+    pub from: &'static str,
+    pub to: &'static str,
+    pub reason: String,
+}
+
+#[derive(Debug, Default)]
+struct DeviceHistory {
+    transitions: VecDeque<Transition>,
+    present: bool,
+}
+
+/// Health transitions per device of one resource, the last [`MAX_TRANSITIONS`] of each.
+#[derive(Debug, Default)]
+pub struct HealthHistory {
+    devices: BTreeMap<String, DeviceHistory>,
+}
+
+impl HealthHistory {
+    /// Records what changed between two device lists of the resource (physical devices): devices
+    /// that appeared, flipped health or disappeared. `unhealthy_reason` explains every device that
+    /// is Unhealthy in `current` and was not before (see [`unhealthy_reason`]).
+    pub fn observe(&mut self, previous: &[Device], current: &[Device], unhealthy_reason: &str, at: SystemTime) {
+        let before: HashMap<&str, bool> = previous.iter().map(|d| (d.id.as_str(), d.healthy)).collect();
+        let now: HashMap<&str, bool> = current.iter().map(|d| (d.id.as_str(), d.healthy)).collect();
+        for d in current {
+            let from = before.get(d.id.as_str()).map(|&h| health(h));
+            if from == Some(health(d.healthy)) {
+                continue;
+            }
+            let reason = match (from, d.healthy) {
+                (_, false) => unhealthy_reason.to_string(),
+                (None, true) => "reported by the driver".to_string(),
+                (Some(_), true) => "reported Healthy again".to_string(),
+            };
+            self.record(&d.id, from.unwrap_or(ABSENT), health(d.healthy), reason, at, true);
+        }
+        for d in previous.iter().filter(|d| !now.contains_key(d.id.as_str())) {
+            self.record(&d.id, health(d.healthy), ABSENT, "no longer reported by the driver".into(), at, false);
+        }
+        self.forget_oldest_gone();
+    }
+
+    fn record(
+        &mut self,
+        id: &str,
+        from: &'static str,
+        to: &'static str,
+        reason: String,
+        at: SystemTime,
+        present: bool,
+    ) {
+        let h = self.devices.entry(id.to_string()).or_default();
+        if h.transitions.len() == MAX_TRANSITIONS {
+            h.transitions.pop_front();
+        }
+        h.transitions.push_back(Transition { at, from, to, reason });
+        h.present = present;
+    }
+
+    fn forget_oldest_gone(&mut self) {
+        let mut gone: Vec<(SystemTime, String)> = self
+            .devices
+            .iter()
+            .filter(|(_, h)| !h.present)
+            .map(|(id, h)| (h.transitions.back().map_or(UNIX_EPOCH, |t| t.at), id.clone()))
+            .collect();
+        if gone.len() <= MAX_GONE {
+            return;
+        }
+        gone.sort();
+        let excess = gone.len() - MAX_GONE;
+        for (_, id) in gone.into_iter().take(excess) {
+            self.devices.remove(&id);
+        }
+    }
+
+    /// A device's transitions, oldest first.
+    pub fn transitions(&self, id: &str) -> Vec<Transition> {
+        self.devices.get(id).map(|h| h.transitions.iter().cloned().collect()).unwrap_or_default()
+    }
+
+    /// IDs of devices that were reported once and are gone now, with their history kept.
+    pub fn gone(&self) -> Vec<&str> {
+        self.devices.iter().filter(|(_, h)| !h.present).map(|(id, _)| id.as_str()).collect()
+    }
+}
+
+/// One container request the endpoint answered (or refused).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AllocationRecord {
+    pub at: SystemTime,
+    /// Index of the container request within the Allocate call.
+    pub container: usize,
+    /// The device IDs the kubelet asked for.
+    pub devices: Vec<String>,
+    /// `Err` carries the message the kubelet got.
+    pub outcome: Result<(), String>,
+    pub latency: Duration,
+}
+
+/// The last [`MAX_ALLOCATIONS`] allocations of one resource, with totals since start.
+#[derive(Debug, Default)]
+pub struct AllocationLog {
+    entries: VecDeque<AllocationRecord>,
+    ok: u64,
+    failed: u64,
+}
+
+impl AllocationLog {
+    pub fn record(&mut self, r: AllocationRecord) {
+        match r.outcome {
+            Ok(()) => self.ok += 1,
+            Err(_) => self.failed += 1,
+        }
+        if self.entries.len() == MAX_ALLOCATIONS {
+            self.entries.pop_front();
+        }
+        self.entries.push_back(r);
+    }
+
+    /// Kept allocations, oldest first.
+    pub fn entries(&self) -> impl Iterator<Item = &AllocationRecord> {
+        self.entries.iter()
+    }
+
+    /// (served, refused) since start, beyond what is kept.
+    pub fn totals(&self) -> (u64, u64) {
+        (self.ok, self.failed)
+    }
+}
+
+/// A resource's history and allocation log behind one lock, for the registry (which observes)
+/// and the endpoint (which records allocations) to share.
+#[derive(Debug, Default)]
+pub struct Tracker {
+    inner: Mutex<(HealthHistory, AllocationLog)>,
+}
+
+impl Tracker {
+    pub fn new() -> Tracker {
+        Tracker::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, (HealthHistory, AllocationLog)> {
+        // The data stays consistent across a panic elsewhere (every update is one push).
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// See [`HealthHistory::observe`]; the time is now.
+    pub fn observe(&self, previous: &[Device], current: &[Device], unhealthy_reason: &str) {
+        self.lock().0.observe(previous, current, unhealthy_reason, SystemTime::now());
+    }
+
+    /// Records one container request; the time is now.
+    pub fn allocation(&self, container: usize, devices: &[String], outcome: Result<(), String>, latency: Duration) {
+        let at = SystemTime::now();
+        self.lock().1.record(AllocationRecord { at, container, devices: devices.to_vec(), outcome, latency });
+    }
+}
+
+/// What the status shows about a resource besides its devices.
+#[derive(Clone, Copy, Debug)]
+pub struct ResourceInfo<'a> {
+    pub name: &'a str,
+    pub driver: &'a str,
+    /// Registered with the kubelet (false for `devhost list`).
+    pub registered: bool,
+    /// Why the resource is not served, if so.
+    pub error: Option<&'a str>,
+    pub replicas: u32,
+    /// `"edits"` or `"cdi"`.
+    pub device_list_strategy: &'a str,
+}
+
+/// A time as RFC 3339 in UTC with milliseconds, e.g. `2024-05-01T12:00:00.250Z`.
+pub fn rfc3339(t: SystemTime) -> String {
+    let since = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = since.as_secs();
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm, for the proleptic
+    // Gregorian calendar); unsigned because times before 1970 are clamped above.
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        since.subsec_millis()
+    )
+}
+
+fn transition_json(t: &Transition) -> Value {
+    json!({ "at": rfc3339(t.at), "from": t.from, "to": t.to, "reason": t.reason })
+}
+
+/// One resource's status: its devices (physical ones when shared, with their replica count), each
+/// with its health history and, when Unhealthy, the latest reason; the devices gone with their
+/// history; and the allocations served. `devices` is the advertised list (replicas collapse onto
+/// their physical device); `tracker` is `None` where nothing was tracked (`devhost list`).
+pub fn resource_json(info: ResourceInfo<'_>, devices: &[Device], tracker: Option<&Tracker>) -> Value {
+    let guard = tracker.map(Tracker::lock);
+    let (history, log) = match &guard {
+        Some(g) => (Some(&g.0), Some(&g.1)),
+        None => (None, None),
+    };
+    let mut shown: Vec<&str> = Vec::new();
+    let mut out_devices = Vec::new();
+    for d in devices {
+        let id = match sharing::parse_replica(&d.id) {
+            Some((physical, _)) if info.replicas > 1 => physical,
+            _ => d.id.as_str(),
+        };
+        if shown.contains(&id) {
+            continue;
+        }
+        shown.push(id);
+        let transitions = history.map(|h| h.transitions(id)).unwrap_or_default();
+        let mut v = json!({
+            "id": id,
+            "health": health(d.healthy),
+            "numa_node": d.numa_node,
+            "attributes": d.attributes,
+            "history": transitions.iter().map(transition_json).collect::<Vec<_>>(),
+        });
+        if !d.healthy
+            && let Some(t) = transitions.iter().rev().find(|t| t.to == UNHEALTHY)
+        {
+            v["unhealthy_since"] = Value::String(rfc3339(t.at));
+            v["reason"] = Value::String(t.reason.clone());
+        }
+        out_devices.push(v);
+    }
+    let gone: Vec<Value> = history
+        .map(|h| {
+            h.gone()
+                .into_iter()
+                .map(|id| json!({ "id": id, "history": h.transitions(id).iter().map(transition_json).collect::<Vec<_>>() }))
+                .collect()
+        })
+        .unwrap_or_default();
+    let allocations: Vec<Value> = log
+        .map(|l| {
+            l.entries()
+                .map(|a| {
+                    let mut v = json!({
+                        "at": rfc3339(a.at),
+                        "container": a.container,
+                        "devices": a.devices,
+                        "outcome": if a.outcome.is_ok() { "ok" } else { "error" },
+                        "latency_ms": a.latency.as_secs_f64() * 1000.0,
+                    });
+                    if let Err(e) = &a.outcome {
+                        v["error"] = Value::String(e.clone());
+                    }
+                    v
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let (served, refused) = log.map(AllocationLog::totals).unwrap_or_default();
+    let healthy = out_devices.iter().filter(|d| d["health"] == HEALTHY).count();
+    let mut v = json!({
+        "resource": info.name,
+        "driver": info.driver,
+        "registered": info.registered,
+        "replicas": info.replicas,
+        "device_list_strategy": info.device_list_strategy,
+        "healthy": healthy,
+        "unhealthy": out_devices.len() - healthy,
+        "devices": out_devices,
+        "gone_devices": gone,
+        "allocations": allocations,
+        "allocations_total": { "served": served, "refused": refused },
+    });
+    if let Some(e) = info.error {
+        v["error"] = Value::String(e.to_string());
+    }
+    v
+}
+
+/// The whole `/status` document: the host's version, when it was made, and every resource.
+pub fn status_json(at: SystemTime, resources: Vec<Value>) -> Value {
+    json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "generated_at": rfc3339(at),
+        "resources": resources,
+    })
+}
+
+#[cfg(test)]
+mod tests;

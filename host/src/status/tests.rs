@@ -1,0 +1,159 @@
+use super::*;
+use crate::device::Edits;
+
+fn dev(id: &str, healthy: bool) -> Device {
+    Device {
+        id: id.into(),
+        healthy,
+        numa_node: Some(0),
+        attributes: BTreeMap::new(),
+        edits: Edits::default(),
+        links: vec![],
+    }
+}
+
+fn t(secs: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_secs(secs)
+}
+
+fn info(replicas: u32) -> ResourceInfo<'static> {
+    ResourceInfo {
+        name: "example.com/gpu",
+        driver: "ex",
+        registered: true,
+        error: None,
+        replicas,
+        device_list_strategy: "edits",
+    }
+}
+
+#[test]
+fn rfc3339_formats_utc_with_milliseconds() {
+    assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
+    assert_eq!(rfc3339(t(951_782_400)), "2000-02-29T00:00:00.000Z");
+    assert_eq!(rfc3339(t(1_700_000_000) + Duration::from_millis(250)), "2023-11-14T22:13:20.250Z");
+    assert_eq!(rfc3339(t(4_107_542_399)), "2100-02-28T23:59:59.000Z");
+}
+
+#[test]
+fn unhealthy_reasons_name_the_root_cause() {
+    assert_eq!(unhealthy_reason(Some("x"), true, Some("scan")), "driver panicked; its instance is disabled");
+    assert_eq!(unhealthy_reason(Some("x"), false, Some("allocate")), "driver hung in allocate");
+    assert_eq!(unhealthy_reason(Some("boom"), false, None), "scan failed: boom");
+    assert_eq!(unhealthy_reason(None, false, None), "driver reported Unhealthy");
+}
+
+#[test]
+fn history_records_appearance_flips_and_removal_with_reasons() {
+    let mut h = HealthHistory::default();
+    h.observe(&[], &[dev("a", true), dev("b", false)], "driver reported Unhealthy", t(10));
+    h.observe(&[dev("a", true), dev("b", false)], &[dev("a", false), dev("b", false)], "scan failed: EIO", t(20));
+    h.observe(&[dev("a", false), dev("b", false)], &[dev("a", true)], "unused", t(30));
+    let a = h.transitions("a");
+    let got: Vec<(u64, &str, &str, &str)> = a
+        .iter()
+        .map(|x| (x.at.duration_since(UNIX_EPOCH).unwrap().as_secs(), x.from, x.to, x.reason.as_str()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (10, "Absent", "Healthy", "reported by the driver"),
+            (20, "Healthy", "Unhealthy", "scan failed: EIO"),
+            (30, "Unhealthy", "Healthy", "reported Healthy again"),
+        ]
+    );
+    let b = h.transitions("b");
+    assert_eq!(b.len(), 2, "unchanged health records nothing: {b:?}");
+    assert_eq!((b[0].to, b[0].reason.as_str()), ("Unhealthy", "driver reported Unhealthy"));
+    assert_eq!((b[1].from, b[1].to), ("Unhealthy", "Absent"));
+    assert_eq!(h.gone(), ["b"]);
+}
+
+#[test]
+fn history_keeps_the_last_transitions_of_each_device() {
+    let mut h = HealthHistory::default();
+    let mut prev = vec![];
+    for i in 0..(MAX_TRANSITIONS as u64 + 10) {
+        let cur = vec![dev("a", i % 2 == 0)];
+        h.observe(&prev, &cur, &format!("flip {i}"), t(i));
+        prev = cur;
+    }
+    let a = h.transitions("a");
+    assert_eq!(a.len(), MAX_TRANSITIONS);
+    assert_eq!(a.last().unwrap().at, t(MAX_TRANSITIONS as u64 + 9), "the newest is kept");
+}
+
+#[test]
+fn history_of_gone_devices_is_bounded_keeping_the_latest() {
+    let mut h = HealthHistory::default();
+    for i in 0..(MAX_GONE as u64 + 5) {
+        let d = [dev(&format!("d{i}"), true)];
+        h.observe(&[], &d, "", t(2 * i));
+        h.observe(&d, &[], "", t(2 * i + 1));
+    }
+    assert_eq!(h.gone().len(), MAX_GONE);
+    assert!(h.transitions("d0").is_empty(), "the oldest gone device is forgotten");
+    assert_eq!(h.transitions(&format!("d{}", MAX_GONE + 4)).len(), 2);
+}
+
+#[test]
+fn allocation_log_is_bounded_but_totals_count_everything() {
+    let mut log = AllocationLog::default();
+    for i in 0..(MAX_ALLOCATIONS + 3) {
+        let outcome = if i % 3 == 0 { Err(format!("no {i}")) } else { Ok(()) };
+        log.record(AllocationRecord {
+            at: t(i as u64),
+            container: 0,
+            devices: vec![format!("d{i}")],
+            outcome,
+            latency: Duration::from_millis(2),
+        });
+    }
+    assert_eq!(log.entries().count(), MAX_ALLOCATIONS);
+    assert_eq!(log.entries().next().unwrap().devices, ["d3"]);
+    assert_eq!(log.totals(), (68, 35));
+}
+
+#[test]
+fn resource_json_shows_devices_reasons_and_allocations() {
+    let tracker = Tracker::new();
+    tracker.observe(&[], &[dev("a", true), dev("b", true)], "");
+    tracker.observe(&[dev("a", true), dev("b", true)], &[dev("a", true), dev("b", false)], "driver hung in scan");
+    tracker.allocation(0, &["a".into()], Ok(()), Duration::from_micros(1500));
+    tracker.allocation(1, &["b".into()], Err("device b is Unhealthy".into()), Duration::ZERO);
+    let v = resource_json(info(1), &[dev("a", true), dev("b", false)], Some(&tracker));
+    assert_eq!((v["healthy"].as_u64(), v["unhealthy"].as_u64()), (Some(1), Some(1)));
+    let b = &v["devices"][1];
+    assert_eq!((b["id"].as_str(), b["health"].as_str()), (Some("b"), Some("Unhealthy")));
+    assert_eq!(b["reason"], "driver hung in scan");
+    assert_eq!(b["history"].as_array().unwrap().len(), 2);
+    assert!(b["unhealthy_since"].as_str().unwrap().ends_with('Z'));
+    assert!(v["devices"][0].get("reason").is_none());
+    let allocs = v["allocations"].as_array().unwrap();
+    assert_eq!(allocs[0]["latency_ms"], 1.5);
+    assert_eq!(
+        (allocs[1]["outcome"].as_str(), allocs[1]["error"].as_str()),
+        (Some("error"), Some("device b is Unhealthy"))
+    );
+    assert_eq!(v["allocations_total"], json!({ "served": 1, "refused": 1 }));
+}
+
+#[test]
+fn replicas_collapse_onto_their_physical_device() {
+    let advertised = sharing::expand(&[dev("a", true), dev("b", false)], 3);
+    let v = resource_json(info(3), &advertised, None);
+    let ids: Vec<&str> = v["devices"].as_array().unwrap().iter().map(|d| d["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["a", "b"]);
+    assert_eq!(v["replicas"], 3);
+    assert_eq!(v["allocations"], json!([]));
+}
+
+#[test]
+fn status_document_wraps_resources_with_version_and_time() {
+    let mut i = info(1);
+    i.error = Some("driver ex: no module file found");
+    let v = status_json(t(0), vec![resource_json(i, &[], None)]);
+    assert_eq!(v["generated_at"], "1970-01-01T00:00:00.000Z");
+    assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(v["resources"][0]["error"], "driver ex: no module file found");
+}

@@ -1,0 +1,272 @@
+//! Hostile drivers and hostile kubelet input: every misbehaviour stays in
+//! its own resource, gets a clear log line, and never a wrong success.
+
+mod common;
+use common::*;
+use devhost_proto::v1beta1 as pb;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+fn hostile_so(node: &Node) -> PathBuf {
+    let so = node.path().join("libhostile.so");
+    compile_c(&repo_root().join("tests/fixtures/hostile_driver.c"), &so, &abi_include());
+    so
+}
+
+/// A daemon serving `example.com/good` (the C example) next to
+/// `example.com/bad` built from `bad_driver` (a `[driver.bad]` body).
+async fn start(node: &Node, bad_driver: &str) -> (Kubelet, Daemon) {
+    let m = node.write_manifest(&format!(
+        r#"
+[driver.good]
+module = "{good}"
+options = {{ count = 2 }}
+[driver.bad]
+{timeout}
+{bad_driver}
+[[resource]]
+name = "example.com/good"
+driver = "good"
+[[resource]]
+name = "example.com/bad"
+driver = "bad"
+"#,
+        good = module("example_c").display(),
+        timeout = if bad_driver.contains("call_timeout") { "" } else { "call_timeout = \"500ms\"" },
+    ));
+    let kubelet = Kubelet::start(&node.kubelet_dir()).unwrap();
+    let d = Daemon::start(&m, &node.kubelet_dir());
+    if let Err(e) = kubelet.wait_devices("example.com/good", WAIT, |x| x.len() == 2).await {
+        panic!("{e}\ndaemon log:\n{}", d.logs());
+    }
+    (kubelet, d)
+}
+
+async fn good_still_allocates(kubelet: &Kubelet) {
+    let r = kubelet.allocate("example.com/good", vec![vec!["example-1".into()]]).await.unwrap();
+    assert_eq!(env_of(&r, 0, "EXAMPLE_ALLOCATED").as_deref(), Some("example-1"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_in_any_entry_point_stays_in_its_resource() {
+    for call in ["create", "scan", "allocate", "preferred", "pre_start", "watch_start"] {
+        let node = Node::new();
+        let bad = format!("module = \"{}\"\noptions = {{ panic_in = \"{call}\" }}", module("testdrv").display());
+        let (kubelet, d) = start(&node, &bad).await;
+        if call == "create" {
+            let log = d.wait_log("not served", WAIT).await;
+            assert!(log.contains("told to panic in create"), "{log}");
+            assert!(!kubelet.resources().contains(&"example.com/bad".to_string()));
+            good_still_allocates(&kubelet).await;
+            continue;
+        }
+        if call == "watch_start" {
+            // Poisoned before its first scan: the resource is served with no devices.
+            d.wait_log("told to panic in watch_start", WAIT).await;
+            let devs = kubelet.wait_devices("example.com/bad", WAIT, |_| true).await.unwrap();
+            assert!(devs.iter().all(|d| d.health != "Healthy"), "{devs:?}");
+            d.wait_log("scan failed, its devices are reported Unhealthy", WAIT).await;
+            good_still_allocates(&kubelet).await;
+            continue;
+        }
+        kubelet.wait_devices("example.com/bad", WAIT, |x| x.len() == 4).await.unwrap();
+        let ids: Vec<String> = (0..4).map(|i| format!("t-{i}")).collect();
+        match call {
+            "allocate" => {
+                let err = kubelet.allocate("example.com/bad", vec![vec!["t-0".into()]]).await.unwrap_err();
+                assert_eq!(err.code(), tonic::Code::Internal, "{}", err.message());
+            }
+            "pre_start" => {
+                let err = kubelet.pre_start("example.com/bad", vec!["t-0".into()]).await.unwrap_err();
+                assert_eq!(err.code(), tonic::Code::Internal, "{}", err.message());
+            }
+            "preferred" => {
+                // The host's own answer stands in for the broken hook.
+                let got = kubelet.preferred_allocation("example.com/bad", ids, vec![], 2).await.unwrap();
+                assert_eq!(got.len(), 2);
+            }
+            // The first scan is always clean; a reload rescans.
+            // SAFETY: kill(2) on our own child.
+            "scan" => unsafe {
+                libc::kill(d.child.id() as i32, libc::SIGHUP);
+            },
+            _ => {}
+        }
+        d.wait_log(&format!("told to panic in {call}"), WAIT).await;
+        kubelet
+            .wait_devices("example.com/bad", WAIT, |x| !x.is_empty() && x.iter().all(|d| d.health == "Unhealthy"))
+            .await
+            .unwrap_or_else(|e| panic!("{call}: {e}"));
+        good_still_allocates(&kubelet).await;
+        assert!(d.logs().contains("driver=bad"), "{call}: the log names the driver");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hang_in_scan_hits_the_deadline_and_only_its_devices_go_unhealthy() {
+    let node = Node::new();
+    let bad = format!("module = \"{}\"\npoll_interval = \"200ms\"\noptions = {{ hang_in = \"scan\", hang_ms = 2500 }}", module("testdrv").display());
+    let (kubelet, d) = start(&node, &bad).await;
+    kubelet.wait_devices("example.com/bad", WAIT, |x| x.len() == 4).await.unwrap();
+    kubelet.wait_devices("example.com/bad", WAIT, |x| x.iter().all(|d| d.health == "Unhealthy")).await.unwrap();
+    d.wait_log("scan did not return within 500ms", WAIT).await;
+    let start = Instant::now();
+    good_still_allocates(&kubelet).await;
+    assert!(start.elapsed() < Duration::from_millis(500), "the host stayed responsive");
+    kubelet.wait_devices("example.com/bad", WAIT, |x| x.iter().all(|d| d.health == "Healthy")).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_ids_are_dropped_with_a_log_line_and_the_rest_is_served() {
+    let node = Node::new();
+    let bad = format!("module = \"{}\"\noptions = {{ bad_ids = true, count = 2 }}", module("testdrv").display());
+    let (kubelet, d) = start(&node, &bad).await;
+    let devs = kubelet.wait_devices("example.com/bad", WAIT, |x| x.len() == 2).await.unwrap();
+    assert_eq!(devs.iter().map(|d| d.id.as_str()).collect::<Vec<_>>(), ["t-0", "t-1"]);
+    let log = d.wait_log("duplicate ID", WAIT).await;
+    for why in ["empty device ID", "longer than 63 bytes", "spaces or non-printable", "reserved \"::\""] {
+        assert!(log.contains(why), "missing {why:?} in:\n{log}");
+    }
+    assert!(log.contains("driver=bad") || log.contains("driver=\"bad\""), "the log names the driver:\n{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_utf8_and_null_pointers_are_refused_without_harm() {
+    for mode in ["bad_utf8", "null_ptrs"] {
+        let node = Node::new();
+        let so = hostile_so(&node);
+        let bad = format!("module = \"{}\"\noptions = {{ mode = \"{mode}\" }}", so.display());
+        let (kubelet, d) = start(&node, &bad).await;
+        let devs = kubelet.wait_devices("example.com/bad", WAIT, |x| !x.is_empty()).await.unwrap();
+        assert_eq!(devs.iter().map(|d| d.id.as_str()).collect::<Vec<_>>(), ["good-0"], "{mode}");
+        let log = d.wait_log("not valid UTF-8 (or NULL)", WAIT).await;
+        assert!(log.contains("driver emitted bad data"), "{log}");
+        good_still_allocates(&kubelet).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_range_status_codes_become_internal() {
+    let node = Node::new();
+    let so = hostile_so(&node);
+    let (kubelet, d) = start(&node, &format!("module = \"{}\"\noptions = {{ mode = \"bad_status\" }}", so.display())).await;
+    kubelet.wait_devices("example.com/bad", WAIT, |x| x.len() == 1).await.unwrap();
+    let err = kubelet.allocate("example.com/bad", vec![vec!["dev-0".into()]]).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Internal);
+    assert!(err.message().contains("unknown status code 777"), "{}", err.message());
+    // Trigger a rescan: the failing scan turns the device Unhealthy.
+    // SAFETY: kill(2) on our child; SIGHUP reloads an unchanged manifest, which rescans.
+    unsafe { libc::kill(d.child.id() as i32, libc::SIGHUP) };
+    kubelet.wait_devices("example.com/bad", WAIT, |x| x.iter().all(|d| d.health == "Unhealthy")).await.unwrap();
+    d.wait_log("unknown status code 12345", WAIT).await;
+    good_still_allocates(&kubelet).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_devices_changed_storm_is_coalesced_and_the_host_stays_responsive() {
+    let node = Node::new();
+    let so = hostile_so(&node);
+    let (kubelet, d) = start(&node, &format!("module = \"{}\"\noptions = {{ mode = \"storm\", count = 3 }}", so.display())).await;
+    kubelet.wait_devices("example.com/bad", WAIT, |x| x.len() == 3).await.unwrap();
+    for _ in 0..20 {
+        let t = Instant::now();
+        good_still_allocates(&kubelet).await;
+        assert!(t.elapsed() < Duration::from_millis(500), "allocate took {:?} during the storm", t.elapsed());
+    }
+    // 800,000 notifications from four threads; far fewer scans.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let scans = d.logs().lines().filter(|l| l.contains("scanned") && l.contains("driver=bad")).count();
+    assert!(scans >= 1, "the storm must cause rescans");
+    assert!(scans < 10_000, "{scans} scans for 800,000 notifications: not coalesced");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conflicting_edits_keep_the_first_device_and_log_the_other() {
+    let node = Node::new();
+    let so = hostile_so(&node);
+    let (kubelet, d) = start(&node, &format!("module = \"{}\"\noptions = {{ mode = \"conflict\" }}", so.display())).await;
+    kubelet.wait_devices("example.com/bad", WAIT, |x| x.len() == 2).await.unwrap();
+    let r = kubelet.allocate("example.com/bad", vec![vec!["c-1".into(), "c-0".into()]]).await.unwrap();
+    let nodes = &r.container_responses[0].devices;
+    assert_eq!(nodes.len(), 1);
+    assert_eq!(nodes[0].host_path, "/dev/zero", "the first device in request order wins");
+    d.wait_log("conflicting container edits", WAIT).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn millions_of_devices_are_capped_and_the_host_survives() {
+    let node = Node::new();
+    let so = hostile_so(&node);
+    let (kubelet, d) = start(&node, &format!("module = \"{}\"\ncall_timeout = \"30s\"\noptions = {{ mode = \"millions\", count = 2000000 }}", so.display())).await;
+    let devs = kubelet.wait_devices("example.com/bad", Duration::from_secs(60), |x| !x.is_empty()).await.unwrap();
+    assert_eq!(devs.len(), 100_000);
+    d.wait_log("more than 100000 devices in one scan", WAIT).await;
+    good_still_allocates(&kubelet).await;
+}
+
+// ---- hostile kubelet input -------------------------------------------------
+
+async fn raw(kubelet: &Kubelet, r: &str) -> pb::device_plugin_client::DevicePluginClient<tonic::transport::Channel> {
+    kubelet.client(r).expect("registered")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_allocate_requests_get_precise_errors() {
+    let node = Node::new();
+    let (kubelet, _d) = start(&node, &format!("module = \"{}\"", module("testdrv").display())).await;
+    kubelet.wait_devices("example.com/bad", WAIT, |x| x.len() == 4).await.unwrap();
+    let mut c = raw(&kubelet, "example.com/good").await;
+    let req = |containers: Vec<Vec<String>>| pb::AllocateRequest {
+        container_requests: containers.into_iter().map(|ids| pb::ContainerAllocateRequest { devices_ids: ids }).collect(),
+    };
+    let cases: Vec<(Vec<Vec<String>>, &str)> = vec![
+        (vec![], "no container requests"),
+        (vec![vec![]], "container request 0 has no device IDs"),
+        (vec![vec!["example-0".into(), "example-0".into()]], "device ID \"example-0\" requested twice"),
+        (vec![vec!["example-0".into()], vec!["t-1".into()]], "unknown device ID \"t-1\""),
+        ((0..100_000).map(|i| vec![format!("x{i}")]).take(1).chain(std::iter::once(vec!["example-0".into()])).collect(), "unknown device ID \"x0\""),
+    ];
+    for (containers, want) in cases {
+        let err = c.allocate(req(containers)).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{want}");
+        assert!(err.message().contains(want), "wanted {want:?}, got {:?}", err.message());
+    }
+    let many: Vec<String> = (0..100_000).map(|i| format!("example-{}", i % 2)).collect();
+    let err = c.allocate(req(vec![many])).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("requested twice"), "{}", err.message());
+    let many: Vec<String> = (0..100_000).map(|i| format!("nope-{i}")).collect();
+    let err = c.allocate(req(vec![many])).await.unwrap_err();
+    assert!(err.message().contains("unknown device ID \"nope-0\""), "{}", err.message());
+    // Nothing was allocated by the failed calls, and a good one still works.
+    good_still_allocates(&kubelet).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_preferred_allocation_requests_get_precise_errors() {
+    let node = Node::new();
+    let (kubelet, _d) = start(&node, &format!("module = \"{}\"", module("testdrv").display())).await;
+    let mut c = raw(&kubelet, "example.com/good").await;
+    let all = vec!["example-0".to_string(), "example-1".to_string()];
+    let req = |avail: Vec<String>, must: Vec<String>, size: i32| pb::PreferredAllocationRequest {
+        container_requests: vec![pb::ContainerPreferredAllocationRequest {
+            available_device_i_ds: avail,
+            must_include_device_i_ds: must,
+            allocation_size: size,
+        }],
+    };
+    let cases = vec![
+        (req(all.clone(), vec![], 3), "allocation_size 3 is larger than the 2 available devices"),
+        (req(all.clone(), vec!["t-0".into()], 1), "must-include device \"t-0\" is not among the available devices"),
+        (req(all.clone(), vec![], -1), "allocation_size -1 is negative"),
+        (req(vec!["ghost".into()], vec![], 1), "unknown device ID \"ghost\""),
+        (pb::PreferredAllocationRequest { container_requests: vec![] }, "no container requests"),
+    ];
+    for (r, want) in cases {
+        let err = c.get_preferred_allocation(r).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{want}");
+        assert!(err.message().contains(want), "wanted {want:?}, got {:?}", err.message());
+    }
+    let ok = c.get_preferred_allocation(req(all, vec!["example-1".into()], 1)).await.unwrap().into_inner();
+    assert_eq!(ok.container_responses[0].device_i_ds, ["example-1"]);
+}
