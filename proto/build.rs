@@ -11,9 +11,6 @@ fn main() -> Result<(), Box<dyn Error>> {
         println!("cargo:rerun-if-changed={proto}");
     }
     let fds = protox::compile(protos, ["."])?;
-    tonic_prost_build::configure()
-        .build_server(true)
-        .build_client(true)
-        .compile_fds(fds)?;
+    tonic_prost_build::configure().build_server(true).build_client(true).compile_fds(fds)?;
     Ok(())
 }

@@ -18,7 +18,10 @@ fn device(i: usize) -> Device {
         id: id.clone(),
         healthy: true,
         numa_node: Some((i % 2) as i64),
-        attributes: BTreeMap::from([("index".to_string(), i.to_string()), ("model".to_string(), "example-v1".to_string())]),
+        attributes: BTreeMap::from([
+            ("index".to_string(), i.to_string()),
+            ("model".to_string(), "example-v1".to_string()),
+        ]),
         edits: Edits {
             device_nodes: vec![DeviceNode {
                 host_path: "/dev/null".into(),

@@ -56,7 +56,13 @@ fn inventory(art: &Artifacts, manifest: &std::path::Path) -> String {
             a.iter()
                 .map(|r| {
                     let n = r["devices"].as_array().map(Vec::len).unwrap_or(0);
-                    format!("`{}` ({} device{}, driver {})", r["resource"].as_str().unwrap_or("?"), n, if n == 1 { "" } else { "s" }, r["driver"].as_str().unwrap_or("?"))
+                    format!(
+                        "`{}` ({} device{}, driver {})",
+                        r["resource"].as_str().unwrap_or("?"),
+                        n,
+                        if n == 1 { "" } else { "s" },
+                        r["driver"].as_str().unwrap_or("?")
+                    )
                 })
                 .collect()
         })

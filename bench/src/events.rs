@@ -57,7 +57,9 @@ pub async fn health(art: &Artifacts, floor: &Floor, report: &mut Report) -> Resu
         for bad in [Some(i % HEALTH_DEVICES), None] {
             let payload = bad.map(|b| b.to_string()).unwrap_or_default();
             let t = Instant::now();
-            sender.send_to(payload.as_bytes(), &trigger).with_context(|| format!("cannot send to {}", trigger.display()))?;
+            sender
+                .send_to(payload.as_bytes(), &trigger)
+                .with_context(|| format!("cannot send to {}", trigger.display()))?;
             loop {
                 let msg = tokio::time::timeout(Duration::from_secs(5), stream.message())
                     .await
@@ -120,7 +122,8 @@ pub async fn restart(art: &Artifacts, report: &mut Report) -> Result<()> {
         art.module("example_c").display()
     );
     for (i, n) in names.iter().enumerate() {
-        manifest.push_str(&format!("\n[[resource]]\nname = \"{n}\"\ndriver = \"c\"\nmatch = {{ id = \"example-{i}\" }}\n"));
+        manifest
+            .push_str(&format!("\n[[resource]]\nname = \"{n}\"\ndriver = \"c\"\nmatch = {{ id = \"example-{i}\" }}\n"));
     }
     let manifest = node.write_manifest("devhost.toml", &manifest)?;
     let daemon = Proc::devhost(art, &manifest, &node.kubelet_dir())?;
@@ -230,7 +233,8 @@ pub async fn startup(art: &Artifacts, demo: &Demo, report: &mut Report) -> Resul
     let mut manifest =
         format!("[driver.c]\nmodule = \"{}\"\noptions = {{ count = 4 }}\n", art.module("example_c").display());
     for (i, n) in c_names.iter().enumerate() {
-        manifest.push_str(&format!("\n[[resource]]\nname = \"{n}\"\ndriver = \"c\"\nmatch = {{ id = \"example-{i}\" }}\n"));
+        manifest
+            .push_str(&format!("\n[[resource]]\nname = \"{n}\"\ndriver = \"c\"\nmatch = {{ id = \"example-{i}\" }}\n"));
     }
     let c_manifest = node.write_manifest("c.toml", &manifest)?;
     let variants = [

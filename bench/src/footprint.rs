@@ -41,7 +41,7 @@ fn busy_threads(before: &[(u32, String, u64)], after: &[(u32, String, u64)], sec
         })
         .filter(|(d, _)| *d > 0)
         .collect();
-    v.sort_by(|a, b| b.0.cmp(&a.0));
+    v.sort_by_key(|b| std::cmp::Reverse(b.0));
     v.into_iter().map(|(d, name)| format!("{name}: {:.4} %", d as f64 / 1e9 / secs * 100.0)).collect()
 }
 

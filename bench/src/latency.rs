@@ -79,7 +79,9 @@ where
 pub async fn connect_many(socket: &std::path::Path, n: usize) -> Result<Vec<Client>> {
     let mut v = Vec::with_capacity(n);
     for _ in 0..n {
-        let ch = devhost_proto::connect_uds(socket).await.with_context(|| format!("cannot connect to {}", socket.display()))?;
+        let ch = devhost_proto::connect_uds(socket)
+            .await
+            .with_context(|| format!("cannot connect to {}", socket.display()))?;
         v.push(DevicePluginClient::new(ch).max_decoding_message_size(node::MAX_MESSAGE));
     }
     Ok(v)
@@ -106,6 +108,32 @@ fn alloc_one(c: Client, i: usize) -> impl Future<Output = Result<(), tonic::Stat
     allocate(c, vec![format!("example-{}", i % DEVICES)])
 }
 
+/// Sequential Allocate with the C driver in a worker process of its own,
+/// interleaved with null-plugin rounds: (devhost, baseline).
+async fn isolated_allocate(art: &Artifacts, null: &Client) -> Result<(Summary, Summary)> {
+    let node = Node::new()?;
+    let kubelet = Kubelet::start(&node.kubelet_dir()).context("cannot start the kubelet emulator")?;
+    let manifest = node.write_manifest(
+        "devhost.toml",
+        &format!(
+            "[driver.c]\nmodule = \"{}\"\nisolation = \"process\"\noptions = {{ count = {DEVICES}, numa_nodes = 2 }}\n\n\
+             [[resource]]\nname = \"{RESOURCE}\"\ndriver = \"c\"\n",
+            art.module("example_c").display()
+        ),
+    )?;
+    let daemon = Proc::devhost(art, &manifest, &node.kubelet_dir())?;
+    node::wait_all_registered(&kubelet, &[RESOURCE.to_string()], 1, Some(&daemon)).await?;
+    kubelet.wait_devices(RESOURCE, node::WAIT, |d| d.len() == DEVICES).await?;
+    let dh = node::plugin_client(&kubelet, RESOURCE).await?;
+    sequential(&dh, WARMUP, alloc_one).await?;
+    let (mut base, mut alloc) = (Samples::default(), Samples::default());
+    for _ in 0..ROUNDS / 2 {
+        base.extend(sequential(null, SEQ_PER_ROUND, options_call).await?);
+        alloc.extend(sequential(&dh, SEQ_PER_ROUND, alloc_one).await?);
+    }
+    Ok((alloc.summary().context("no samples")?, base.summary().context("no samples")?))
+}
+
 /// Measures figure 1 and returns the null plugin's floor for later figures.
 pub async fn run(art: &Artifacts, report: &mut Report) -> Result<Floor> {
     let node = Node::new()?;
@@ -128,7 +156,9 @@ pub async fn run(art: &Artifacts, report: &mut Report) -> Result<Floor> {
 
     // The driver's edits must be in the answer: this is the real path.
     let mut probe = dh.clone();
-    let req = pb::AllocateRequest { container_requests: vec![pb::ContainerAllocateRequest { devices_ids: vec!["example-1".into()] }] };
+    let req = pb::AllocateRequest {
+        container_requests: vec![pb::ContainerAllocateRequest { devices_ids: vec!["example-1".into()] }],
+    };
     let resp = probe.allocate(req).await.context("first Allocate failed")?.into_inner();
     if !resp.container_responses.first().is_some_and(|c| c.envs.contains_key("EXAMPLE_ALLOCATED")) {
         bail!("Allocate did not go through the C driver's hook: {resp:?}");
@@ -158,6 +188,7 @@ pub async fn run(art: &Artifacts, report: &mut Report) -> Result<Floor> {
     }
     let per_sec = |n: usize, wall: Duration| n as f64 / wall.as_secs_f64().max(1e-9);
     drop(daemon);
+    let isolated = isolated_allocate(art, &null).await;
 
     let s = |x: &Samples| x.summary().context("no samples");
     let (base, alloc, opts, base_c, alloc_c) = (s(&base)?, s(&alloc)?, s(&opts)?, s(&base_c)?, s(&alloc_c)?);
@@ -204,6 +235,20 @@ pub async fn run(art: &Artifacts, report: &mut Report) -> Result<Floor> {
             fmt_dur(x.max),
             ratio(x.p50, against)
         ));
+    }
+    match &isolated {
+        Ok((iso, iso_base)) => body.push_str(&format!(
+            "| devhost Allocate, 1 device, driver in `isolation = \"process\"` | {} | {} | {} | {} | {} | {} (its own \
+             baseline rounds: {}) |\n",
+            iso.n,
+            fmt_dur(iso.p50),
+            fmt_dur(iso.p99),
+            fmt_dur(iso.min),
+            fmt_dur(iso.max),
+            ratio(iso.p50, iso_base.p50),
+            fmt_dur(iso_base.p50)
+        )),
+        Err(e) => body.push_str(&format!("\nAllocate with `isolation = \"process\"` not measured: {e:#}\n")),
     }
     body.push_str(&format!(
         "\nCost of the driver path on top of devhost's own gRPC handling (Allocate p50 − GetDevicePluginOptions \

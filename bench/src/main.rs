@@ -85,10 +85,8 @@ fn build(art: &Artifacts) -> Result<Option<PathBuf>> {
 }
 
 fn command_line() -> String {
-    let args: Vec<String> = std::env::args()
-        .skip(1)
-        .map(|a| if a.contains(' ') { format!("'{a}'") } else { a })
-        .collect();
+    let args: Vec<String> =
+        std::env::args().skip(1).map(|a| if a.contains(' ') { format!("'{a}'") } else { a }).collect();
     let mut cmd = String::from("cargo run --release -p devhost-bench");
     if !args.is_empty() {
         cmd.push_str(" -- ");

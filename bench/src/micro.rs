@@ -39,8 +39,10 @@ pub fn run_criterion(cargo: &Path, art: &Artifacts) -> Result<()> {
 fn estimate(dir: &Path, id: &str) -> Result<(f64, f64)> {
     let path = dir.join(id).join("new/estimates.json");
     let text = std::fs::read_to_string(&path).with_context(|| format!("no criterion result {}", path.display()))?;
-    let v: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?;
-    let point = |k: &str| v[k]["point_estimate"].as_f64().with_context(|| format!("{}: no {k}.point_estimate", path.display()));
+    let v: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?;
+    let point =
+        |k: &str| v[k]["point_estimate"].as_f64().with_context(|| format!("{}: no {k}.point_estimate", path.display()));
     Ok((point("median")?, point("mean")?))
 }
 
@@ -51,7 +53,10 @@ pub fn section(art: &Artifacts, ran_here: bool) -> String {
         "Command: `cargo bench -p devhost-bench` (criterion, `benches/hot_paths.rs`). {}\n\n\
          | Benchmark | median | mean | per item (median) |\n| --- | --- | --- | --- |\n",
         if ran_here {
-            format!("This run used `cargo bench -p devhost-bench --bench hot_paths -- {}` to stay short.", QUICK_ARGS.join(" "))
+            format!(
+                "This run used `cargo bench -p devhost-bench --bench hot_paths -- {}` to stay short.",
+                QUICK_ARGS.join(" ")
+            )
         } else {
             "Not run by this invocation; the figures below are the last ones criterion saved.".to_string()
         }

@@ -30,10 +30,8 @@ impl Artifacts {
     pub fn locate() -> Result<Artifacts> {
         let exe = std::env::current_exe().context("cannot find the bench's own executable")?;
         let dir = exe.parent().context("the bench executable has no folder")?.to_path_buf();
-        let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .parent()
-            .context("bench/ has no parent folder")?
-            .to_path_buf();
+        let repo =
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().context("bench/ has no parent folder")?.to_path_buf();
         Ok(Artifacts { dir, repo })
     }
 
@@ -69,7 +67,8 @@ pub struct Node {
 
 impl Node {
     pub fn new() -> Result<Node> {
-        let tmp = tempfile::Builder::new().prefix("dhb").tempdir_in("/tmp").context("cannot create a node folder in /tmp")?;
+        let tmp =
+            tempfile::Builder::new().prefix("dhb").tempdir_in("/tmp").context("cannot create a node folder in /tmp")?;
         Ok(Node { tmp })
     }
 
@@ -186,14 +185,17 @@ pub struct ProcStat {
 }
 
 pub fn proc_stat(pid: u32) -> Result<ProcStat> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).with_context(|| format!("process {pid} is gone"))?;
+    let stat =
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).with_context(|| format!("process {pid} is gone"))?;
     // Fields after the command name, which is in parentheses and may hold spaces.
     let rest = stat.rsplit_once(')').map(|(_, r)| r).context("unexpected /proc/<pid>/stat format")?;
     let fields: Vec<&str> = rest.split_whitespace().collect();
     // utime and stime are fields 14 and 15 of stat(5); `rest` starts at field 3.
-    let tick = |i: usize| fields.get(i - 3).and_then(|v| v.parse::<u64>().ok()).context("bad utime/stime in /proc stat");
+    let tick =
+        |i: usize| fields.get(i - 3).and_then(|v| v.parse::<u64>().ok()).context("bad utime/stime in /proc stat");
     let ticks = tick(14)? + tick(15)?;
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).with_context(|| format!("process {pid} is gone"))?;
+    let status =
+        std::fs::read_to_string(format!("/proc/{pid}/status")).with_context(|| format!("process {pid} is gone"))?;
     let field = |name: &str| -> u64 {
         status
             .lines()

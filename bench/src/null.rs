@@ -21,7 +21,10 @@ type ListStream = Pin<Box<dyn Stream<Item = Result<pb::ListAndWatchResponse, Sta
 
 #[tonic::async_trait]
 impl DevicePlugin for NullPlugin {
-    async fn get_device_plugin_options(&self, _: Request<pb::Empty>) -> Result<Response<pb::DevicePluginOptions>, Status> {
+    async fn get_device_plugin_options(
+        &self,
+        _: Request<pb::Empty>,
+    ) -> Result<Response<pb::DevicePluginOptions>, Status> {
         Ok(Response::new(pb::DevicePluginOptions::default()))
     }
 
@@ -73,7 +76,8 @@ pub fn serve_main(args: ServerArgs) -> Result<()> {
                 .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
         );
         if let Some(kubelet) = &args.register {
-            let endpoint = args.socket.file_name().context("socket path has no file name")?.to_string_lossy().into_owned();
+            let endpoint =
+                args.socket.file_name().context("socket path has no file name")?.to_string_lossy().into_owned();
             let names: Vec<String> = (0..args.resources).map(|i| format!("null.bench/r{i}")).collect();
             register_all(kubelet, &endpoint, &names).await?;
         }

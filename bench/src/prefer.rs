@@ -60,7 +60,8 @@ impl Instance {
     }
 
     fn pair(&self, a: usize, b: usize) -> u64 {
-        u64::from(self.links.get(&(a, b)).copied().unwrap_or(0)) + u64::from(self.links.get(&(b, a)).copied().unwrap_or(0))
+        u64::from(self.links.get(&(a, b)).copied().unwrap_or(0))
+            + u64::from(self.links.get(&(b, a)).copied().unwrap_or(0))
     }
 
     /// (NUMA nodes used, total link score) of a set: what the policy ranks by
@@ -83,21 +84,13 @@ impl Instance {
     pub fn brute_force(&self) -> Vec<usize> {
         let free: Vec<usize> = (0..self.ids.len()).filter(|i| !self.must.contains(i)).collect();
         let need = self.size - self.must.len();
-        let mut best: Option<((usize, std::cmp::Reverse<u64>, Vec<usize>), Vec<usize>)> = None;
+        let mut best: Option<Best> = None;
         let mut pick = Vec::with_capacity(need);
         self.walk(&free, need, 0, &mut pick, &mut best);
         best.map(|(_, s)| s).unwrap_or_default()
     }
 
-    #[allow(clippy::type_complexity)]
-    fn walk(
-        &self,
-        free: &[usize],
-        need: usize,
-        start: usize,
-        pick: &mut Vec<usize>,
-        best: &mut Option<((usize, std::cmp::Reverse<u64>, Vec<usize>), Vec<usize>)>,
-    ) {
+    fn walk(&self, free: &[usize], need: usize, start: usize, pick: &mut Vec<usize>, best: &mut Option<Best>) {
         if pick.len() == need {
             let mut set: Vec<usize> = self.must.iter().chain(pick.iter()).copied().collect();
             set.sort_unstable();
@@ -125,6 +118,9 @@ impl Instance {
     }
 }
 
+/// The best set so far with its sort key (NUMA nodes, links, indices).
+type Best = ((usize, std::cmp::Reverse<u64>, Vec<usize>), Vec<usize>);
+
 /// xorshift64*: reproducible random instances without a dependency.
 pub struct Rng(u64);
 
@@ -132,7 +128,7 @@ impl Rng {
     pub fn new(seed: u64) -> Rng {
         Rng(seed.max(1))
     }
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
@@ -140,7 +136,7 @@ impl Rng {
     }
     /// Uniform in `lo..=hi`.
     pub fn range(&mut self, lo: usize, hi: usize) -> usize {
-        lo + (self.next() % (hi - lo + 1) as u64) as usize
+        lo + (self.next_u64() % (hi - lo + 1) as u64) as usize
     }
 }
 

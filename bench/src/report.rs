@@ -28,7 +28,15 @@ pub struct Report {
 }
 
 impl Report {
-    pub fn row(&mut self, figure: &str, result: String, baseline: String, ratio: String, target: &str, met: Option<bool>) {
+    pub fn row(
+        &mut self,
+        figure: &str,
+        result: String,
+        baseline: String,
+        ratio: String,
+        target: &str,
+        met: Option<bool>,
+    ) {
         self.rows.push(Row { figure: figure.into(), result, baseline, ratio, target: target.into(), met });
     }
 
@@ -60,7 +68,8 @@ impl Report {
                 Some(false) => "**no**",
                 None => "–",
             };
-            let _ = writeln!(md, "| {} | {} | {} | {} | {} | {met} |", r.figure, r.result, r.baseline, r.ratio, r.target);
+            let _ =
+                writeln!(md, "| {} | {} | {} | {} | {} | {met} |", r.figure, r.result, r.baseline, r.ratio, r.target);
         }
         if !self.failures.is_empty() {
             let _ = writeln!(md, "\nNot measured in this run:\n");

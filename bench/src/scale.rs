@@ -131,7 +131,11 @@ pub async fn run(art: &Artifacts, floor: &Floor, report: &mut Report) -> Result<
         p50_p99(&alloc1),
         pref.n,
         p50_p99(&pref),
-        if best_ok { "one whole link group on one NUMA node (the unique optimum)".to_string() } else { format!("{answer:?}, NOT the optimum b-0..b-7") },
+        if best_ok {
+            "one whole link group on one NUMA node (the unique optimum)".to_string()
+        } else {
+            format!("{answer:?}, NOT the optimum b-0..b-7")
+        },
     );
     body.push_str(&policy_section());
     report.section("6. Scale", body);

@@ -33,7 +33,13 @@ impl Samples {
             return None;
         }
         v.sort_unstable();
-        Some(Summary { n: v.len(), p50: percentile(&v, 50.0), p99: percentile(&v, 99.0), min: v[0], max: v[v.len() - 1] })
+        Some(Summary {
+            n: v.len(),
+            p50: percentile(&v, 50.0),
+            p99: percentile(&v, 99.0),
+            min: v[0],
+            max: v[v.len() - 1],
+        })
     }
 }
 
@@ -55,7 +61,13 @@ pub fn fmt_dur(d: Duration) -> String {
     } else {
         (ns / 1e9, "s")
     };
-    if v >= 100.0 { format!("{v:.0} {unit}") } else if v >= 10.0 { format!("{v:.1} {unit}") } else { format!("{v:.2} {unit}") }
+    if v >= 100.0 {
+        format!("{v:.0} {unit}")
+    } else if v >= 10.0 {
+        format!("{v:.1} {unit}")
+    } else {
+        format!("{v:.2} {unit}")
+    }
 }
 
 /// `a / b` as `1.23×`, or `–` when `b` is zero.

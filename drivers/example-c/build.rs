@@ -26,27 +26,22 @@ fn build() -> Result<(), String> {
     let source = manifest_dir.join("example.c");
     let include = manifest_dir.join("../abi/include");
     println!("cargo:rerun-if-changed={}", source.display());
-    println!(
-        "cargo:rerun-if-changed={}",
-        include.join("devhost_driver.h").display()
-    );
+    println!("cargo:rerun-if-changed={}", include.join("devhost_driver.h").display());
     println!("cargo:rerun-if-env-changed=CC");
 
     let compiler = env::var_os("CC").unwrap_or_else(|| "cc".into());
     let built = out_dir.join(SO_NAME);
     let mut command = Command::new(&compiler);
     command
-        .args([
-            "-std=c11", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-I",
-        ])
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-I"])
         .arg(&include)
         .arg("-o")
         .arg(&built)
         .arg(&source)
         .arg("-pthread");
-    let output = command.output().map_err(|e| {
-        format!("cannot run the C compiler {compiler:?} (set CC to choose another): {e}")
-    })?;
+    let output = command
+        .output()
+        .map_err(|e| format!("cannot run the C compiler {compiler:?} (set CC to choose another): {e}"))?;
     if !output.status.success() {
         return Err(format!(
             "{command:?} failed ({}):\n{}{}",
@@ -61,20 +56,8 @@ fn build() -> Result<(), String> {
     // the module while cargo runs never sees a half-written file.
     let staged = profile_dir.join(format!(".{SO_NAME}.tmp"));
     let dest = profile_dir.join(SO_NAME);
-    fs::copy(&built, &staged).map_err(|e| {
-        format!(
-            "cannot copy {} to {}: {e}",
-            built.display(),
-            staged.display()
-        )
-    })?;
-    fs::rename(&staged, &dest).map_err(|e| {
-        format!(
-            "cannot rename {} to {}: {e}",
-            staged.display(),
-            dest.display()
-        )
-    })?;
+    fs::copy(&built, &staged).map_err(|e| format!("cannot copy {} to {}: {e}", built.display(), staged.display()))?;
+    fs::rename(&staged, &dest).map_err(|e| format!("cannot rename {} to {}: {e}", staged.display(), dest.display()))?;
     Ok(())
 }
 
@@ -88,10 +71,5 @@ fn profile_dir(out_dir: &Path) -> Result<PathBuf, String> {
         .ancestors()
         .nth(3)
         .map(Path::to_path_buf)
-        .ok_or_else(|| {
-            format!(
-                "OUT_DIR {} is not target/<profile>/build/<pkg>/out",
-                out_dir.display()
-            )
-        })
+        .ok_or_else(|| format!("OUT_DIR {} is not target/<profile>/build/<pkg>/out", out_dir.display()))
 }

@@ -2,12 +2,17 @@
 //! resource. It answers from the registry's latest view and routes the
 //! optional hooks to the driver instance that owns the resource.
 
+use crate::cdi;
 use crate::device::{self, Edits};
+use crate::manifest::DeviceListStrategy;
+use crate::metrics;
 use crate::preferred::{self, Candidate};
-use crate::registry::Resource;
+use crate::registry::{Resource, Services};
+use crate::sharing;
+use std::time::Instant;
 use devhost_proto::v1beta1 as pb;
 use pb::device_plugin_server::DevicePlugin;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::pin::Pin;
 use std::sync::Arc;
 use tokio::sync::watch;
@@ -16,6 +21,7 @@ use tonic::{Request, Response, Status};
 
 pub struct Endpoint {
     pub resource: Arc<Resource>,
+    pub services: Arc<Services>,
     /// Fires when this endpoint generation is retired (kubelet restart,
     /// socket lost, shutdown): open ListAndWatch streams end with it.
     pub retired: watch::Receiver<bool>,
@@ -93,6 +99,7 @@ impl DevicePlugin for Endpoint {
             return Err(Status::invalid_argument("preferred allocation request has no container requests"));
         }
         let view = self.resource.snapshot();
+        let cfg = &self.resource.config;
         let mut responses = Vec::with_capacity(req.container_requests.len());
         for c in req.container_requests {
             let size = preferred::validate(&c.available_device_i_ds, &c.must_include_device_i_ds, c.allocation_size)
@@ -100,24 +107,38 @@ impl DevicePlugin for Endpoint {
             if let Some(unknown) = c.available_device_i_ds.iter().find(|id| view.get(id).is_none()) {
                 return Err(Status::invalid_argument(format!("resource {}: unknown device ID {unknown:?}", self.name())));
             }
-            let links: HashMap<(&str, &str), u32> = c
-                .available_device_i_ds
-                .iter()
-                .filter_map(|id| view.get(id))
-                .flat_map(|d| d.links.iter().map(move |(o, s)| ((d.id.as_str(), o.as_str()), *s)))
-                .collect();
+            // Candidates are advertised IDs (replicas when shared); NUMA and
+            // links come from the physical device behind each.
+            let n = view.devices.len();
             let cands = c
                 .available_device_i_ds
                 .iter()
-                .filter_map(|id| view.index.get(id.as_str()).map(|&order| (id, order)))
-                .map(|(id, order)| Candidate { id, numa: view.devices[order].numa_node, order })
+                .filter_map(|id| {
+                    let d = view.get(id)?;
+                    let k = sharing::parse_replica(id).map(|(_, k)| k as usize).filter(|_| view.replicas > 1).unwrap_or(0);
+                    Some(Candidate { id, numa: d.numa_node, order: k * n + view.index.get(&d.id).copied().unwrap_or(0) })
+                })
                 .collect();
-            let default =
-                preferred::choose(cands, &c.must_include_device_i_ds, size, |a, b| links.get(&(a, b)).copied().unwrap_or(0));
+            let links = |a: &str, b: &str| -> u32 {
+                match (view.get(a), view.get(b)) {
+                    (Some(pa), Some(pb)) if pa.id != pb.id => {
+                        pa.links.iter().find(|(o, _)| *o == pb.id).map(|(_, s)| *s).unwrap_or(0)
+                    }
+                    _ => 0,
+                }
+            };
+            let mut default = preferred::choose(cands, &c.must_include_device_i_ds, size, links);
+            if cfg.one_replica_per_container {
+                default = sharing::prefer_distinct(&default, &c.available_device_i_ds, &c.must_include_device_i_ds);
+            }
             let ids = match &self.resource.driver {
-                Some(drv) if drv.module.preferred_allocation => {
+                // Drivers know physical IDs only: a shared resource uses the host's answer.
+                Some(drv) if drv.module.preferred_allocation && view.replicas <= 1 => {
                     let size32 = u32::try_from(size).unwrap_or(u32::MAX);
-                    match drv.preferred(c.available_device_i_ds.clone(), c.must_include_device_i_ds.clone(), size32).await {
+                    let result =
+                        drv.preferred(c.available_device_i_ds.clone(), c.must_include_device_i_ds.clone(), size32).await;
+                    self.services.metrics.driver_call(&drv.name, "preferred_allocation", metrics::call_outcome(&result));
+                    match result {
                         Ok(Some(proposal)) => {
                             let fixed = preferred::repair(&proposal, &c.available_device_i_ds, &c.must_include_device_i_ds, size, &default);
                             if fixed != proposal {
@@ -140,47 +161,10 @@ impl DevicePlugin for Endpoint {
     }
 
     async fn allocate(&self, request: Request<pb::AllocateRequest>) -> Result<Response<pb::AllocateResponse>, Status> {
-        let req = request.into_inner();
-        let name = self.name();
-        if req.container_requests.is_empty() {
-            return Err(Status::invalid_argument(format!("resource {name}: allocate request has no container requests")));
-        }
-        let Some(driver) = &self.resource.driver else {
-            return Err(Status::unavailable(format!("resource {name}: driver not loaded")));
-        };
-        let view = self.resource.snapshot();
-        // Validate everything first: nothing is allocated unless all of it is valid.
-        for (i, c) in req.container_requests.iter().enumerate() {
-            if c.devices_ids.is_empty() {
-                return Err(Status::invalid_argument(format!("resource {name}: container request {i} has no device IDs")));
-            }
-            let mut seen = HashSet::with_capacity(c.devices_ids.len());
-            for id in &c.devices_ids {
-                if view.get(id).is_none() {
-                    return Err(Status::invalid_argument(format!("resource {name}: unknown device ID {id:?}")));
-                }
-                if !seen.insert(id.as_str()) {
-                    return Err(Status::invalid_argument(format!("resource {name}: device ID {id:?} requested twice")));
-                }
-            }
-        }
-        let mut responses = Vec::with_capacity(req.container_requests.len());
-        for c in req.container_requests {
-            let (mut edits, conflicts) = device::compose(c.devices_ids.iter().filter_map(|id| view.get(id)));
-            for conflict in conflicts {
-                tracing::warn!(resource = name, "conflicting container edits: {conflict}");
-            }
-            match driver.allocate(c.devices_ids).await {
-                Ok(Some(hook)) => edits.amend(hook),
-                Ok(None) => {}
-                Err(e) => {
-                    tracing::warn!(resource = name, "allocate failed: {e}");
-                    return Err(e.to_status());
-                }
-            }
-            responses.push(to_response(edits));
-        }
-        Ok(Response::new(pb::AllocateResponse { container_responses: responses }))
+        let started = Instant::now();
+        let result = self.allocate_inner(request.into_inner(), started).await;
+        self.services.metrics.allocation(self.name(), result.is_ok(), started.elapsed());
+        result.map(Response::new)
     }
 
     async fn pre_start_container(
@@ -195,8 +179,81 @@ impl DevicePlugin for Endpoint {
         if let Some(unknown) = ids.iter().find(|id| view.get(id).is_none()) {
             return Err(Status::invalid_argument(format!("resource {}: unknown device ID {unknown:?}", self.name())));
         }
-        driver.pre_start(ids).await.map_err(|e| e.to_status())?;
+        let physical = if view.replicas > 1 {
+            sharing::physical_ids(&ids, view.replicas, false).map_err(|e| Status::invalid_argument(format!("resource {}: {e}", self.name())))?
+        } else {
+            ids
+        };
+        let result = driver.pre_start(physical).await;
+        self.services.metrics.driver_call(&driver.name, "pre_start", metrics::call_outcome(&result));
+        result.map_err(|e| e.to_status())?;
         Ok(Response::new(pb::PreStartContainerResponse {}))
+    }
+}
+
+impl Endpoint {
+    async fn allocate_inner(&self, req: pb::AllocateRequest, started: Instant) -> Result<pb::AllocateResponse, Status> {
+        let name = self.name();
+        let cfg = &self.resource.config;
+        let status = &self.resource.status;
+        if req.container_requests.is_empty() {
+            return Err(Status::invalid_argument(format!("resource {name}: allocate request has no container requests")));
+        }
+        let Some(driver) = &self.resource.driver else {
+            return Err(Status::unavailable(format!("resource {name}: driver not loaded")));
+        };
+        let view = self.resource.snapshot();
+        // Validate everything first: nothing is allocated unless all of it is valid.
+        let mut physical = Vec::with_capacity(req.container_requests.len());
+        for (i, c) in req.container_requests.iter().enumerate() {
+            let refuse = |msg: String| {
+                status.allocation(i, &c.devices_ids, Err(msg.clone()), started.elapsed());
+                Status::invalid_argument(msg)
+            };
+            if c.devices_ids.is_empty() {
+                return Err(refuse(format!("resource {name}: container request {i} has no device IDs")));
+            }
+            let mut seen = HashSet::with_capacity(c.devices_ids.len());
+            for id in &c.devices_ids {
+                if view.get(id).is_none() {
+                    return Err(refuse(format!("resource {name}: unknown device ID {id:?}")));
+                }
+                if !seen.insert(id.as_str()) {
+                    return Err(refuse(format!("resource {name}: device ID {id:?} requested twice")));
+                }
+            }
+            let phys = if view.replicas > 1 {
+                sharing::physical_ids(&c.devices_ids, view.replicas, cfg.one_replica_per_container)
+                    .map_err(|e| refuse(format!("resource {name}: {e}")))?
+            } else {
+                c.devices_ids.clone()
+            };
+            physical.push(phys);
+        }
+        let mut responses = Vec::with_capacity(req.container_requests.len());
+        for (i, (c, phys)) in req.container_requests.into_iter().zip(physical).enumerate() {
+            let (mut edits, conflicts) = device::compose(phys.iter().filter_map(|id| view.physical(id)));
+            for conflict in conflicts {
+                tracing::warn!(resource = name, "conflicting container edits: {conflict}");
+            }
+            if cfg.device_list_strategy == DeviceListStrategy::Cdi {
+                edits = cdi::allocate_edits(name, &view.devices, &phys, edits);
+            }
+            let result = driver.allocate(phys).await;
+            self.services.metrics.driver_call(&driver.name, "allocate", metrics::call_outcome(&result));
+            match result {
+                Ok(Some(hook)) => edits.amend(hook),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(resource = name, "allocate failed: {e}");
+                    status.allocation(i, &c.devices_ids, Err(e.to_string()), started.elapsed());
+                    return Err(e.to_status());
+                }
+            }
+            status.allocation(i, &c.devices_ids, Ok(()), started.elapsed());
+            responses.push(to_response(edits));
+        }
+        Ok(pb::AllocateResponse { container_responses: responses })
     }
 }
 

@@ -5,7 +5,7 @@
 //! as long as it likes: we retry with capped backoff and never exit for it.
 
 use crate::endpoint::Endpoint;
-use crate::registry::Resource;
+use crate::registry::{Resource, Services};
 use devhost_proto::v1beta1 as pb;
 use notify::Watcher;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
@@ -27,6 +27,25 @@ struct Signals {
     kubelet_gen: watch::Sender<u64>,
     /// Per socket path of ours: notified when the file is removed.
     socket_lost: Mutex<HashMap<PathBuf, Arc<Notify>>>,
+    services: Arc<Services>,
+    /// Inode of the kubelet.sock last seen, to count each restart once.
+    last_kubelet: Mutex<Option<SocketId>>,
+}
+
+impl Signals {
+    /// A new kubelet.sock: every endpoint re-registers. inotify and the stat
+    /// check may both see one restart, so the metric counts distinct
+    /// sockets, and the kubelet's first appearance is not a restart.
+    fn kubelet_restarted(&self, inode: Option<SocketId>) {
+        let mut last = self.last_kubelet.lock().unwrap_or_else(|p| p.into_inner());
+        if inode.is_some() && *last != inode {
+            if last.is_some() {
+                self.services.metrics.kubelet_restart();
+            }
+            *last = inode;
+        }
+        self.kubelet_gen.send_modify(|g| *g += 1);
+    }
 }
 
 impl Signals {
@@ -35,8 +54,15 @@ impl Signals {
     }
 }
 
-fn inode(path: &Path) -> Option<u64> {
-    std::fs::symlink_metadata(path).ok().filter(|m| m.file_type().is_socket()).map(|m| m.ino())
+/// Which socket file is at `path`: inode numbers are reused as soon as a
+/// file is deleted, so the change time is part of the identity.
+type SocketId = (u64, i64, i64);
+
+fn inode(path: &Path) -> Option<SocketId> {
+    std::fs::symlink_metadata(path)
+        .ok()
+        .filter(|m| m.file_type().is_socket())
+        .map(|m| (m.ino(), m.ctime(), m.ctime_nsec()))
 }
 
 struct Served {
@@ -49,6 +75,7 @@ struct Served {
 /// resource, plus the folder watch they share.
 pub struct Endpoints {
     dir: PathBuf,
+    services: Arc<Services>,
     signals: Arc<Signals>,
     served: Mutex<Vec<Served>>,
     _watcher: Option<notify::RecommendedWatcher>,
@@ -57,11 +84,16 @@ pub struct Endpoints {
 
 impl Endpoints {
     /// Starts watching `dir` (inotify plus a periodic stat check).
-    pub fn start(dir: PathBuf) -> Endpoints {
-        let signals = Arc::new(Signals { kubelet_gen: watch::channel(0).0, socket_lost: Mutex::new(HashMap::new()) });
+    pub fn start(dir: PathBuf, services: Arc<Services>) -> Endpoints {
+        let signals = Arc::new(Signals {
+            kubelet_gen: watch::channel(0).0,
+            socket_lost: Mutex::new(HashMap::new()),
+            services: services.clone(),
+            last_kubelet: Mutex::new(inode(&dir.join(devhost_proto::KUBELET_SOCKET))),
+        });
         let watcher = watch_dir(&dir, signals.clone());
         let checker = tokio::spawn(recheck(dir.clone(), signals.clone()));
-        Endpoints { dir, signals, served: Mutex::new(Vec::new()), _watcher: watcher, checker }
+        Endpoints { dir, services, signals, served: Mutex::new(Vec::new()), _watcher: watcher, checker }
     }
 
     /// Serves exactly `resources` (those with a driver): starts the new ones
@@ -91,6 +123,7 @@ impl Endpoints {
             let (stop, stop_rx) = watch::channel(false);
             let task = tokio::spawn(serve_resource(
                 r.clone(),
+                self.services.clone(),
                 self.dir.clone(),
                 lost,
                 self.signals.kubelet_gen.subscribe(),
@@ -129,7 +162,7 @@ fn watch_dir(dir: &Path, signals: Arc<Signals>) -> Option<notify::RecommendedWat
             let is_kubelet = p.file_name().is_some_and(|n| n == devhost_proto::KUBELET_SOCKET);
             match ev.kind {
                 notify::EventKind::Create(_) if is_kubelet => {
-                    signals.kubelet_gen.send_modify(|g| *g += 1);
+                    signals.kubelet_restarted(inode(p));
                 }
                 notify::EventKind::Remove(_) => {
                     if let Some(n) = signals.socket_lost.lock().unwrap_or_else(|p| p.into_inner()).get(p) {
@@ -158,7 +191,7 @@ async fn recheck(dir: PathBuf, signals: Arc<Signals>) {
         tokio::time::sleep(RECHECK).await;
         let now = inode(&kubelet);
         if now.is_some() && now != last {
-            signals.kubelet_gen.send_modify(|g| *g += 1);
+            signals.kubelet_restarted(now);
         }
         last = now;
         for (path, lost) in signals.lost() {
@@ -171,7 +204,7 @@ async fn recheck(dir: PathBuf, signals: Arc<Signals>) {
 
 /// One resource's life: bind, serve, register, wait for a reason to start
 /// over; on stop remove the socket.
-async fn serve_resource(res: Arc<Resource>, dir: PathBuf, lost: Arc<Notify>, mut kubelet_gen: watch::Receiver<u64>, mut stop: watch::Receiver<bool>) {
+async fn serve_resource(res: Arc<Resource>, services: Arc<Services>, dir: PathBuf, lost: Arc<Notify>, mut kubelet_gen: watch::Receiver<u64>, mut stop: watch::Receiver<bool>) {
     let name = res.config.name.clone();
     let path = dir.join(&res.config.socket_name);
     let mut backoff = BACKOFF_START;
@@ -187,7 +220,7 @@ async fn serve_resource(res: Arc<Resource>, dir: PathBuf, lost: Arc<Notify>, mut
             }
         };
         let our_inode = inode(&path);
-        let svc = pb::device_plugin_server::DevicePluginServer::new(Endpoint { resource: res.clone(), retired: retire_rx.clone() })
+        let svc = pb::device_plugin_server::DevicePluginServer::new(Endpoint { resource: res.clone(), services: services.clone(), retired: retire_rx.clone() })
             .max_decoding_message_size(64 << 20)
             .max_encoding_message_size(64 << 20);
         let mut retire_wait = retire_rx.clone();
@@ -206,6 +239,7 @@ async fn serve_resource(res: Arc<Resource>, dir: PathBuf, lost: Arc<Notify>, mut
             match register(&dir, &res).await {
                 Ok(()) => {
                     res.registered.store(true, Ordering::Release);
+                    services.metrics.registered(&name);
                     tracing::info!(resource = %name, socket = %res.config.socket_name, "registered with the kubelet");
                     backoff = BACKOFF_START;
                     break;
@@ -233,6 +267,7 @@ async fn serve_resource(res: Arc<Resource>, dir: PathBuf, lost: Arc<Notify>, mut
             _ = stop.changed() => "shutting down",
         };
         res.registered.store(false, Ordering::Release);
+        services.metrics.unregistered(&name);
         tracing::info!(resource = %name, "{reason}: retiring endpoint");
         let _ = retire_tx.send(true);
         if tokio::time::timeout(Duration::from_secs(1), server).await.is_err() {

@@ -151,8 +151,31 @@ fn load_manifest(path: &Path, kubelet_dir: Option<&Path>) -> Option<Manifest> {
 
 async fn run(config: &Path, kubelet_dir: Option<&Path>) -> ExitCode {
     let Some(manifest) = load_manifest(config, kubelet_dir) else { return ExitCode::from(2) };
+    // A taken metrics port fails the start before anything is served.
+    let probes_listener = match manifest.metrics_addr {
+        Some(addr) => match devhost::metrics::bind(addr).await {
+            Ok(l) => Some(l),
+            Err(e) => {
+                eprintln!("devhost: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+        None => None,
+    };
     let registry = Registry::open(&manifest, true).await;
-    let endpoints = devhost::kubelet::Endpoints::start(manifest.kubelet_dir.clone());
+    let (stop_probes, stop_probes_rx) = tokio::sync::watch::channel(false);
+    if let Some(listener) = probes_listener {
+        let (ready_reg, status_reg) = (registry.clone(), registry.clone());
+        let probes = devhost::metrics::Probes::new(
+            move || {
+                let missing = ready_reg.unregistered();
+                if missing.is_empty() { Ok(()) } else { Err(missing) }
+            },
+            move || devhost::status::status_json(std::time::SystemTime::now(), status_reg.status(true)),
+        );
+        tokio::spawn(devhost::metrics::serve(listener, registry.services.metrics.clone(), probes, stop_probes_rx));
+    }
+    let endpoints = devhost::kubelet::Endpoints::start(manifest.kubelet_dir.clone(), registry.services.clone());
     endpoints.sync(&registry.resources()).await;
     let Some(mut signals) = Signals::install() else { return ExitCode::FAILURE };
     loop {
@@ -189,6 +212,7 @@ async fn run(config: &Path, kubelet_dir: Option<&Path>) -> ExitCode {
         }
     }
     endpoints.shutdown().await;
+    let _ = stop_probes.send(true);
     registry.shutdown();
     ExitCode::SUCCESS
 }
@@ -236,30 +260,7 @@ async fn list(config: &Path, json: bool) -> ExitCode {
     let Some(manifest) = load_manifest(config, None) else { return ExitCode::from(2) };
     let registry = Registry::open(&manifest, false).await;
     if json {
-        let out: Vec<serde_json::Value> = registry
-            .resources()
-            .iter()
-            .map(|r| {
-                let view = r.snapshot();
-                let devices: Vec<serde_json::Value> = view
-                    .devices
-                    .iter()
-                    .map(|d| {
-                        serde_json::json!({
-                            "id": d.id,
-                            "health": if d.healthy { "Healthy" } else { "Unhealthy" },
-                            "numa_node": d.numa_node,
-                            "attributes": d.attributes,
-                        })
-                    })
-                    .collect();
-                let mut v = serde_json::json!({ "resource": r.config.name, "driver": r.config.driver, "devices": devices });
-                if let Some(e) = &r.error {
-                    v["error"] = serde_json::Value::String(e.clone());
-                }
-                v
-            })
-            .collect();
+        let out = registry.status(false);
         match serde_json::to_string_pretty(&out) {
             Ok(s) => println!("{s}"),
             Err(e) => {

@@ -273,7 +273,9 @@ fn log_changes(before: Option<&HolderMap>, after: &HolderMap) {
         for (id, holder) in holders {
             match old.and_then(|o| o.get(id)) {
                 Some(previous) if previous == holder => {}
-                Some(previous) => tracing::info!(resource = %resource, device = %id, "held by {holder} (was {previous})"),
+                Some(previous) => {
+                    tracing::info!(resource = %resource, device = %id, "held by {holder} (was {previous})")
+                }
                 None => tracing::info!(resource = %resource, device = %id, "held by {holder}"),
             }
         }
@@ -372,7 +374,8 @@ mod tests {
     #[test]
     fn publish_wakes_subscribers_only_on_change() {
         let (tx, mut rx) = watch::channel(Snapshot::default());
-        let map = holders_of(&ListPodResourcesResponse { pod_resources: vec![pod("n", "p", vec![("c", "r", &["d"])])] });
+        let map =
+            holders_of(&ListPodResourcesResponse { pod_resources: vec![pod("n", "p", vec![("c", "r", &["d"])])] });
         publish(&tx, Ok(map.clone()));
         assert!(rx.has_changed().unwrap());
         assert_eq!(rx.borrow_and_update().holder("r", "d"), Some(&holder("n", "p", "c")));

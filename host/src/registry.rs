@@ -3,8 +3,12 @@
 //! resources that select them. Each resource publishes its device list
 //! through a latest-value channel that feeds every ListAndWatch stream.
 
+use crate::cdi::CdiWriter;
 use crate::device::Device;
 use crate::instance::Instance;
+use crate::metrics::{self, Metrics};
+use crate::sharing;
+use crate::status::{self, Tracker};
 use crate::loader::{self, Module};
 use crate::manifest::{DriverConfig, Manifest, ResourceConfig};
 use devhost_proto::v1beta1 as pb;
@@ -17,17 +21,22 @@ use tokio::sync::watch;
 /// A resource's current devices, with health already decided by the host.
 #[derive(Debug, Default)]
 pub struct View {
+    /// The physical devices (what drivers reported, with host-decided health).
     pub devices: Vec<Device>,
     pub index: HashMap<String, usize>,
+    /// Each physical device is advertised as this many IDs (`<id>::<k>`
+    /// when more than one).
+    pub replicas: u32,
     /// The ListAndWatch message for these devices, built once per change.
     pub list: pb::ListAndWatchResponse,
 }
 
 impl View {
-    fn new(devices: Vec<Device>) -> View {
+    fn new(devices: Vec<Device>, replicas: u32) -> View {
         let index = devices.iter().enumerate().map(|(i, d)| (d.id.clone(), i)).collect();
+        let advertised = if replicas > 1 { sharing::expand(&devices, replicas) } else { devices.clone() };
         let list = pb::ListAndWatchResponse {
-            devices: devices
+            devices: advertised
                 .iter()
                 .map(|d| pb::Device {
                     id: d.id.clone(),
@@ -36,12 +45,33 @@ impl View {
                 })
                 .collect(),
         };
-        View { devices, index, list }
+        View { devices, index, replicas: replicas.max(1), list }
     }
 
+    /// The physical device behind an advertised ID (a replica ID when the
+    /// resource is shared).
     pub fn get(&self, id: &str) -> Option<&Device> {
+        let physical = if self.replicas > 1 {
+            match sharing::parse_replica(id) {
+                Some((p, k)) if k < self.replicas => p,
+                _ => return None,
+            }
+        } else {
+            id
+        };
+        self.physical(physical)
+    }
+
+    /// A physical device by its own ID.
+    pub fn physical(&self, id: &str) -> Option<&Device> {
         self.index.get(id).map(|&i| &self.devices[i])
     }
+}
+
+/// What every resource and endpoint shares: metrics and the CDI writer.
+pub struct Services {
+    pub metrics: Arc<Metrics>,
+    pub cdi: Option<CdiWriter>,
 }
 
 pub struct Resource {
@@ -51,6 +81,8 @@ pub struct Resource {
     pub error: Option<String>,
     pub view: watch::Sender<Arc<View>>,
     pub registered: AtomicBool,
+    /// Health history and served allocations, for the status view.
+    pub status: Tracker,
 }
 
 impl Resource {
@@ -82,6 +114,7 @@ pub struct Changes {
 }
 
 pub struct Registry {
+    pub services: Arc<Services>,
     drivers: RwLock<BTreeMap<String, DriverEntry>>,
     resources: RwLock<Vec<Arc<Resource>>>,
     /// Whether instances get watch_start and a rescan task (the daemon), or
@@ -134,13 +167,24 @@ impl Registry {
     /// watch_start and a rescan task. Failures are kept per driver; they
     /// never stop the others.
     pub async fn open(manifest: &Manifest, watching: bool) -> Arc<Registry> {
+        let cdi = manifest.cdi_dir.as_ref().map(CdiWriter::new);
         let reg = Arc::new(Registry {
+            services: Arc::new(Services { metrics: Arc::new(Metrics::new()), cdi }),
             drivers: RwLock::new(BTreeMap::new()),
             resources: RwLock::new(Vec::new()),
             watching,
             logged: Mutex::new(HashSet::new()),
         });
         reg.apply(manifest).await;
+        if let Some(cdi) = &reg.services.cdi {
+            let names: Vec<String> = reg.resources().iter().map(|r| r.config.name.clone()).collect();
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            match cdi.remove_stale(&names) {
+                Ok(removed) if !removed.is_empty() => tracing::info!(?removed, "removed stale CDI spec files"),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(dir = %cdi.dir().display(), "cannot clean stale CDI spec files: {e}"),
+            }
+        }
         reg
     }
 
@@ -185,7 +229,10 @@ impl Registry {
         while let Some(joined) = creating.join_next().await {
             let Ok((name, cfg, slot)) = joined else { continue };
             match &slot {
-                Slot::Failed(e) => tracing::error!(driver = %name, "driver not loaded, its resources are not served: {e}"),
+                Slot::Failed(e) => {
+                    self.services.metrics.module_load_failure(&name);
+                    tracing::error!(driver = %name, "driver not loaded, its resources are not served: {e}")
+                }
                 Slot::Ready(i) => fresh.push(i.clone()),
             }
             next.insert(name, DriverEntry { config: cfg, slot, stop: watch::channel(false).0 });
@@ -222,6 +269,7 @@ impl Registry {
                         error,
                         view: watch::channel(Arc::new(View::default())).0,
                         registered: AtomicBool::new(false),
+                        status: Tracker::new(),
                     });
                     changes.started.push(r.clone());
                     resources.push(r);
@@ -230,6 +278,17 @@ impl Registry {
         }
         changes.stopped =
             old_resources.into_iter().filter(|o| !resources.iter().any(|r| Arc::ptr_eq(r, o))).collect();
+        for gone in &changes.stopped {
+            // A resource restarted under the same name keeps its CDI file.
+            if !manifest.resources.iter().any(|r| r.name == gone.config.name) {
+                self.services.metrics.forget_resource(&gone.config.name);
+                if let Some(cdi) = &self.services.cdi
+                    && let Err(e) = cdi.remove(&gone.config.name)
+                {
+                    tracing::warn!(resource = %gone.config.name, "cannot remove its CDI spec file: {e}");
+                }
+            }
+        }
         *write(&self.resources) = resources;
         *write(&self.drivers) = next;
 
@@ -276,14 +335,16 @@ impl Registry {
 
     /// Scans one instance and publishes the result to its resources.
     pub async fn rescan(&self, inst: &Arc<Instance>) {
-        let devices = match inst.scan().await {
+        let result = inst.scan().await;
+        self.services.metrics.driver_call(&inst.name, "scan", metrics::call_outcome(&result));
+        let devices = match result {
             Ok(out) => {
                 tracing::debug!(driver = %inst.name, devices = out.devices.len(), "scanned");
-                Some(out.devices)
+                Ok(out.devices)
             }
             Err(e) => {
                 tracing::error!(driver = %inst.name, "scan failed, its devices are reported Unhealthy: {e}");
-                None
+                Err(e.to_string())
             }
         };
         self.publish(inst, devices);
@@ -292,8 +353,11 @@ impl Registry {
     /// Splits devices among the instance's resources (manifest order: a
     /// device selected by two resources goes to the first). `None` keeps the
     /// previous devices but marks them Unhealthy, as does a broken instance.
-    fn publish(&self, inst: &Arc<Instance>, devices: Option<Vec<Device>>) {
-        let broken = inst.poisoned() || inst.hung().is_some();
+    fn publish(&self, inst: &Arc<Instance>, devices: Result<Vec<Device>, String>) {
+        let hung_in = inst.hung().map(|(call, _)| call);
+        let broken = inst.poisoned() || hung_in.is_some();
+        let reason = status::unhealthy_reason(devices.as_ref().err().map(String::as_str), inst.poisoned(), hung_in);
+        let devices = devices.ok();
         let mut taken: HashMap<String, String> = HashMap::new();
         let resources = self.resources();
         let mine_only = |r: &&Arc<Resource>| r.driver.as_ref().is_some_and(|d| Arc::ptr_eq(d, inst));
@@ -321,13 +385,21 @@ impl Registry {
                     d.healthy = false;
                 }
             }
-            res.view.send_if_modified(|cur| {
-                if cur.devices == mine {
-                    return false;
-                }
-                *cur = Arc::new(View::new(mine));
-                true
-            });
+            let previous = res.snapshot();
+            if previous.devices == mine && previous.replicas == res.config.replicas.max(1) {
+                continue;
+            }
+            let name = &res.config.name;
+            res.status.observe(&previous.devices, &mine, &reason);
+            if let Some(cdi) = &self.services.cdi
+                && let Err(e) = cdi.write(name, &mine)
+            {
+                tracing::warn!(resource = %name, dir = %cdi.dir().display(), "cannot write the CDI spec file: {e}");
+            }
+            let healthy = mine.iter().filter(|d| d.healthy).count();
+            let per = res.config.replicas.max(1) as usize;
+            self.services.metrics.set_devices(name, healthy * per, (mine.len() - healthy) * per);
+            res.view.send_replace(Arc::new(View::new(mine, res.config.replicas)));
         }
     }
 
@@ -377,6 +449,34 @@ impl Registry {
         for (_, e) in std::mem::take(&mut *write(&self.drivers)) {
             retire(e);
         }
+    }
+
+    /// Each resource as the status view shows it (`/status`, `list --json`).
+    pub fn status(&self, tracked: bool) -> Vec<serde_json::Value> {
+        self.resources()
+            .iter()
+            .map(|r| {
+                let view = r.snapshot();
+                let info = status::ResourceInfo {
+                    name: &r.config.name,
+                    driver: &r.config.driver,
+                    registered: r.registered.load(Ordering::Acquire),
+                    error: r.error.as_deref(),
+                    replicas: r.config.replicas,
+                    device_list_strategy: r.config.device_list_strategy.as_str(),
+                };
+                status::resource_json(info, &view.devices, tracked.then_some(&r.status))
+            })
+            .collect()
+    }
+
+    /// Resources that should be registered with the kubelet and are not.
+    pub fn unregistered(&self) -> Vec<String> {
+        read(&self.resources)
+            .iter()
+            .filter(|r| r.driver.is_some() && !r.registered.load(Ordering::Acquire))
+            .map(|r| r.config.name.clone())
+            .collect()
     }
 
     pub fn all_registered(&self) -> bool {

@@ -112,14 +112,18 @@ async fn create_refused_shows_the_drivers_message() {
     let dir = tempfile::tempdir().unwrap();
     let p = build_bad(dir.path(), "REFUSE_CREATE");
     let m = devhost::loader::load(&p).unwrap();
-    let err = devhost::instance::Instance::create("bad", m, &[], std::time::Duration::from_secs(5)).await.err().unwrap();
+    let err =
+        devhost::instance::Instance::create("bad", m, &[], std::time::Duration::from_secs(5)).await.err().unwrap();
     let msg = err.to_string();
     assert!(msg.contains("bad-driver refuses: no hardware here") && msg.contains("UNAVAILABLE"), "{msg}");
     // And through the CLI: `check` lists it and fails.
     let manifest = dir.path().join("m.toml");
     std::fs::write(
         &manifest,
-        format!("[driver.bad]\nmodule = \"{}\"\n[[resource]]\nname = \"example.com/bad\"\ndriver = \"bad\"\n", p.display()),
+        format!(
+            "[driver.bad]\nmodule = \"{}\"\n[[resource]]\nname = \"example.com/bad\"\ndriver = \"bad\"\n",
+            p.display()
+        ),
     )
     .unwrap();
     let (code, _, err) = devhost(&["check", "--config", manifest.to_str().unwrap()]);
@@ -154,8 +158,16 @@ fn drivers_command_lists_good_and_bad_modules() {
     assert_eq!(code, 0);
     assert!(out.contains("libdevhost_example_c.so: example-c") && out.contains("(ABI 1.1)"), "{out}");
     assert!(out.contains("allocate, pre_start, watch, release"), "{out}");
-    assert!(out.contains("libdevhost_testdrv.so: testdrv 0.0.1 (ABI 1.1) [allocate, preferred_allocation, pre_start, watch]"), "{out}");
-    assert!(out.contains("libbad_major.so: cannot be loaded") && out.contains("unsupported ABI major version 2"), "{out}");
+    assert!(
+        out.contains(
+            "libdevhost_testdrv.so: testdrv 0.0.1 (ABI 1.1) [allocate, preferred_allocation, pre_start, watch]"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("libbad_major.so: cannot be loaded") && out.contains("unsupported ABI major version 2"),
+        "{out}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -235,7 +247,8 @@ fn panicking_rust_driver_returns_panic_and_the_host_survives() {
     rt.block_on(async {
         let m = devhost::loader::load(&module("testdrv")).unwrap();
         let opts = vec![("panic_in".to_string(), "create".to_string())];
-        let err = devhost::instance::Instance::create("p", m, &opts, std::time::Duration::from_secs(5)).await.err().unwrap();
+        let err =
+            devhost::instance::Instance::create("p", m, &opts, std::time::Duration::from_secs(5)).await.err().unwrap();
         let msg = err.to_string();
         assert!(msg.contains("PANIC") && msg.contains("told to panic in create"), "{msg}");
         // The same module still creates a healthy instance afterwards.

@@ -26,10 +26,7 @@ pub async fn connect_uds(path: impl AsRef<Path>) -> Result<Channel, Error> {
 
 /// Like [`connect_uds`], but gives up when connecting takes longer than
 /// `timeout` (the kubelet uses 10 s for plugin sockets).
-pub async fn connect_uds_timeout(
-    path: impl AsRef<Path>,
-    timeout: Duration,
-) -> Result<Channel, Error> {
+pub async fn connect_uds_timeout(path: impl AsRef<Path>, timeout: Duration) -> Result<Channel, Error> {
     connect(path.as_ref().to_path_buf(), Some(timeout)).await
 }
 

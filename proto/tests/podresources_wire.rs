@@ -4,8 +4,8 @@
 
 use devhost_proto::podresources::v1::pod_resources_lister_server;
 use devhost_proto::podresources::v1::{
-    ContainerDevices, ContainerResources, DynamicResource, ListPodResourcesResponse, NumaNode,
-    PodResources, TopologyInfo,
+    ContainerDevices, ContainerResources, DynamicResource, ListPodResourcesResponse, NumaNode, PodResources,
+    TopologyInfo,
 };
 use prost::Message;
 
@@ -37,11 +37,7 @@ fn pod_and_container_names_and_nesting_use_the_kubelets_numbers() {
         pod_resources: vec![PodResources {
             name: "p".into(),
             namespace: "n".into(),
-            containers: vec![ContainerResources {
-                name: "c".into(),
-                cpu_ids: vec![3],
-                ..Default::default()
-            }],
+            containers: vec![ContainerResources { name: "c".into(), cpu_ids: vec![3], ..Default::default() }],
         }],
     };
     // list 1: pod { 1: "p", 2: "n", 3: container { 1: "c", 3: packed [3] } }

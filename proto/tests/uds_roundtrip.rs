@@ -11,10 +11,9 @@ use devhost_proto::v1beta1::device_plugin_server::{self, DevicePlugin, DevicePlu
 use devhost_proto::v1beta1::registration_client::RegistrationClient;
 use devhost_proto::v1beta1::registration_server::{self, Registration, RegistrationServer};
 use devhost_proto::v1beta1::{
-    AllocateRequest, AllocateResponse, CdiDevice, ContainerAllocateRequest,
-    ContainerAllocateResponse, Device, DevicePluginOptions, Empty, ListAndWatchResponse, NumaNode,
-    PreStartContainerRequest, PreStartContainerResponse, PreferredAllocationRequest,
-    PreferredAllocationResponse, RegisterRequest, TopologyInfo,
+    AllocateRequest, AllocateResponse, CdiDevice, ContainerAllocateRequest, ContainerAllocateResponse, Device,
+    DevicePluginOptions, Empty, ListAndWatchResponse, NumaNode, PreStartContainerRequest, PreStartContainerResponse,
+    PreferredAllocationRequest, PreferredAllocationResponse, RegisterRequest, TopologyInfo,
 };
 use devhost_proto::{HEALTHY, UNHEALTHY, VERSION, connect_uds, connect_uds_timeout};
 use tokio::net::UnixListener;
@@ -34,23 +33,13 @@ struct Plugin {
 
 #[tonic::async_trait]
 impl DevicePlugin for Plugin {
-    async fn get_device_plugin_options(
-        &self,
-        _: Request<Empty>,
-    ) -> Result<Response<DevicePluginOptions>, Status> {
-        Ok(Response::new(DevicePluginOptions {
-            pre_start_required: true,
-            get_preferred_allocation_available: false,
-        }))
+    async fn get_device_plugin_options(&self, _: Request<Empty>) -> Result<Response<DevicePluginOptions>, Status> {
+        Ok(Response::new(DevicePluginOptions { pre_start_required: true, get_preferred_allocation_available: false }))
     }
 
-    type ListAndWatchStream =
-        Pin<Box<dyn Stream<Item = Result<ListAndWatchResponse, Status>> + Send>>;
+    type ListAndWatchStream = Pin<Box<dyn Stream<Item = Result<ListAndWatchResponse, Status>> + Send>>;
 
-    async fn list_and_watch(
-        &self,
-        _: Request<Empty>,
-    ) -> Result<Response<Self::ListAndWatchStream>, Status> {
+    async fn list_and_watch(&self, _: Request<Empty>) -> Result<Response<Self::ListAndWatchStream>, Status> {
         let rx = self
             .updates
             .lock()
@@ -67,10 +56,7 @@ impl DevicePlugin for Plugin {
         Err(Status::unimplemented("not advertised"))
     }
 
-    async fn allocate(
-        &self,
-        req: Request<AllocateRequest>,
-    ) -> Result<Response<AllocateResponse>, Status> {
+    async fn allocate(&self, req: Request<AllocateRequest>) -> Result<Response<AllocateResponse>, Status> {
         let container_responses = req
             .into_inner()
             .container_requests
@@ -80,16 +66,12 @@ impl DevicePlugin for Plugin {
                 cdi_devices: c
                     .devices_ids
                     .iter()
-                    .map(|id| CdiDevice {
-                        name: format!("example.com/gpu={id}"),
-                    })
+                    .map(|id| CdiDevice { name: format!("example.com/gpu={id}") })
                     .collect(),
                 ..Default::default()
             })
             .collect();
-        Ok(Response::new(AllocateResponse {
-            container_responses,
-        }))
+        Ok(Response::new(AllocateResponse { container_responses }))
     }
 
     async fn pre_start_container(
@@ -108,9 +90,7 @@ struct Kubelet {
 #[tonic::async_trait]
 impl Registration for Kubelet {
     async fn register(&self, req: Request<RegisterRequest>) -> Result<Response<Empty>, Status> {
-        self.seen
-            .send(req.into_inner())
-            .map_err(|_| Status::internal("test receiver gone"))?;
+        self.seen.send(req.into_inner()).map_err(|_| Status::internal("test receiver gone"))?;
         Ok(Response::new(Empty {}))
     }
 }
@@ -150,9 +130,7 @@ fn device(id: &str, health: &str, numa: i64) -> Device {
     Device {
         id: id.to_string(),
         health: health.to_string(),
-        topology: Some(TopologyInfo {
-            nodes: vec![NumaNode { id: numa }],
-        }),
+        topology: Some(TopologyInfo { nodes: vec![NumaNode { id: numa }] }),
     }
 }
 
@@ -168,30 +146,20 @@ async fn device_plugin_calls_round_trip_over_a_unix_socket() {
     let sock = dir.path().join("plugin.sock");
     let paths = Paths::default();
     let (tx, rx) = mpsc::channel(4);
-    let plugin = Plugin {
-        updates: Mutex::new(Some(rx)),
-    };
+    let plugin = Plugin { updates: Mutex::new(Some(rx)) };
     let _stop = serve(&sock, DevicePluginServer::new(plugin), paths.clone());
 
     let mut client = DevicePluginClient::new(connect_uds(&sock).await.unwrap());
 
-    let opts = client
-        .get_device_plugin_options(Empty {})
-        .await
-        .unwrap()
-        .into_inner();
+    let opts = client.get_device_plugin_options(Empty {}).await.unwrap().into_inner();
     assert!(opts.pre_start_required);
     assert!(!opts.get_preferred_allocation_available);
 
     let alloc = client
         .allocate(AllocateRequest {
             container_requests: vec![
-                ContainerAllocateRequest {
-                    devices_ids: vec!["a".into(), "b".into()],
-                },
-                ContainerAllocateRequest {
-                    devices_ids: vec!["c".into()],
-                },
+                ContainerAllocateRequest { devices_ids: vec!["a".into(), "b".into()] },
+                ContainerAllocateRequest { devices_ids: vec!["c".into()] },
             ],
         })
         .await
@@ -199,38 +167,22 @@ async fn device_plugin_calls_round_trip_over_a_unix_socket() {
         .into_inner();
     assert_eq!(alloc.container_responses.len(), 2);
     assert_eq!(alloc.container_responses[0].envs["IDS"], "a,b");
-    assert_eq!(
-        alloc.container_responses[1].cdi_devices[0].name,
-        "example.com/gpu=c"
-    );
+    assert_eq!(alloc.container_responses[1].cdi_devices[0].name, "example.com/gpu=c");
 
     let mut stream = client.list_and_watch(Empty {}).await.unwrap().into_inner();
     let first = vec![device("a", HEALTHY, 0), device("b", HEALTHY, 1)];
-    tx.send(Ok(ListAndWatchResponse {
-        devices: first.clone(),
-    }))
-    .await
-    .unwrap();
+    tx.send(Ok(ListAndWatchResponse { devices: first.clone() })).await.unwrap();
     let got = stream.next().await.unwrap().unwrap();
     assert_eq!(got.devices, first);
     let second = vec![device("a", UNHEALTHY, 0)];
-    tx.send(Ok(ListAndWatchResponse {
-        devices: second.clone(),
-    }))
-    .await
-    .unwrap();
+    tx.send(Ok(ListAndWatchResponse { devices: second.clone() })).await.unwrap();
     let got = stream.next().await.unwrap().unwrap();
     assert_eq!(got.devices, second);
     // Dropping the sender ends the server stream; the client must see the end.
     drop(tx);
     assert!(stream.next().await.is_none());
 
-    client
-        .pre_start_container(PreStartContainerRequest {
-            devices_ids: vec!["a".into()],
-        })
-        .await
-        .unwrap();
+    client.pre_start_container(PreStartContainerRequest { devices_ids: vec!["a".into()] }).await.unwrap();
 
     assert_eq!(
         *paths.lock().unwrap(),
@@ -249,28 +201,16 @@ async fn register_round_trips_with_options() {
     let sock = dir.path().join("kubelet.sock");
     let paths = Paths::default();
     let (seen, mut requests) = mpsc::unbounded_channel();
-    let _stop = serve(
-        &sock,
-        RegistrationServer::new(Kubelet { seen }),
-        paths.clone(),
-    );
+    let _stop = serve(&sock, RegistrationServer::new(Kubelet { seen }), paths.clone());
 
-    let channel = connect_uds_timeout(&sock, Duration::from_secs(10))
-        .await
-        .unwrap();
+    let channel = connect_uds_timeout(&sock, Duration::from_secs(10)).await.unwrap();
     let request = RegisterRequest {
         version: VERSION.to_string(),
         endpoint: "vendor-gpu.sock".to_string(),
         resource_name: "vendor.com/gpu".to_string(),
-        options: Some(DevicePluginOptions {
-            pre_start_required: false,
-            get_preferred_allocation_available: true,
-        }),
+        options: Some(DevicePluginOptions { pre_start_required: false, get_preferred_allocation_available: true }),
     };
-    RegistrationClient::new(channel)
-        .register(request.clone())
-        .await
-        .unwrap();
+    RegistrationClient::new(channel).register(request.clone()).await.unwrap();
 
     assert_eq!(requests.recv().await.unwrap(), request);
     assert_eq!(*paths.lock().unwrap(), ["/v1beta1.Registration/Register"]);
@@ -281,9 +221,5 @@ async fn connecting_to_a_missing_socket_fails_at_connect_time() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("nobody-home.sock");
     assert!(connect_uds(&missing).await.is_err());
-    assert!(
-        connect_uds_timeout(&missing, Duration::from_secs(1))
-            .await
-            .is_err()
-    );
+    assert!(connect_uds_timeout(&missing, Duration::from_secs(1)).await.is_err());
 }

@@ -62,7 +62,13 @@ impl BenchDriver {
 
     /// Blocks on the trigger socket; every datagram replaces the unhealthy set
     /// and tells the host at once.
-    fn watch_loop(sock: UnixDatagram, host: Host, count: u32, unhealthy: Arc<Mutex<HashSet<u32>>>, stop: Arc<AtomicBool>) {
+    fn watch_loop(
+        sock: UnixDatagram,
+        host: Host,
+        count: u32,
+        unhealthy: Arc<Mutex<HashSet<u32>>>,
+        stop: Arc<AtomicBool>,
+    ) {
         let mut buf = vec![0u8; 64 * 1024];
         loop {
             let n = match sock.recv(&mut buf) {
@@ -111,14 +117,14 @@ impl Driver for BenchDriver {
             let id = self.id(i);
             let health = if unhealthy.contains(&i) { Health::Unhealthy } else { Health::Healthy };
             // A link group shares a NUMA node, as GPUs on one board share a socket.
-            let slot = if self.link_group > 0 { i / self.link_group } else { i };
+            let slot = i.checked_div(self.link_group).unwrap_or(i);
             let numa = (self.numa_nodes > 0).then(|| slot % self.numa_nodes);
             let mut dev = scan.device(&id, health, numa);
             dev.attr("index", &i.to_string())
                 .device_node("/dev/null", &format!("/dev/bench{i}"), "rw")
                 .env("BENCH_VISIBLE_DEVICES", &id);
-            if self.link_group > 0 {
-                let first = i / self.link_group * self.link_group;
+            if let Some(group) = i.checked_div(self.link_group) {
+                let first = group * self.link_group;
                 for j in first..(first + self.link_group).min(self.count) {
                     let score = link_score(i, j, self.link_group);
                     if score > 0 {

@@ -13,33 +13,22 @@ use std::path::PathBuf;
 /// Every frozen folder with the (major, minor) its name declares.
 fn frozen_folders() -> Vec<(PathBuf, (i128, i128))> {
     let root = repo_root().join("tests/compat");
-    let entries =
-        std::fs::read_dir(&root).unwrap_or_else(|e| panic!("reading {}: {e}", root.display()));
+    let entries = std::fs::read_dir(&root).unwrap_or_else(|e| panic!("reading {}: {e}", root.display()));
     let mut folders: Vec<_> = entries
         .map(|e| e.expect("directory entry").path())
         .filter(|p| p.is_dir())
         .map(|p| {
-            let name = p
-                .file_name()
-                .and_then(|n| n.to_str())
-                .unwrap_or("")
-                .to_string();
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("").to_string();
             let version = name
                 .strip_prefix('v')
                 .and_then(|v| v.split_once('_'))
                 .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))
-                .unwrap_or_else(|| {
-                    panic!("{}: frozen folders are named vMAJOR_MINOR", p.display())
-                });
+                .unwrap_or_else(|| panic!("{}: frozen folders are named vMAJOR_MINOR", p.display()));
             (p, version)
         })
         .collect();
     folders.sort();
-    assert!(
-        !folders.is_empty(),
-        "no frozen folders under {}",
-        root.display()
-    );
+    assert!(!folders.is_empty(), "no frozen folders under {}", root.display());
     folders
 }
 
@@ -49,12 +38,7 @@ fn probe_frozen(dir: &std::path::Path) -> (HeaderFacts, Measured) {
     let facts = parse_header(&read(&header));
     let strings: Vec<String> = facts.string_defines.keys().cloned().collect();
     let tag = dir.file_name().and_then(|n| n.to_str()).unwrap_or("frozen");
-    let probe = probe_source(
-        "devhost_driver.h",
-        &facts.structs,
-        &facts.numeric_defines,
-        &strings,
-    );
+    let probe = probe_source("devhost_driver.h", &facts.structs, &facts.numeric_defines, &strings);
     let measured = run_probe(&format!("compat-{tag}"), &header, &probe);
     (facts, measured)
 }
@@ -62,10 +46,8 @@ fn probe_frozen(dir: &std::path::Path) -> (HeaderFacts, Measured) {
 #[test]
 fn frozen_drivers_compile_against_their_own_header() {
     for (dir, _) in frozen_folders() {
-        let out = scratch("compat-build").join(format!(
-            "lib{}.so",
-            dir.file_name().and_then(|n| n.to_str()).unwrap_or("x")
-        ));
+        let out =
+            scratch("compat-build").join(format!("lib{}.so", dir.file_name().and_then(|n| n.to_str()).unwrap_or("x")));
         let src = dir.join("driver.c");
         cc(&[
             "-shared".as_ref(),
@@ -84,18 +66,8 @@ fn frozen_drivers_compile_against_their_own_header() {
 fn frozen_headers_declare_their_folder_version() {
     for (dir, (major, minor)) in frozen_folders() {
         let (_, c) = probe_frozen(&dir);
-        assert_eq!(
-            c.constants.get("DEVHOST_ABI_MAJOR"),
-            Some(&major),
-            "{}",
-            dir.display()
-        );
-        assert_eq!(
-            c.constants.get("DEVHOST_ABI_MINOR"),
-            Some(&minor),
-            "{}",
-            dir.display()
-        );
+        assert_eq!(c.constants.get("DEVHOST_ABI_MAJOR"), Some(&major), "{}", dir.display());
+        assert_eq!(c.constants.get("DEVHOST_ABI_MINOR"), Some(&minor), "{}", dir.display());
     }
 }
 
@@ -113,33 +85,24 @@ fn frozen_layouts_are_a_prefix_of_the_current_abi() {
             };
             let (size, align) = c.structs[name];
             if size > now.size {
-                problems.push(format!(
-                    "{at}: sizeof({name}) shrank from {size} to {}",
-                    now.size
-                ));
+                problems.push(format!("{at}: sizeof({name}) shrank from {size} to {}", now.size));
             }
             if align != now.align {
-                problems.push(format!(
-                    "{at}: alignof({name}) was {align}, now {}",
-                    now.align
-                ));
+                problems.push(format!("{at}: alignof({name}) was {align}, now {}", now.align));
             }
             for (i, field) in fields.iter().enumerate() {
                 let then = c.fields[&(name.clone(), field.clone())];
                 match now.fields.get(i) {
                     Some((f, place)) if f == field && *place == then => {}
-                    Some((f, place)) => problems.push(format!(
-                        "{at}: {name} field {i} was {field} at {then:?}, now {f} at {place:?}"
-                    )),
+                    Some((f, place)) => {
+                        problems.push(format!("{at}: {name} field {i} was {field} at {then:?}, now {f} at {place:?}"))
+                    }
                     None => problems.push(format!("{at}: {name}.{field} was removed")),
                 }
             }
         }
     }
-    assert_none(
-        "a frozen header is no longer a prefix of the current ABI",
-        problems,
-    );
+    assert_none("a frozen header is no longer a prefix of the current ABI", problems);
 }
 
 #[test]
@@ -153,21 +116,12 @@ fn frozen_constants_keep_their_values() {
                 None => problems.push(format!("{at}: {name} was removed")),
                 // The minor version is the one constant that grows.
                 Some(now) if name == "DEVHOST_ABI_MINOR" && now >= *then => {}
-                Some(now) if now != *then => {
-                    problems.push(format!("{at}: {name} was {then}, now {now}"))
-                }
+                Some(now) if now != *then => problems.push(format!("{at}: {name} was {then}, now {now}")),
                 Some(_) => {}
             }
         }
-        if facts
-            .string_defines
-            .get("DEVHOST_ENTRY_SYMBOL_V1")
-            .map(String::as_str)
-            != Some(DEVHOST_ENTRY_SYMBOL_V1)
-        {
-            problems.push(format!(
-                "{at}: DEVHOST_ENTRY_SYMBOL_V1 differs from {DEVHOST_ENTRY_SYMBOL_V1:?}"
-            ));
+        if facts.string_defines.get("DEVHOST_ENTRY_SYMBOL_V1").map(String::as_str) != Some(DEVHOST_ENTRY_SYMBOL_V1) {
+            problems.push(format!("{at}: DEVHOST_ENTRY_SYMBOL_V1 differs from {DEVHOST_ENTRY_SYMBOL_V1:?}"));
         }
     }
     assert_none("a frozen constant changed", problems);
@@ -194,9 +148,5 @@ fn the_v1_0_descriptor_ends_at_watch_stop() {
     let dir = repo_root().join("tests/compat/v1_0");
     let (_, c) = probe_frozen(&dir);
     assert_eq!(c.structs["devhost_driver_desc"].0, DESC_SIZE_V1_0);
-    assert!(!field_present(
-        DESC_SIZE_V1_0,
-        std::mem::offset_of!(devhost_driver_desc, release),
-        size_of::<usize>()
-    ));
+    assert!(!field_present(DESC_SIZE_V1_0, std::mem::offset_of!(devhost_driver_desc, release), size_of::<usize>()));
 }

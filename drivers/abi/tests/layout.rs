@@ -15,23 +15,14 @@ fn measured() -> &'static Measured {
     static MEASURED: OnceLock<Measured> = OnceLock::new();
     MEASURED.get_or_init(|| {
         let facts = parse_header(&read(&current_header()));
-        let structs = rust_layouts()
-            .into_iter()
-            .map(|(n, l)| (n, l.fields.into_iter().map(|(f, _)| f).collect()))
-            .collect();
+        let structs =
+            rust_layouts().into_iter().map(|(n, l)| (n, l.fields.into_iter().map(|(f, _)| f).collect())).collect();
         // Probe only constants the header defines; `mirror_constants_are_all_in_the_header`
         // reports the others by name instead of as a compile error.
-        let constants: Vec<String> = CONSTANTS
-            .iter()
-            .map(|(n, _)| n.to_string())
-            .filter(|n| facts.numeric_defines.contains(n))
-            .collect();
+        let constants: Vec<String> =
+            CONSTANTS.iter().map(|(n, _)| n.to_string()).filter(|n| facts.numeric_defines.contains(n)).collect();
         let strings: Vec<String> = facts.string_defines.keys().cloned().collect();
-        run_probe(
-            "layout",
-            &current_header(),
-            &probe_source("devhost_driver.h", &structs, &constants, &strings),
-        )
+        run_probe("layout", &current_header(), &probe_source("devhost_driver.h", &structs, &constants, &strings))
     })
 }
 
@@ -55,16 +46,10 @@ fn layout_problems(c: &Measured) -> Vec<String> {
                 continue;
             };
             if cp.offset != place.offset {
-                problems.push(format!(
-                    "offsetof({name}, {field}): C {}, Rust {}",
-                    cp.offset, place.offset
-                ));
+                problems.push(format!("offsetof({name}, {field}): C {}, Rust {}", cp.offset, place.offset));
             }
             if cp.size != place.size {
-                problems.push(format!(
-                    "sizeof({name}.{field}): C {}, Rust {}",
-                    cp.size, place.size
-                ));
+                problems.push(format!("sizeof({name}.{field}): C {}, Rust {}", cp.size, place.size));
             }
         }
     }
@@ -85,50 +70,33 @@ fn constant_problems(c: &Measured) -> Vec<String> {
 
 #[test]
 fn struct_layouts_match_the_header() {
-    assert_none(
-        "layout drift between the header and the Rust mirror",
-        layout_problems(measured()),
-    );
+    assert_none("layout drift between the header and the Rust mirror", layout_problems(measured()));
 }
 
 #[test]
 fn constants_match_the_header() {
-    assert_none(
-        "constant drift between the header and the Rust mirror",
-        constant_problems(measured()),
-    );
+    assert_none("constant drift between the header and the Rust mirror", constant_problems(measured()));
 }
 
 #[test]
 fn drift_in_a_header_copy_is_reported_by_name() {
     // Proves the comparison can fail: widen one field and change one value in
     // a copy of the header, and both must be reported with both values.
-    let text = read(&current_header())
-        .replacen("uint32_t reserved0;", "uint64_t reserved0;", 1)
-        .replacen(
-            "#define DEVHOST_ERR_TIMEOUT 4u",
-            "#define DEVHOST_ERR_TIMEOUT 40u",
-            1,
-        );
+    let text = read(&current_header()).replacen("uint32_t reserved0;", "uint64_t reserved0;", 1).replacen(
+        "#define DEVHOST_ERR_TIMEOUT 4u",
+        "#define DEVHOST_ERR_TIMEOUT 40u",
+        1,
+    );
     let dir = scratch("drift");
     let header = dir.join("devhost_driver.h");
     std::fs::write(&header, text).expect("writing the drifted header");
     let facts = parse_header(&read(&header));
     let constants: Vec<String> = CONSTANTS.iter().map(|(n, _)| n.to_string()).collect();
-    let c = run_probe(
-        "drift-probe",
-        &header,
-        &probe_source("devhost_driver.h", &facts.structs, &constants, &[]),
-    );
+    let c = run_probe("drift-probe", &header, &probe_source("devhost_driver.h", &facts.structs, &constants, &[]));
     let layout = layout_problems(&c);
+    assert!(layout.contains(&"sizeof(devhost_driver_desc.reserved0): C 8, Rust 4".to_string()), "{layout:?}");
     assert!(
-        layout.contains(&"sizeof(devhost_driver_desc.reserved0): C 8, Rust 4".to_string()),
-        "{layout:?}"
-    );
-    assert!(
-        layout
-            .iter()
-            .any(|p| p.starts_with("offsetof(devhost_driver_desc, capabilities): C 24, Rust 16")),
+        layout.iter().any(|p| p.starts_with("offsetof(devhost_driver_desc, capabilities): C 24, Rust 16")),
         "{layout:?}"
     );
     assert_eq!(constant_problems(&c), ["DEVHOST_ERR_TIMEOUT: C 40, Rust 4"]);
@@ -148,11 +116,7 @@ fn mirror_constants_are_all_in_the_header() {
 #[test]
 fn every_header_constant_is_mirrored() {
     let facts = parse_header(&read(&current_header()));
-    assert!(
-        facts.numeric_defines.len() >= 20,
-        "header parse found only {:?}",
-        facts.numeric_defines
-    );
+    assert!(facts.numeric_defines.len() >= 20, "header parse found only {:?}", facts.numeric_defines);
     let problems = facts
         .numeric_defines
         .iter()
@@ -169,24 +133,18 @@ fn every_header_struct_and_field_is_mirrored_in_order() {
     let mut problems = Vec::new();
     for (name, c_fields) in &facts.structs {
         match rust.get(name) {
-            None => problems.push(format!(
-                "struct {name} is in the header but not in the layout table"
-            )),
+            None => problems.push(format!("struct {name} is in the header but not in the layout table")),
             Some(layout) => {
                 let r_fields: Vec<&String> = layout.fields.iter().map(|(f, _)| f).collect();
                 let c_fields: Vec<&String> = c_fields.iter().collect();
                 if r_fields != c_fields {
-                    problems.push(format!(
-                        "{name} fields: header {c_fields:?}, mirror {r_fields:?}"
-                    ));
+                    problems.push(format!("{name} fields: header {c_fields:?}, mirror {r_fields:?}"));
                 }
             }
         }
     }
     for name in rust.keys().filter(|n| !facts.structs.contains_key(*n)) {
-        problems.push(format!(
-            "struct {name} is in the layout table but not in the header"
-        ));
+        problems.push(format!("struct {name} is in the layout table but not in the header"));
     }
     assert_none("struct coverage", problems);
 }
@@ -211,11 +169,7 @@ fn entry_symbol_matches() {
 #[test]
 fn minimum_descriptor_ends_after_scan() {
     let scan = measured().fields[&("devhost_driver_desc".to_string(), "scan".to_string())];
-    assert_eq!(
-        DESC_MIN_SIZE_V1,
-        scan.offset + scan.size,
-        "DESC_MIN_SIZE_V1 vs offsetof+sizeof(scan) in C"
-    );
+    assert_eq!(DESC_MIN_SIZE_V1, scan.offset + scan.size, "DESC_MIN_SIZE_V1 vs offsetof+sizeof(scan) in C");
 }
 
 #[test]

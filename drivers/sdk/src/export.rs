@@ -258,7 +258,10 @@ pub unsafe extern "C" fn release<D: Driver>(
 
 /// # Safety
 /// Called by the host per the ABI.
-pub unsafe extern "C" fn watch_start<D: Driver>(instance: *mut c_void, call: *mut abi::devhost_call) -> abi::devhost_status {
+pub unsafe extern "C" fn watch_start<D: Driver>(
+    instance: *mut c_void,
+    call: *mut abi::devhost_call,
+) -> abi::devhost_status {
     // SAFETY: forwarded from the host.
     unsafe { with_instance::<D>(instance, call, |i, _| i.driver.watch_start()) }
 }

@@ -393,7 +393,7 @@ fn supervise(s: Arc<Shared>, spec: Spec, events: mpsc::Receiver<Event>, first: o
                 let reason = format!("{reason} ({status})");
                 tracing::error!(
                     driver = %s.name, pid = conn.pid,
-                    "driver {reason}; its devices are Unhealthy until it is back (restart in {backoff:?})"
+                    "driver {}: {reason}; its devices are Unhealthy until it is back (restart in {backoff:?})", s.name
                 );
                 s.set_link(Link::Down(reason));
                 s.changed.notify_one();
@@ -410,7 +410,7 @@ fn supervise(s: Arc<Shared>, spec: Spec, events: mpsc::Receiver<Event>, first: o
                     let _ = tx.send(Err(e));
                     return;
                 }
-                tracing::error!(driver = %s.name, "worker process restart failed, next try in {backoff:?}: {e}");
+                tracing::error!(driver = %s.name, "driver {}: worker process restart failed, next try in {backoff:?}: {e}", s.name);
                 s.set_link(Link::Down(e.to_string()));
             }
         }

@@ -12,13 +12,14 @@ use toml::de::{DeTable, DeValue};
 
 use super::DeviceListStrategy;
 use super::features;
+use super::pod_resources;
 use super::names::{check_driver_name, check_resource_name, socket_name};
 use super::source::{Diagnostics, deserialize_section};
 use super::values::{DurationSetting, flatten_options};
 use crate::isolation::capability_number;
 
 use super::{
-    DEFAULT_CALL_TIMEOUT, DEFAULT_DRIVER_DIR, DEFAULT_KUBELET_DIR, DriverConfig, Isolation, MAX_SOCKET_PATH, Manifest,
+    DEFAULT_CALL_TIMEOUT, DEFAULT_DRIVER_DIR, DEFAULT_KUBELET_DIR, DEFAULT_POD_RESOURCES_INTERVAL, DriverConfig, Isolation, MAX_SOCKET_PATH, Manifest,
     ManifestErrors, ResourceConfig,
 };
 
@@ -31,6 +32,8 @@ struct RawTop {
     allow_untrusted_modules: Option<bool>,
     cdi_dir: Option<Spanned<String>>,
     metrics_addr: Option<Spanned<String>>,
+    pod_resources_socket: Option<Spanned<String>>,
+    pod_resources_interval: Option<DurationSetting>,
     // Walked separately, entry by entry, so one bad entry does not hide the others; listed here
     // so that unknown-key messages name them.
     #[serde(rename = "driver")]
@@ -95,6 +98,8 @@ pub(super) fn parse(text: &str, path: &Path, kubelet_dir_override: Option<&Path>
     let default_timeout = top.call_timeout.map_or(DEFAULT_CALL_TIMEOUT, |t| t.0);
     let cdi_dir = features::cdi_dir(&top.cdi_dir, base, &mut diags);
     let metrics_addr = features::metrics_addr(&top.metrics_addr, &mut diags);
+    let pod_resources_socket = pod_resources::socket(&top.pod_resources_socket, base, &mut diags);
+    let pod_resources_interval = top.pod_resources_interval.map_or(DEFAULT_POD_RESOURCES_INTERVAL, |t| t.0);
 
     let DeValue::Table(table) = document.get_ref() else {
         return Err(ManifestErrors(diags.into_sorted()));
@@ -120,6 +125,8 @@ pub(super) fn parse(text: &str, path: &Path, kubelet_dir_override: Option<&Path>
     manifest.allow_untrusted_modules = top.allow_untrusted_modules.unwrap_or(false);
     manifest.cdi_dir = cdi_dir;
     manifest.metrics_addr = metrics_addr;
+    manifest.pod_resources_socket = pod_resources_socket;
+    manifest.pod_resources_interval = pod_resources_interval;
     for (index, r) in manifest.resources.iter().enumerate() {
         if r.one_replica_per_container && r.replicas == 1 {
             let field = format!("resource[{index}].one_replica_per_container");
@@ -401,6 +408,8 @@ impl Builder<'_> {
             allow_untrusted_modules: false,
             cdi_dir: None,
             metrics_addr: None,
+            pod_resources_socket: PathBuf::from(super::DEFAULT_POD_RESOURCES_SOCKET),
+            pod_resources_interval: DEFAULT_POD_RESOURCES_INTERVAL,
         })
     }
 }

@@ -8,6 +8,7 @@
 mod build;
 mod features;
 mod names;
+mod pod_resources;
 mod source;
 mod values;
 
@@ -28,6 +29,10 @@ pub const DEFAULT_KUBELET_DIR: &str = "/var/lib/kubelet/device-plugins";
 pub const DEFAULT_DRIVER_DIR: &str = "/usr/lib/devhost/drivers";
 /// Deadline of one driver call unless the manifest says otherwise.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Where the kubelet serves its PodResources API unless the manifest says otherwise.
+pub const DEFAULT_POD_RESOURCES_SOCKET: &str = devhost_proto::POD_RESOURCES_SOCKET;
+/// How often the host asks the kubelet who holds which device unless the manifest says otherwise.
+pub const DEFAULT_POD_RESOURCES_INTERVAL: Duration = Duration::from_secs(2);
 /// Longest unix socket path (`sun_path` holds 108 bytes including the terminating NUL).
 pub const MAX_SOCKET_PATH: usize = 107;
 
@@ -53,6 +58,10 @@ pub struct Manifest {
     pub cdi_dir: Option<PathBuf>,
     /// Where `/metrics`, `/healthz`, `/readyz` and `/status` are served (`metrics_addr`).
     pub metrics_addr: Option<SocketAddr>,
+    /// The kubelet's PodResources socket, asked who holds which device (`pod_resources_socket`).
+    pub pod_resources_socket: PathBuf,
+    /// How often that socket is asked, besides right after each Allocate (`pod_resources_interval`).
+    pub pod_resources_interval: Duration,
 }
 
 /// One driver instance: a module plus the options it is created with.

@@ -93,6 +93,8 @@ fn a_failed_release_stays_unhealthy_with_the_message_and_retries_later() {
     assert_eq!(waits, [1, 2, 3, 3], "doubling, capped");
     let now = start + Duration::from_secs(100);
     let [(id, _)] = t.due(now).try_into().expect("due again");
+    let reason = t.unhealthy("gpu-0").expect("unhealthy while the retry runs");
+    assert!(reason.contains("attempt 5; the last one failed: stuck"), "{reason}");
     assert!(matches!(t.finished(id, Outcome::Done, now), Some(Finished::Released { attempts: 5, .. })));
     assert_eq!(t.unhealthy("gpu-0"), None);
     assert_eq!(t.next_retry(), None);
@@ -129,7 +131,10 @@ fn a_device_handed_out_while_pending_leaves_its_batch() {
     assert_eq!(t.unhealthy("gpu-1"), None, "the new tenant's device is not ours to mark");
     // The failed retry then covers only the device still free.
     let finished = t.finished(id, Outcome::Failed("x".into()), Instant::now());
-    assert!(matches!(finished, Some(Finished::Retry { ref devices, .. }) if devices == &ids(&["gpu-0"])), "{finished:?}");
+    assert!(
+        matches!(finished, Some(Finished::Retry { ref devices, .. }) if devices == &ids(&["gpu-0"])),
+        "{finished:?}"
+    );
 }
 
 #[test]

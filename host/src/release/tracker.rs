@@ -57,7 +57,10 @@ pub enum Phase {
     /// Waiting to be started.
     Due,
     Running,
-    Failed { message: String, retry_at: Instant },
+    Failed {
+        message: String,
+        retry_at: Instant,
+    },
 }
 
 /// The devices one container let go of.
@@ -70,6 +73,8 @@ pub struct Batch {
     pub phase: Phase,
     /// Release calls started so far.
     pub attempts: u32,
+    /// The message of the latest failed call, kept while a retry runs.
+    pub last_error: Option<String>,
 }
 
 /// What one holder map changed.
@@ -144,7 +149,13 @@ impl Tracker {
             for (holder, devices) in by_holder {
                 self.batches.insert(
                     self.next_id,
-                    Batch { holder: holder.clone(), devices: devices.clone(), phase: Phase::Due, attempts: 0 },
+                    Batch {
+                        holder: holder.clone(),
+                        devices: devices.clone(),
+                        phase: Phase::Due,
+                        attempts: 0,
+                        last_error: None,
+                    },
                 );
                 self.next_id += 1;
                 observed.released.push((holder, devices));
@@ -185,7 +196,8 @@ impl Tracker {
             Outcome::Failed(message) => {
                 let after = self.backoff.after(attempts);
                 let phase = Phase::Failed { message: message.clone(), retry_at: now + after };
-                let kept = Batch { holder: holder.clone(), devices: devices.clone(), phase, attempts };
+                let last_error = Some(message.clone());
+                let kept = Batch { holder: holder.clone(), devices: devices.clone(), phase, attempts, last_error };
                 self.batches.insert(id, kept);
                 Finished::Retry { holder, devices, message, attempts, after }
             }
@@ -222,9 +234,13 @@ impl Tracker {
 }
 
 fn reason(batch: &Batch) -> String {
-    match &batch.phase {
-        Phase::Due | Phase::Running => format!("being released after {} let go of it", batch.holder),
-        Phase::Failed { message, .. } => {
+    match (&batch.phase, &batch.last_error) {
+        (Phase::Due | Phase::Running, None) => format!("being released after {} let go of it", batch.holder),
+        (Phase::Due | Phase::Running, Some(last)) => format!(
+            "being released after {} let go of it (attempt {}; the last one failed: {last})",
+            batch.holder, batch.attempts
+        ),
+        (Phase::Failed { message, .. }, _) => {
             format!("release after {} failed ({} attempt(s)), retrying: {message}", batch.holder, batch.attempts)
         }
     }

@@ -115,15 +115,10 @@ fn strip_comments(text: &str) -> String {
     while let Some(start) = rest.find("/*") {
         out.push_str(&rest[..start]);
         out.push(' ');
-        rest = rest[start + 2..]
-            .find("*/")
-            .map_or("", |end| &rest[start + 2 + end + 2..]);
+        rest = rest[start + 2..].find("*/").map_or("", |end| &rest[start + 2 + end + 2..]);
     }
     out.push_str(rest);
-    out.lines()
-        .map(|l| l.split("//").next().unwrap_or(""))
-        .collect::<Vec<_>>()
-        .join("\n")
+    out.lines().map(|l| l.split("//").next().unwrap_or("")).collect::<Vec<_>>().join("\n")
 }
 
 /// The declared name of one struct member: `T *name`, `T name`, or `R (*name)(...)`.
@@ -134,12 +129,7 @@ fn member_name(decl: &str) -> String {
         None => decl,
     };
     let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
-    name_part
-        .trim_end_matches(|c: char| !ident(c))
-        .rsplit(|c: char| !ident(c))
-        .next()
-        .unwrap_or("")
-        .to_string()
+    name_part.trim_end_matches(|c: char| !ident(c)).rsplit(|c: char| !ident(c)).next().unwrap_or("").to_string()
 }
 
 pub fn parse_header(text: &str) -> HeaderFacts {
@@ -166,21 +156,14 @@ pub fn parse_header(text: &str) -> HeaderFacts {
     let mut rest = text.as_str();
     while let Some(start) = rest.find("typedef struct ") {
         rest = &rest[start + "typedef struct ".len()..];
-        let name: String = rest
-            .chars()
-            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-            .collect();
+        let name: String = rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
         let after_name = rest[name.len()..].trim_start();
         if !after_name.starts_with('{') {
             continue; // an opaque type such as devhost_call
         }
         let body_start = rest.find('{').unwrap_or(0) + 1;
         let body_end = rest.find('}').unwrap_or(rest.len());
-        let fields = rest[body_start..body_end]
-            .split(';')
-            .filter(|d| !d.trim().is_empty())
-            .map(member_name)
-            .collect();
+        let fields = rest[body_start..body_end].split(';').filter(|d| !d.trim().is_empty()).map(member_name).collect();
         facts.structs.insert(name, fields);
         rest = &rest[body_end..];
     }
@@ -221,9 +204,7 @@ pub fn probe_source(
          int main(void) {{\n"
     );
     for (name, fields) in structs {
-        c += &format!(
-            "    printf(\"struct {name} %zu %zu\\n\", sizeof({name}), _Alignof({name}));\n"
-        );
+        c += &format!("    printf(\"struct {name} %zu %zu\\n\", sizeof({name}), _Alignof({name}));\n");
         for f in fields {
             c += &format!(
                 "    printf(\"field {name}.{f} %zu %zu\\n\", offsetof({name}, {f}), sizeof((({name} *)0)->{f}));\n"
@@ -249,8 +230,7 @@ pub fn compiler() -> std::ffi::OsString {
 pub fn scratch(name: &str) -> PathBuf {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("abi-{name}-{}-{n}", std::process::id()));
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("abi-{name}-{}-{n}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
     dir
 }
@@ -259,11 +239,8 @@ pub fn scratch(name: &str) -> PathBuf {
 /// with the compiler's output on failure.
 pub fn cc(args: &[&std::ffi::OsStr]) {
     let mut cmd = Command::new(compiler());
-    cmd.args(["-std=c11", "-Wall", "-Wextra", "-Werror"])
-        .args(args);
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
+    cmd.args(["-std=c11", "-Wall", "-Wextra", "-Werror"]).args(args);
+    let out = cmd.output().unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
     assert!(
         out.status.success(),
         "{cmd:?} failed:\n{}{}",
@@ -279,22 +256,9 @@ pub fn run_probe(name: &str, header: &Path, source: &str) -> Measured {
     let exe = dir.join("probe");
     std::fs::write(&src, source).unwrap_or_else(|e| panic!("writing {}: {e}", src.display()));
     let include = header.parent().expect("header has a directory");
-    cc(&[
-        "-I".as_ref(),
-        include.as_os_str(),
-        "-o".as_ref(),
-        exe.as_os_str(),
-        src.as_os_str(),
-    ]);
-    let out = Command::new(&exe)
-        .output()
-        .unwrap_or_else(|e| panic!("running {}: {e}", exe.display()));
-    assert!(
-        out.status.success(),
-        "{} failed: {}",
-        exe.display(),
-        out.status
-    );
+    cc(&["-I".as_ref(), include.as_os_str(), "-o".as_ref(), exe.as_os_str(), src.as_os_str()]);
+    let out = Command::new(&exe).output().unwrap_or_else(|e| panic!("running {}: {e}", exe.display()));
+    assert!(out.status.success(), "{} failed: {}", exe.display(), out.status);
     let measured = Measured::parse(&String::from_utf8_lossy(&out.stdout));
     let _ = std::fs::remove_dir_all(&dir); // kept only when something failed
     measured
@@ -312,26 +276,17 @@ pub struct Measured {
 impl Measured {
     fn parse(output: &str) -> Self {
         let mut m = Self::default();
-        let num = |s: &str| {
-            s.parse::<i128>()
-                .unwrap_or_else(|e| panic!("probe printed {s:?}: {e}"))
-        };
+        let num = |s: &str| s.parse::<i128>().unwrap_or_else(|e| panic!("probe printed {s:?}: {e}"));
         for line in output.lines() {
             let parts: Vec<&str> = line.split(' ').collect();
             match parts.as_slice() {
                 ["struct", name, size, align] => {
-                    m.structs
-                        .insert(name.to_string(), (num(size) as usize, num(align) as usize));
+                    m.structs.insert(name.to_string(), (num(size) as usize, num(align) as usize));
                 }
                 ["field", path, offset, size] => {
                     let (s, f) = path.split_once('.').expect("struct.field");
-                    m.fields.insert(
-                        (s.into(), f.into()),
-                        Place {
-                            offset: num(offset) as usize,
-                            size: num(size) as usize,
-                        },
-                    );
+                    m.fields
+                        .insert((s.into(), f.into()), Place { offset: num(offset) as usize, size: num(size) as usize });
                 }
                 ["const", name, value] => {
                     m.constants.insert(name.to_string(), num(value));

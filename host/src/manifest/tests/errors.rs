@@ -212,3 +212,25 @@ fn mutated_manifests_never_panic_and_errors_are_located() {
     // Both outcomes must be common, or the variants are not exercising the checks.
     assert!(accepted > 50 && rejected > 200, "{accepted} accepted, {rejected} rejected");
 }
+
+#[test]
+fn unknown_isolation_mode() {
+    let error = only_error("[driver.x]\nisolation = \"sandbox\"\n");
+    assert!(error.starts_with(&format!("{PATH}:2:13: driver.x.isolation: ")), "{error}");
+    assert!(error.contains("\"in-process\" or \"process\""), "{error}");
+}
+
+#[test]
+fn keep_capabilities_needs_process_isolation() {
+    let error = only_error("[driver.x]\nkeep_capabilities = [\"CAP_SYS_ADMIN\"]\n");
+    assert!(error.starts_with(&format!("{PATH}:2:21: driver.x.keep_capabilities: ")), "{error}");
+    assert!(error.contains("only applies with isolation = \"process\""), "{error}");
+}
+
+#[test]
+fn unknown_capability_is_reported_at_its_entry_with_a_hint() {
+    let errors = errors("[driver.x]\nisolation = \"process\"\nkeep_capabilities = [\"CAP_SYS_ADMIN\", \"sys_admin\", \"CAP_ROOT\"]\n");
+    assert_eq!(errors.len(), 2, "{errors:#?}");
+    assert_has(&errors, &format!("{PATH}:3:39: driver.x.keep_capabilities: "), "did you mean \"CAP_SYS_ADMIN\"?");
+    assert_has(&errors, &format!("{PATH}:3:52: driver.x.keep_capabilities: "), "capabilities(7)");
+}

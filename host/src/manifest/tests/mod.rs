@@ -240,3 +240,19 @@ fn unreadable_file_is_one_diagnostic_naming_the_file() {
     assert_eq!(diagnostics[0].location, path.display().to_string());
     assert!(diagnostics[0].message.contains("No such file"), "{:?}", diagnostics[0]);
 }
+
+#[test]
+fn isolation_defaults_to_in_process_and_process_keeps_listed_capabilities() {
+    let resource = "[[resource]]\nname = \"a.com/b\"\ndriver = \"x\"\n";
+    let plain = parse(&format!("[driver.x]\n{resource}")).unwrap();
+    assert_eq!(plain.drivers["x"].isolation, Isolation::InProcess);
+    let text = format!(
+        "[driver.x]\nisolation = \"process\"\nkeep_capabilities = [\"CAP_SYS_ADMIN\", \"CAP_DAC_OVERRIDE\", \"CAP_SYS_ADMIN\"]\n{resource}"
+    );
+    let keep = vec!["CAP_SYS_ADMIN".to_string(), "CAP_DAC_OVERRIDE".to_string()];
+    assert_eq!(parse(&text).unwrap().drivers["x"].isolation, Isolation::Process { keep_capabilities: keep });
+    let bare = parse(&format!("[driver.x]\nisolation = \"process\"\n{resource}")).unwrap();
+    assert_eq!(bare.drivers["x"].isolation, Isolation::Process { keep_capabilities: vec![] });
+    let explicit = parse(&format!("[driver.x]\nisolation = \"in-process\"\n{resource}")).unwrap();
+    assert_eq!(explicit.drivers["x"].isolation, Isolation::InProcess);
+}
