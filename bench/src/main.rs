@@ -64,8 +64,8 @@ fn main() -> ExitCode {
 
 /// Builds what the bench runs, with the profile this binary was built with.
 /// Without `$CARGO` (not started by `cargo run`) nothing is built.
-fn build(art: &Artifacts) -> Result<Option<PathBuf>> {
-    let Some(cargo) = std::env::var_os("CARGO").map(PathBuf::from) else { return Ok(None) };
+fn build(art: &Artifacts) -> Result<()> {
+    let Some(cargo) = std::env::var_os("CARGO").map(PathBuf::from) else { return Ok(()) };
     let profile: Vec<String> = match art.profile().as_str() {
         "release" => vec!["--release".into()],
         "debug" => vec![],
@@ -81,7 +81,7 @@ fn build(art: &Artifacts) -> Result<Option<PathBuf>> {
             anyhow::bail!("cannot build devhost, the C example and the bench driver");
         }
     }
-    Ok(Some(cargo))
+    Ok(())
 }
 
 fn command_line() -> String {
@@ -95,11 +95,30 @@ fn command_line() -> String {
     cmd
 }
 
+/// Set on the re-executed bench once the build is done.
+const BUILT_ENV: &str = "DEVHOST_BENCH_BUILT";
+
+/// When the build replaced this very binary, runs the new one instead (same
+/// arguments, build skipped): a stale bench would measure with stale code.
+fn reexec_if_rebuilt(art: &Artifacts) -> Result<()> {
+    let me = std::fs::read_link("/proc/self/exe").unwrap_or_default();
+    if !me.to_string_lossy().ends_with(" (deleted)") {
+        return Ok(());
+    }
+    use std::os::unix::process::CommandExt;
+    let err = Command::new(art.dir.join("devhost-bench")).args(std::env::args_os().skip(1)).env(BUILT_ENV, "1").exec();
+    Err(err).context("cannot run the rebuilt bench")
+}
+
 fn bench(out: &Path, idle: Duration, no_build: bool, no_micro: bool) -> Result<()> {
-    let started = Instant::now();
     let art = Artifacts::locate()?;
-    let cargo = if no_build { None } else { build(&art)? };
+    if !no_build && std::env::var_os(BUILT_ENV).is_none() {
+        build(&art)?;
+        reexec_if_rebuilt(&art)?;
+    }
+    let cargo = std::env::var_os("CARGO").map(PathBuf::from);
     art.require()?;
+    let started = Instant::now();
     if art.profile() != "release" {
         eprintln!("devhost-bench: WARNING: profile {:?}, not release; figures are not representative", art.profile());
     }

@@ -43,8 +43,8 @@ impl Signals {
                 self.services.metrics.kubelet_restart();
             }
             *last = inode;
+            self.kubelet_gen.send_modify(|g| *g += 1);
         }
-        self.kubelet_gen.send_modify(|g| *g += 1);
     }
 }
 
@@ -186,14 +186,10 @@ fn watch_dir(dir: &Path, signals: Arc<Signals>) -> Option<notify::RecommendedWat
 /// socket even when inotify missed it (folder deleted and re-created).
 async fn recheck(dir: PathBuf, signals: Arc<Signals>) {
     let kubelet = dir.join(devhost_proto::KUBELET_SOCKET);
-    let mut last = inode(&kubelet);
     loop {
         tokio::time::sleep(RECHECK).await;
-        let now = inode(&kubelet);
-        if now.is_some() && now != last {
-            signals.kubelet_restarted(now);
-        }
-        last = now;
+        // Only a socket not seen before counts (inotify may have seen it first).
+        signals.kubelet_restarted(inode(&kubelet));
         for (path, lost) in signals.lost() {
             if inode(&path).is_none() {
                 lost.notify_one();
@@ -235,7 +231,10 @@ async fn serve_resource(res: Arc<Resource>, services: Arc<Services>, dir: PathBu
         let _ = tokio::time::timeout(Duration::ZERO, lost.notified()).await;
         kubelet_gen.borrow_and_update();
         // Register, retrying while the kubelet is absent or refuses.
+        let kubelet_sock = dir.join(devhost_proto::KUBELET_SOCKET);
+        let mut registered_with;
         loop {
+            registered_with = inode(&kubelet_sock);
             match register(&dir, &res).await {
                 Ok(()) => {
                     res.registered.store(true, Ordering::Release);
@@ -261,10 +260,17 @@ async fn serve_resource(res: Arc<Resource>, services: Arc<Services>, dir: PathBu
                 }
             }
         }
-        let reason = tokio::select! {
-            _ = kubelet_gen.changed() => "kubelet restarted",
-            _ = lost.notified() => "socket removed",
-            _ = stop.changed() => "shutting down",
+        let reason = loop {
+            tokio::select! {
+                // A late notice of the kubelet we just registered with is not a restart.
+                _ = kubelet_gen.changed() => if inode(&kubelet_sock) != registered_with || inode(&path) != our_inode {
+                    break "kubelet restarted"
+                },
+                // inotify can deliver the removal of the previous socket
+                // late: only a socket that is really gone counts.
+                _ = lost.notified() => if inode(&path) != our_inode { break "socket removed" },
+                _ = stop.changed() => break "shutting down",
+            }
         };
         res.registered.store(false, Ordering::Release);
         services.metrics.unregistered(&name);

@@ -3,11 +3,12 @@
 //! started in a hidden mode), so a segfault, an abort or a hang in vendor
 //! code costs that driver a restart instead of taking every other driver on
 //! the node down with the host. The host talks to the worker over a private
-//! socket pair ([`protocol`]); [`supervisor`] restarts dead or stuck
+//! socket pair ([`protocol`], read by `conn`); [`supervisor`] restarts dead or stuck
 //! workers; [`worker`] is the other end; [`privileges`] is what the worker
 //! gives up before it loads the module. docs/isolation.md explains it to
 //! operators.
 
+mod conn;
 pub mod privileges;
 pub mod protocol;
 pub mod supervisor;

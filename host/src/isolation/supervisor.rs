@@ -1,11 +1,12 @@
 //! The host side of an isolated driver: one supervisor thread per instance
 //! starts the worker process, runs `create` (and `watch_start`) in it, and
-//! restarts it with capped exponential backoff when it dies or hangs. A
-//! reader thread per worker delivers replies to the calls waiting for them;
-//! when the channel ends, every call in flight fails with UNAVAILABLE at once
-//! and the instance reports itself broken, so the registry marks its devices
-//! Unhealthy until the restarted worker's scan says otherwise.
+//! restarts it with capped exponential backoff when it dies or hangs. When
+//! a worker's channel ends ([`super::conn`]), every call in flight fails with
+//! UNAVAILABLE at once and the instance reports itself broken, so the
+//! registry marks its devices Unhealthy until the restarted worker's scan
+//! says otherwise.
 
+use super::conn::{Conn, read_loop};
 use super::privileges;
 use super::protocol::{self, Message, Request};
 use super::worker::{ENV_FD, ENV_KEEP_CAPS, ENV_PARENT};
@@ -13,9 +14,7 @@ use crate::callbacks::CallState;
 use crate::instance::{CallError, status_error};
 use crate::loader::ModuleInfo;
 use devhost_abi as abi;
-use std::collections::HashMap;
-use std::io::{BufReader, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
@@ -23,6 +22,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, mpsc};
 use std::time::{Duration, Instant};
+use tokio::io::unix::AsyncFd;
 use tokio::sync::{Notify, oneshot};
 
 /// Restart delays: doubled after each failure, from MIN up to MAX, and back
@@ -50,7 +50,7 @@ pub struct Spec {
     pub program: PathBuf,
 }
 
-enum Event {
+pub(super) enum Event {
     /// The channel of this worker generation ended.
     Lost(u64),
     /// Kill this worker generation and restart it, for this reason.
@@ -69,10 +69,12 @@ impl Drop for Worker {
     }
 }
 
-struct Shared {
-    name: String,
-    timeout: Duration,
-    changed: Arc<Notify>,
+pub(super) struct Shared {
+    pub name: String,
+    pub timeout: Duration,
+    pub changed: Arc<Notify>,
+    /// Where the channel readers run: the runtime that created the instance.
+    runtime: tokio::runtime::Handle,
     link: Mutex<Link>,
     events: Mutex<mpsc::Sender<Event>>,
     /// Deadlines missed in a row, reset by any reply in time.
@@ -87,40 +89,18 @@ enum Link {
     Stopped,
 }
 
-/// One worker process's channel and the calls waiting on it.
-struct Conn {
-    generation: u64,
-    pid: u32,
-    out: Mutex<UnixStream>,
-    calls: Mutex<Calls>,
-}
-
-#[derive(Default)]
-struct Calls {
-    closed: Option<String>,
-    next_id: u32,
-    pending: HashMap<u32, Pending>,
-    /// The call that missed its deadline and has not come back yet.
-    stuck: Option<(u32, &'static str, Instant)>,
-}
-
-struct Pending {
-    call: &'static str,
-    done: Box<dyn FnOnce(Outcome) + Send>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 static GENERATION: AtomicU64 = AtomicU64::new(1);
 
 impl Shared {
-    fn unavailable(&self, reason: impl Into<String>) -> CallError {
+    pub fn unavailable(&self, reason: impl Into<String>) -> CallError {
         CallError::Unavailable { driver: self.name.clone(), reason: reason.into() }
     }
 
-    fn event(&self, e: Event) {
+    pub fn event(&self, e: Event) {
         let _ = lock(&self.events).send(e);
     }
 
@@ -133,7 +113,7 @@ impl Shared {
     }
 
     /// Marks generation `generation` down, unless a newer state replaced it.
-    fn down_if_current(&self, generation: u64, reason: &str) {
+    pub fn down_if_current(&self, generation: u64, reason: &str) {
         let mut cur = lock(&self.link);
         if matches!(&*cur, Link::Up(c) if c.generation == generation) {
             *cur = Link::Down(reason.to_string());
@@ -148,109 +128,7 @@ impl Shared {
     }
 }
 
-impl Conn {
-    /// Registers `done` for the reply, then writes the request.
-    fn send(&self, shared: &Shared, call: &'static str, req: &Request, done: Box<dyn FnOnce(Outcome) + Send>) -> Result<u32, CallError> {
-        let id = {
-            let mut calls = lock(&self.calls);
-            if let Some(reason) = &calls.closed {
-                return Err(shared.unavailable(reason.clone()));
-            }
-            calls.next_id = calls.next_id.wrapping_add(1).max(1);
-            let id = calls.next_id;
-            calls.pending.insert(id, Pending { call, done });
-            id
-        };
-        let frame = protocol::request(id, req);
-        if let Err(e) = lock(&self.out).write_all(&frame) {
-            lock(&self.calls).pending.remove(&id);
-            // A partial frame may be in the channel: this worker is done for.
-            shared.event(Event::Kill(self.generation, format!("cannot send {call} to it: {e}")));
-            return Err(shared.unavailable(format!("cannot send {call} to its worker process: {e}")));
-        }
-        Ok(id)
-    }
-
-    /// A call of ours whose deadline passed: refuse others until it returns.
-    fn mark_stuck(&self, id: u32, call: &'static str) {
-        let mut calls = lock(&self.calls);
-        if calls.pending.contains_key(&id) && calls.stuck.is_none() {
-            calls.stuck = Some((id, call, Instant::now()));
-        }
-    }
-
-    fn stuck(&self) -> Option<(&'static str, Instant)> {
-        lock(&self.calls).stuck.map(|(_, call, since)| (call, since))
-    }
-
-    /// Ends the channel: every waiting call fails with `reason`.
-    fn close(&self, shared: &Shared, reason: &str) {
-        let pending: Vec<Pending> = {
-            let mut calls = lock(&self.calls);
-            if calls.closed.is_none() {
-                calls.closed = Some(reason.to_string());
-            }
-            calls.stuck = None;
-            calls.pending.drain().map(|(_, p)| p).collect()
-        };
-        for p in pending {
-            (p.done)(Err(shared.unavailable(format!("{reason} during {}", p.call))));
-        }
-        // Unblocks the reader thread if the process somehow lingers.
-        let _ = lock(&self.out).shutdown(std::net::Shutdown::Both);
-    }
-
-    /// A call from the supervisor thread itself (create, watch_start, shutdown).
-    fn call_blocking(&self, shared: &Shared, call: &'static str, req: &Request) -> Outcome {
-        let (tx, rx) = mpsc::channel();
-        self.send(shared, call, req, Box::new(move |o| drop(tx.send(o))))?;
-        match rx.recv_timeout(shared.timeout) {
-            Ok(o) => o,
-            Err(_) => Err(CallError::Timeout { driver: shared.name.clone(), call, timeout: shared.timeout }),
-        }
-    }
-}
-
-/// Delivers the worker's frames until its channel ends.
-fn read_loop(shared: Arc<Shared>, conn: Arc<Conn>, stream: UnixStream) {
-    let mut input = BufReader::new(stream);
-    let reason = loop {
-        let body = match protocol::read_frame(&mut input) {
-            Ok(Some(b)) => b,
-            Ok(None) => break "its worker process exited".to_string(),
-            Err(e) => break format!("its worker process channel failed ({e})"),
-        };
-        match protocol::decode_message(&body) {
-            Ok(Message::Reply { id, status, state }) => {
-                let (pending, was_stuck) = {
-                    let mut calls = lock(&conn.calls);
-                    let was_stuck = calls.stuck.is_some_and(|(s, _, _)| s == id);
-                    if was_stuck {
-                        calls.stuck = None;
-                    }
-                    (calls.pending.remove(&id), was_stuck)
-                };
-                if let Some(p) = pending {
-                    (p.done)(Ok((status, state)));
-                }
-                if was_stuck {
-                    // Back from a hang: let the registry re-evaluate health.
-                    shared.changed.notify_one();
-                }
-            }
-            Ok(Message::Log { level, message }) => emit_log(&shared.name, level, &message),
-            Ok(Message::Changed) => shared.changed.notify_one(),
-            Ok(Message::Hello { .. } | Message::LoadFailed(_)) => break "its worker process greeted twice".to_string(),
-            Err(e) => break format!("its worker process sent a {e}"),
-        }
-    };
-    shared.down_if_current(conn.generation, &reason);
-    conn.close(&shared, &reason);
-    shared.changed.notify_one();
-    shared.event(Event::Lost(conn.generation));
-}
-
-fn emit_log(driver: &str, level: abi::devhost_log_level, msg: &str) {
+pub(super) fn emit_log(driver: &str, level: abi::devhost_log_level, msg: &str) {
     match level {
         abi::DEVHOST_LOG_ERROR => tracing::error!(driver, "{msg}"),
         abi::DEVHOST_LOG_WARN => tracing::warn!(driver, "{msg}"),
@@ -269,6 +147,7 @@ impl Worker {
             name: spec.name.clone(),
             timeout: spec.timeout,
             changed,
+            runtime: tokio::runtime::Handle::current(),
             link: Mutex::new(Link::Down("its worker process is starting".into())),
             events: Mutex::new(tx),
             misses: AtomicU32::new(0),
@@ -557,12 +436,17 @@ fn greet(s: &Arc<Shared>, spec: &Spec, stream: &UnixStream, generation: u64, pid
     };
     stream.set_read_timeout(None).map_err(|e| io("set_read_timeout", e))?;
     let out = stream.try_clone().map_err(|e| io("clone the channel", e))?;
-    let conn = Arc::new(Conn { generation, pid, out: Mutex::new(out), calls: Mutex::new(Calls::default()) });
-    let (sh, c) = (s.clone(), conn.clone());
-    std::thread::Builder::new()
-        .name(format!("io-{}", s.name))
-        .spawn(move || read_loop(sh, c, reader))
-        .map_err(|e| s.unavailable(format!("cannot start its reader thread: {e}")))?;
+    let conn = Arc::new(Conn::new(generation, pid, out));
+    // The reader polls without blocking (recv with MSG_DONTWAIT), so the
+    // descriptor the writers share stays blocking.
+    let fd = {
+        let _runtime = s.runtime.enter();
+        let fd = OwnedFd::from(reader);
+        // SAFETY: the AsyncFd owns this descriptor until it is dropped.
+        unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
+            .map_err(|e| io("register the channel", e.into()))?
+    };
+    s.runtime.spawn(read_loop(s.clone(), conn.clone(), fd));
     let (status, state) = conn.call_blocking(s, "create", &Request::Create { options: spec.options.clone() })?;
     log_problems(&s.name, "create", &state);
     if status != abi::DEVHOST_OK {
