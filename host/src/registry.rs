@@ -10,7 +10,7 @@ use crate::metrics::{self, Metrics};
 use crate::sharing;
 use crate::status::{self, Tracker};
 use crate::loader::{self, Module};
-use crate::manifest::{DriverConfig, Manifest, ResourceConfig};
+use crate::manifest::{DriverConfig, Isolation, Manifest, ResourceConfig};
 use devhost_proto::v1beta1 as pb;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
@@ -134,6 +134,15 @@ fn resolve(
     allow_untrusted: bool,
     cache: &mut HashMap<PathBuf, Result<Module, String>>,
 ) -> Result<Module, String> {
+    let path = trusted_path(cfg, allow_untrusted)?;
+    cache
+        .entry(path.clone())
+        .or_insert_with(|| loader::load(&path).map_err(|e| format!("driver {}: {e}", cfg.name)))
+        .clone()
+}
+
+/// The module file a driver instance uses, once it passed the trust checks.
+fn trusted_path(cfg: &DriverConfig, allow_untrusted: bool) -> Result<PathBuf, String> {
     let Some(path) = cfg.module_candidates.iter().find(|p| p.exists()) else {
         let tried: Vec<String> = cfg.module_candidates.iter().map(|p| p.display().to_string()).collect();
         return Err(format!("driver {}: no module file found (tried {})", cfg.name, tried.join(", ")));
@@ -147,10 +156,7 @@ fn resolve(
         }
         tracing::warn!(driver = %cfg.name, "LOADING AN UNTRUSTED MODULE (allow_untrusted_modules is set): {}", text.join("; "));
     }
-    cache
-        .entry(path.clone())
-        .or_insert_with(|| loader::load(path).map_err(|e| format!("driver {}: {e}", cfg.name)))
-        .clone()
+    Ok(path.clone())
 }
 
 fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
@@ -212,15 +218,23 @@ impl Registry {
                 Some(e) => retire(e),
                 None => {}
             }
-            let resolved = resolve(cfg, manifest.allow_untrusted_modules, &mut cache);
+            // An isolated driver's module is loaded by its worker process only.
+            let isolated = matches!(cfg.isolation, Isolation::Process { .. });
+            let resolved = if isolated {
+                trusted_path(cfg, manifest.allow_untrusted_modules).map(Err)
+            } else {
+                resolve(cfg, manifest.allow_untrusted_modules, &mut cache).map(Ok)
+            };
             let (name, cfg) = (name.clone(), cfg.clone());
             creating.spawn(async move {
-                let slot = match resolved {
+                let created = match resolved {
+                    Err(e) => Err(e),
+                    Ok(Ok(module)) => Instance::create(&name, module, &cfg.options, cfg.call_timeout).await.map_err(|e| e.to_string()),
+                    Ok(Err(path)) => Instance::create_isolated(&cfg, &path).await.map_err(|e| e.to_string()),
+                };
+                let slot = match created {
+                    Ok(inst) => Slot::Ready(inst),
                     Err(e) => Slot::Failed(e),
-                    Ok(module) => match Instance::create(&name, module, &cfg.options, cfg.call_timeout).await {
-                        Ok(inst) => Slot::Ready(inst),
-                        Err(e) => Slot::Failed(format!("{e}")),
-                    },
                 };
                 (name, cfg, slot)
             });
