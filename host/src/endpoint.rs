@@ -253,6 +253,10 @@ impl Endpoint {
             status.allocation(i, &c.devices_ids, Ok(()), started.elapsed());
             responses.push(to_response(edits));
         }
+        // The kubelet lists the new holder shortly: look soon, not at the next poll.
+        if let Some(follower) = &self.services.follower {
+            follower.poke();
+        }
         Ok(pb::AllocateResponse { container_responses: responses })
     }
 }

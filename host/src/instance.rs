@@ -61,7 +61,12 @@ impl CallError {
 }
 
 /// The error for a call that returned `status` (not OK), with the driver's message.
-pub(crate) fn status_error(driver: &str, call: &'static str, status: abi::devhost_status, state: CallState) -> CallError {
+pub(crate) fn status_error(
+    driver: &str,
+    call: &'static str,
+    status: abi::devhost_status,
+    state: CallState,
+) -> CallError {
     let message = match (state.error, status_name(status)) {
         (Some(m), _) => m,
         (None, "unknown status code") => format!("driver returned unknown status code {status}"),
@@ -271,7 +276,9 @@ impl Instance {
         call: &'static str,
         f: impl FnOnce(*mut c_void, *const abi::devhost_host_api) -> T + Send + 'static,
     ) -> Result<T, CallError> {
-        let Backend::InProcess(local) = &self.backend else { return Err(CallError::WorkerGone { driver: self.name.clone() }) };
+        let Backend::InProcess(local) = &self.backend else {
+            return Err(CallError::WorkerGone { driver: self.name.clone() });
+        };
         if local.poisoned.load(Ordering::Acquire) {
             return Err(CallError::Poisoned { driver: self.name.clone() });
         }

@@ -3,7 +3,7 @@
 
 use clap::{Parser, Subcommand, ValueEnum};
 use devhost::manifest::Manifest;
-use devhost::registry::{Registry, Slot};
+use devhost::registry::{Mode, Registry, Slot};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -162,7 +162,7 @@ async fn run(config: &Path, kubelet_dir: Option<&Path>) -> ExitCode {
         },
         None => None,
     };
-    let registry = Registry::open(&manifest, true).await;
+    let registry = Registry::open(&manifest, Mode::Serve).await;
     let (stop_probes, stop_probes_rx) = tokio::sync::watch::channel(false);
     if let Some(listener) = probes_listener {
         let (ready_reg, status_reg) = (registry.clone(), registry.clone());
@@ -258,9 +258,10 @@ async fn wait_for_signal() {
 
 async fn list(config: &Path, json: bool) -> ExitCode {
     let Some(manifest) = load_manifest(config, None) else { return ExitCode::from(2) };
-    let registry = Registry::open(&manifest, false).await;
+    let registry = Registry::open(&manifest, Mode::Inspect).await;
     if json {
-        let out = registry.status(false);
+        let mut out = registry.status(false);
+        add_holders(&mut out, &manifest).await;
         match serde_json::to_string_pretty(&out) {
             Ok(s) => println!("{s}"),
             Err(e) => {
@@ -291,9 +292,34 @@ async fn list(config: &Path, json: bool) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// Who holds each device, from the kubelet's pod-resources socket when
+/// there is one (a running node); `list` works without it.
+async fn add_holders(out: &mut [serde_json::Value], manifest: &Manifest) {
+    let holders = devhost::podresources::list_once(&manifest.pod_resources_socket).await;
+    for r in out.iter_mut() {
+        let name = r["resource"].as_str().unwrap_or_default().to_string();
+        match &holders {
+            Ok(map) => {
+                let snap = devhost::podresources::Snapshot {
+                    generation: 1,
+                    resources: Some(std::sync::Arc::new(map.clone())),
+                    error: None,
+                };
+                if let Some(devices) = r["devices"].as_array_mut() {
+                    for d in devices {
+                        let id = d["id"].as_str().unwrap_or_default().to_string();
+                        d["held_by"] = serde_json::json!(snap.holders_of_device(&name, &id));
+                    }
+                }
+            }
+            Err(e) => r["holders_error"] = serde_json::Value::String(e.to_string()),
+        }
+    }
+}
+
 async fn check(config: &Path) -> ExitCode {
     let Some(manifest) = load_manifest(config, None) else { return ExitCode::from(2) };
-    let registry = Registry::open(&manifest, false).await;
+    let registry = Registry::open(&manifest, Mode::Inspect).await;
     let problems: Vec<String> = registry
         .drivers()
         .into_values()

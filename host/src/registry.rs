@@ -7,6 +7,8 @@ use crate::cdi::CdiWriter;
 use crate::device::Device;
 use crate::instance::Instance;
 use crate::metrics::{self, Metrics};
+use crate::podresources::Follower;
+use crate::release::{Backoff, ReleaseRunner};
 use crate::sharing;
 use crate::status::{self, Tracker};
 use crate::loader::{self, Module};
@@ -68,10 +70,23 @@ impl View {
     }
 }
 
-/// What every resource and endpoint shares: metrics and the CDI writer.
+/// What every resource and endpoint shares: metrics, the CDI writer and the
+/// pod-resources follower (who holds which device).
 pub struct Services {
     pub metrics: Arc<Metrics>,
     pub cdi: Option<CdiWriter>,
+    pub follower: Option<Arc<Follower>>,
+}
+
+/// How much of the machinery a registry runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// One scan per driver, nothing running (`list`, `check`).
+    Inspect,
+    /// The daemon: watches, rescans, follows pod resources and releases devices.
+    Serve,
+    /// `sim`: watches and rescans, without a real kubelet's pod resources.
+    Simulate,
 }
 
 pub struct Resource {
@@ -83,6 +98,10 @@ pub struct Resource {
     pub registered: AtomicBool,
     /// Health history and served allocations, for the status view.
     pub status: Tracker,
+    /// Releases devices their last container let go of (ABI 1.1 hook).
+    pub release: Option<ReleaseRunner>,
+    /// The latest devices before the release overlay, for republishing.
+    raw: Mutex<(Vec<Device>, String)>,
 }
 
 impl Resource {
@@ -172,10 +191,13 @@ impl Registry {
     /// then takes a first scan. With `watching`, drivers also get
     /// watch_start and a rescan task. Failures are kept per driver; they
     /// never stop the others.
-    pub async fn open(manifest: &Manifest, watching: bool) -> Arc<Registry> {
+    pub async fn open(manifest: &Manifest, mode: Mode) -> Arc<Registry> {
+        let watching = mode != Mode::Inspect;
         let cdi = manifest.cdi_dir.as_ref().map(CdiWriter::new);
+        let follower = (mode == Mode::Serve)
+            .then(|| Arc::new(Follower::start(manifest.pod_resources_socket.clone(), manifest.pod_resources_interval)));
         let reg = Arc::new(Registry {
-            services: Arc::new(Services { metrics: Arc::new(Metrics::new()), cdi }),
+            services: Arc::new(Services { metrics: Arc::new(Metrics::new()), cdi, follower }),
             drivers: RwLock::new(BTreeMap::new()),
             resources: RwLock::new(Vec::new()),
             watching,
@@ -279,11 +301,18 @@ impl Registry {
                 None => {
                     let r = Arc::new(Resource {
                         config: cfg.clone(),
-                        driver,
-                        error,
                         view: watch::channel(Arc::new(View::default())).0,
                         registered: AtomicBool::new(false),
                         status: Tracker::new(),
+                        release: match (&self.services.follower, &driver) {
+                            (Some(f), Some(d)) if self.watching => {
+                                Some(ReleaseRunner::start(&cfg.name, d.clone(), f.subscribe(), Backoff::default()))
+                            }
+                            _ => None,
+                        },
+                        raw: Mutex::new((Vec::new(), String::new())),
+                        driver,
+                        error,
                     });
                     changes.started.push(r.clone());
                     resources.push(r);
@@ -305,6 +334,9 @@ impl Registry {
         }
         *write(&self.resources) = resources;
         *write(&self.drivers) = next;
+        for r in &changes.started {
+            self.follow_releases(r);
+        }
 
         // First scans (and watch_start) run concurrently; a driver still
         // scanning after the grace period finishes in the background and its
@@ -399,22 +431,60 @@ impl Registry {
                     d.healthy = false;
                 }
             }
-            let previous = res.snapshot();
-            if previous.devices == mine && previous.replicas == res.config.replicas.max(1) {
-                continue;
-            }
-            let name = &res.config.name;
-            res.status.observe(&previous.devices, &mine, &reason);
-            if let Some(cdi) = &self.services.cdi
-                && let Err(e) = cdi.write(name, &mine)
-            {
-                tracing::warn!(resource = %name, dir = %cdi.dir().display(), "cannot write the CDI spec file: {e}");
-            }
-            let healthy = mine.iter().filter(|d| d.healthy).count();
-            let per = res.config.replicas.max(1) as usize;
-            self.services.metrics.set_devices(name, healthy * per, (mine.len() - healthy) * per);
-            res.view.send_replace(Arc::new(View::new(mine, res.config.replicas)));
+            *res.raw.lock().unwrap_or_else(|p| p.into_inner()) = (mine.clone(), reason.clone());
+            self.install(res, mine, &reason);
         }
+    }
+
+    /// Re-applies the release overlay to a resource's latest devices (a
+    /// release started, ended or failed), without rescanning: a running
+    /// release occupies the driver.
+    pub fn republish(&self, res: &Resource) {
+        let (mine, reason) = res.raw.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        self.install(res, mine, &reason);
+    }
+
+    /// Publishes `mine` (health decided, release overlay not yet applied)
+    /// when it differs from what is advertised, keeping history, CDI and
+    /// metrics in step.
+    fn install(&self, res: &Resource, mut mine: Vec<Device>, reason: &str) {
+        let mut reason = reason.to_string();
+        if let Some(runner) = &res.release {
+            for d in &mut mine {
+                if let Some(why) = runner.unhealthy(&d.id) {
+                    d.healthy = false;
+                    reason = why;
+                }
+            }
+        }
+        let previous = res.snapshot();
+        if previous.devices == mine && previous.replicas == res.config.replicas.max(1) {
+            return;
+        }
+        let name = &res.config.name;
+        res.status.observe(&previous.devices, &mine, &reason);
+        if let Some(cdi) = &self.services.cdi
+            && let Err(e) = cdi.write(name, &mine)
+        {
+            tracing::warn!(resource = %name, dir = %cdi.dir().display(), "cannot write the CDI spec file: {e}");
+        }
+        let healthy = mine.iter().filter(|d| d.healthy).count();
+        let per = res.config.replicas.max(1) as usize;
+        self.services.metrics.set_devices(name, healthy * per, (mine.len() - healthy) * per);
+        res.view.send_replace(Arc::new(View::new(mine, res.config.replicas)));
+    }
+
+    /// Republishes a resource whenever its release overlay changes, for as
+    /// long as the resource exists.
+    fn follow_releases(self: &Arc<Self>, res: &Arc<Resource>) {
+        let Some(mut overlay) = res.release.as_ref().map(ReleaseRunner::subscribe) else { return };
+        let (reg, res) = (Arc::downgrade(self), Arc::downgrade(res));
+        tokio::spawn(async move {
+            while overlay.changed().await.is_ok() {
+                let (Some(reg), Some(res)) = (reg.upgrade(), res.upgrade()) else { break };
+                reg.republish(&res);
+            }
+        });
     }
 
     fn log_conflict(&self, id: &str, first: &str, second: &str) {
@@ -479,9 +549,40 @@ impl Registry {
                     replicas: r.config.replicas,
                     device_list_strategy: r.config.device_list_strategy.as_str(),
                 };
-                status::resource_json(info, &view.devices, tracked.then_some(&r.status))
+                let mut v = status::resource_json(info, &view.devices, tracked.then_some(&r.status));
+                if tracked {
+                    self.add_holders(&mut v, r);
+                }
+                v
             })
             .collect()
+    }
+
+    /// Adds who holds each device and any pending release to a resource's status.
+    fn add_holders(&self, v: &mut serde_json::Value, r: &Resource) {
+        let Some(follower) = &self.services.follower else { return };
+        let snap = follower.snapshot();
+        let pending = r.release.as_ref().map(ReleaseRunner::pending).unwrap_or_default();
+        if let Some(devices) = v.get_mut("devices").and_then(|d| d.as_array_mut()) {
+            for d in devices {
+                let id = d["id"].as_str().unwrap_or_default().to_string();
+                d["held_by"] = serde_json::json!(snap.holders_of_device(&r.config.name, &id));
+                if let Some(b) = pending.iter().find(|b| b.devices.contains(&id)) {
+                    let state = match &b.phase {
+                        crate::release::Phase::Due => "due",
+                        crate::release::Phase::Running => "running",
+                        crate::release::Phase::Failed { .. } => "failed",
+                    };
+                    d["release"] = serde_json::json!({
+                        "state": state,
+                        "attempts": b.attempts,
+                        "last_holder": b.holder.to_string(),
+                        "error": b.last_error,
+                    });
+                }
+            }
+        }
+        v["pod_resources"] = serde_json::json!({ "generation": snap.generation, "error": snap.error });
     }
 
     /// Resources that should be registered with the kubelet and are not.

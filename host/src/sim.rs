@@ -36,7 +36,7 @@ pub async fn run(config: &Path, keep_running: bool, stop: impl std::future::Futu
     let scratch = ScratchDir::new()?;
     let manifest = Manifest::load(config, Some(&scratch.0)).map_err(|e| anyhow::anyhow!("{} is invalid:\n{e}", config.display()))?;
     let kubelet = Arc::new(Kubelet::start(&scratch.0)?);
-    let registry = Registry::open(&manifest, true).await;
+    let registry = Registry::open(&manifest, crate::registry::Mode::Simulate).await;
     let endpoints = crate::kubelet::Endpoints::start(scratch.0.clone(), registry.services.clone());
     let resources = registry.resources();
     endpoints.sync(&resources).await;

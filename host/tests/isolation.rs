@@ -67,7 +67,8 @@ async fn isolated_driver_answers_like_the_in_process_one() {
     let so = module("example_c");
     let options = "count = 4\nnuma_nodes = 2";
     let cfg = config(&so, "", options);
-    let local = Instance::create("d", devhost::loader::load(&so).unwrap(), &cfg.options, cfg.call_timeout).await.unwrap();
+    let local =
+        Instance::create("d", devhost::loader::load(&so).unwrap(), &cfg.options, cfg.call_timeout).await.unwrap();
     let remote = isolated(&so, "", options).await.unwrap();
     let pid = remote.worker_pid().expect("a worker process");
     assert_ne!(pid, std::process::id());

@@ -80,7 +80,8 @@ async fn allocate_cost_at_the_instance() {
     let so = example_c(dir.path());
     let m = Manifest::parse(&manifest(&so), Path::new("/tmp/devhost.toml"), None).unwrap();
     let cfg = &m.drivers["local"];
-    let local = Instance::create("local", devhost::loader::load(&so).unwrap(), &cfg.options, cfg.call_timeout).await.unwrap();
+    let local =
+        Instance::create("local", devhost::loader::load(&so).unwrap(), &cfg.options, cfg.call_timeout).await.unwrap();
     let isolated = Instance::create_isolated(&m.drivers["isolated"], &so).await.unwrap();
     async fn round(inst: &Arc<Instance>, n: usize, out: &mut Vec<Duration>) {
         for i in 0..n {

@@ -34,8 +34,11 @@ pub fn set_worker_program(program: impl Into<PathBuf>) {
     let _ = PROGRAM.set(program.into());
 }
 
+/// The running binary, even after the file is replaced or deleted.
+const SELF_EXE: &str = "/proc/self/exe";
+
 pub(crate) fn worker_program() -> PathBuf {
-    PROGRAM.get().cloned().unwrap_or_else(|| PathBuf::from("/proc/self/exe"))
+    PROGRAM.get().cloned().unwrap_or_else(|| PathBuf::from(SELF_EXE))
 }
 
 /// Runs the worker mode when this process was started as a driver worker;
@@ -46,7 +49,9 @@ pub fn worker_entry() -> Option<ExitCode> {
         return None;
     }
     let (Some(name), Some(module)) = (args.next(), args.next()) else {
-        eprintln!("devhost {WORKER_ARG}: expected a driver name and a module path; this mode is started by devhost itself");
+        eprintln!(
+            "devhost {WORKER_ARG}: expected a driver name and a module path; this mode is started by devhost itself"
+        );
         return Some(ExitCode::from(2));
     };
     Some(worker::main(&name.to_string_lossy(), Path::new(&module)))

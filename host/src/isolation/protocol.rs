@@ -20,13 +20,25 @@ pub const MAX_FRAME: usize = 256 << 20;
 /// Host → worker: one driver call, or the order to stop.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Request {
-    Create { options: Vec<(String, String)> },
+    Create {
+        options: Vec<(String, String)>,
+    },
     WatchStart,
     Scan,
-    Allocate { ids: Vec<String> },
-    Preferred { available: Vec<String>, must: Vec<String>, size: u32 },
-    PreStart { ids: Vec<String> },
-    Release { ids: Vec<String> },
+    Allocate {
+        ids: Vec<String>,
+    },
+    Preferred {
+        available: Vec<String>,
+        must: Vec<String>,
+        size: u32,
+    },
+    PreStart {
+        ids: Vec<String>,
+    },
+    Release {
+        ids: Vec<String>,
+    },
     /// watch_stop and destroy, then exit.
     Shutdown,
 }
@@ -457,7 +469,11 @@ mod tests {
     #[test]
     fn reply_keeps_devices_edits_and_problems() {
         let edits = Edits {
-            device_nodes: vec![DeviceNode { host_path: "/dev/x".into(), container_path: "/dev/y".into(), permissions: "rw".into() }],
+            device_nodes: vec![DeviceNode {
+                host_path: "/dev/x".into(),
+                container_path: "/dev/y".into(),
+                permissions: "rw".into(),
+            }],
             mounts: vec![Mount { host_path: "/h".into(), container_path: "/c".into(), read_only: true }],
             envs: vec![("K".into(), "v".into())],
             annotations: vec![("a.io/b".into(), "1".into())],
@@ -490,7 +506,8 @@ mod tests {
 
     #[test]
     fn hello_carries_the_module_facts() {
-        let info = ModuleInfo { name: "x".into(), abi_major: 1, abi_minor: 1, pre_start: true, release: true, ..empty_info() };
+        let info =
+            ModuleInfo { name: "x".into(), abi_major: 1, abi_minor: 1, pre_start: true, release: true, ..empty_info() };
         let Message::Hello { version, info: got } = decode_message(&body(&hello(&info))).unwrap() else { panic!() };
         assert_eq!(version, VERSION);
         assert_eq!(got, info);

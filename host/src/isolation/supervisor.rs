@@ -76,7 +76,7 @@ pub(super) struct Shared {
     /// Where the channel readers run: the runtime that created the instance.
     runtime: tokio::runtime::Handle,
     link: Mutex<Link>,
-    events: Mutex<mpsc::Sender<Event>>,
+    events: mpsc::Sender<Event>,
     /// Deadlines missed in a row, reset by any reply in time.
     misses: AtomicU32,
     /// Whether the host started the driver's watch, so a restart does too.
@@ -101,7 +101,8 @@ impl Shared {
     }
 
     pub fn event(&self, e: Event) {
-        let _ = lock(&self.events).send(e);
+        // The supervisor is gone only once the instance stopped.
+        let _ = self.events.send(e);
     }
 
     fn conn(&self) -> Result<Arc<Conn>, CallError> {
@@ -149,7 +150,7 @@ impl Worker {
             changed,
             runtime: tokio::runtime::Handle::current(),
             link: Mutex::new(Link::Down("its worker process is starting".into())),
-            events: Mutex::new(tx),
+            events: tx,
             misses: AtomicU32::new(0),
             watching: AtomicBool::new(false),
         });
@@ -236,7 +237,12 @@ enum End {
     Stop,
 }
 
-fn supervise(s: Arc<Shared>, spec: Spec, events: mpsc::Receiver<Event>, first: oneshot::Sender<Result<ModuleInfo, CallError>>) {
+fn supervise(
+    s: Arc<Shared>,
+    spec: Spec,
+    events: mpsc::Receiver<Event>,
+    first: oneshot::Sender<Result<ModuleInfo, CallError>>,
+) {
     let mut first = Some(first);
     let mut backoff = BACKOFF_MIN;
     loop {
@@ -353,7 +359,9 @@ fn reap(child: &mut Child) -> String {
         Err(e) => format!("its status is unknown: {e}"),
         Ok(st) => match (st.code(), st.signal()) {
             (Some(code), _) => format!("exit status {code}"),
-            (None, Some(sig)) => format!("signal {sig} ({}){}", signal_name(sig), if st.core_dumped() { ", core dumped" } else { "" }),
+            (None, Some(sig)) => {
+                format!("signal {sig} ({}){}", signal_name(sig), if st.core_dumped() { ", core dumped" } else { "" })
+            }
             _ => st.to_string(),
         },
     }
@@ -382,6 +390,12 @@ fn start(s: &Arc<Shared>, spec: &Spec) -> Result<Started, (Option<Child>, CallEr
     let fd = worker_end.as_raw_fd();
     let keep: Vec<String> = spec.keep_caps.iter().map(u32::to_string).collect();
     let mut cmd = Command::new(&spec.program);
+    // `ps` shows the binary's name rather than /proc/self/exe.
+    if spec.program == std::path::Path::new(super::SELF_EXE)
+        && let Ok(exe) = std::env::current_exe()
+    {
+        cmd.arg0(exe);
+    }
     cmd.arg(super::WORKER_ARG)
         .arg(&spec.name)
         .arg(&spec.module)
@@ -391,9 +405,8 @@ fn start(s: &Arc<Shared>, spec: &Spec) -> Result<Started, (Option<Child>, CallEr
         .stdin(Stdio::null());
     // SAFETY: in_child makes only async-signal-safe calls (prctl, fcntl).
     unsafe { cmd.pre_exec(move || privileges::in_child(fd)) };
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| fail(format!("cannot start its worker process {}: {e}", spec.program.display())))?;
+    let mut child =
+        cmd.spawn().map_err(|e| fail(format!("cannot start its worker process {}: {e}", spec.program.display())))?;
     // Ours must go, or the channel would never report the worker's end.
     drop(worker_end);
     let generation = GENERATION.fetch_add(1, Ordering::Relaxed);
@@ -407,7 +420,13 @@ fn start(s: &Arc<Shared>, spec: &Spec) -> Result<Started, (Option<Child>, CallEr
     }
 }
 
-fn greet(s: &Arc<Shared>, spec: &Spec, stream: &UnixStream, generation: u64, pid: u32) -> Result<(Arc<Conn>, ModuleInfo), CallError> {
+fn greet(
+    s: &Arc<Shared>,
+    spec: &Spec,
+    stream: &UnixStream,
+    generation: u64,
+    pid: u32,
+) -> Result<(Arc<Conn>, ModuleInfo), CallError> {
     let io = |what: &str, e: std::io::Error| s.unavailable(format!("worker process (pid {pid}): {what}: {e}"));
     stream.set_read_timeout(Some(spec.timeout)).map_err(|e| io("set_read_timeout", e))?;
     stream.set_write_timeout(Some(WRITE_TIMEOUT)).map_err(|e| io("set_write_timeout", e))?;
@@ -415,7 +434,9 @@ fn greet(s: &Arc<Shared>, spec: &Spec, stream: &UnixStream, generation: u64, pid
     let info = loop {
         let body = match protocol::read_frame(&mut reader) {
             Ok(Some(b)) => b,
-            Ok(None) => return Err(s.unavailable(format!("worker process (pid {pid}) exited before loading the module"))),
+            Ok(None) => {
+                return Err(s.unavailable(format!("worker process (pid {pid}) exited before loading the module")));
+            }
             Err(e) => return Err(io("waiting for its greeting", e)),
         };
         match protocol::decode_message(&body) {

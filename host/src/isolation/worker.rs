@@ -183,7 +183,10 @@ fn call(
             }
             let kvs: Vec<abi::devhost_kv> = options
                 .iter()
-                .map(|(k, v)| abi::devhost_kv { key: abi::devhost_str::from_str(k), value: abi::devhost_str::from_str(v) })
+                .map(|(k, v)| abi::devhost_kv {
+                    key: abi::devhost_str::from_str(k),
+                    value: abi::devhost_str::from_str(v),
+                })
                 .collect();
             let ctx = CallCtx::new(CallKind::Create);
             let mut out: *mut c_void = std::ptr::null_mut();

@@ -19,8 +19,8 @@ use super::values::{DurationSetting, flatten_options};
 use crate::isolation::capability_number;
 
 use super::{
-    DEFAULT_CALL_TIMEOUT, DEFAULT_DRIVER_DIR, DEFAULT_KUBELET_DIR, DEFAULT_POD_RESOURCES_INTERVAL, DriverConfig, Isolation, MAX_SOCKET_PATH, Manifest,
-    ManifestErrors, ResourceConfig,
+    DEFAULT_CALL_TIMEOUT, DEFAULT_DRIVER_DIR, DEFAULT_KUBELET_DIR, DEFAULT_POD_RESOURCES_INTERVAL, DriverConfig,
+    Isolation, MAX_SOCKET_PATH, Manifest, ManifestErrors, ResourceConfig,
 };
 
 #[derive(Default, Deserialize)]

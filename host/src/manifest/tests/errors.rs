@@ -229,7 +229,9 @@ fn keep_capabilities_needs_process_isolation() {
 
 #[test]
 fn unknown_capability_is_reported_at_its_entry_with_a_hint() {
-    let errors = errors("[driver.x]\nisolation = \"process\"\nkeep_capabilities = [\"CAP_SYS_ADMIN\", \"sys_admin\", \"CAP_ROOT\"]\n");
+    let errors = errors(
+        "[driver.x]\nisolation = \"process\"\nkeep_capabilities = [\"CAP_SYS_ADMIN\", \"sys_admin\", \"CAP_ROOT\"]\n",
+    );
     assert_eq!(errors.len(), 2, "{errors:#?}");
     assert_has(&errors, &format!("{PATH}:3:39: driver.x.keep_capabilities: "), "did you mean \"CAP_SYS_ADMIN\"?");
     assert_has(&errors, &format!("{PATH}:3:52: driver.x.keep_capabilities: "), "capabilities(7)");
