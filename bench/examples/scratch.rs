@@ -1,32 +1,42 @@
-use devhost_bench::latency::{allocate, sequential};
-use devhost_bench::node::{self, Artifacts, Node, Proc};
-use kubelet_emu::Kubelet;
+use devhost::instance::Instance;
+use devhost::loader;
+use devhost_bench::stats::{Samples, fmt_dur};
+use std::time::{Duration, Instant};
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() -> anyhow::Result<()> {
-    let art = Artifacts::locate()?;
-    let art = Artifacts { dir: art.dir.parent().unwrap().to_path_buf(), repo: art.repo };
-    for (count, drv, lg) in [(10000usize, "benchdrv", 0), (10000, "benchdrv", 8)] {
-        let node = Node::new()?;
-        let kubelet = Kubelet::start(&node.kubelet_dir())?;
-        let prefix = if drv == "benchdrv" { "b" } else { "example" };
-        let m = node.write_manifest("d.toml", &format!("[driver.b]\nmodule = \"{}\"\noptions = {{ count = {count}, link_group = {lg} }}\n[[resource]]\nname = \"x.com/r\"\ndriver = \"b\"\n", art.module(drv).display()))?;
-        let d = Proc::devhost(&art, &m, &node.kubelet_dir())?;
-        node::wait_all_registered(&kubelet, &["x.com/r".to_string()], 1, Some(&d)).await?;
-        kubelet.wait_devices("x.com/r", node::WAIT, |x| x.len() == count).await?;
-        let c = node::plugin_client(&kubelet, "x.com/r").await?;
-        let p = prefix.to_string();
-        sequential(&c, 200, |cl, k| allocate(cl, vec![format!("{p}-{}", k % 8)])).await?;
-        let s = sequential(&c, 2000, |cl, k| allocate(cl, vec![format!("{p}-{}", k % 8)])).await?.summary().unwrap();
-        println!("before streams {drv} count={count} lg={lg}: p50 {:?} p99 {:?}", s.p50, s.p99);
-        for _ in 0..10 {
-            let mut cc = c.clone();
-            let mut st = cc.list_and_watch(devhost_proto::v1beta1::Empty {}).await?.into_inner();
-            st.message().await?;
+fn main() -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(async {
+        let so = std::path::Path::new("/work/main/target/release/libdevhost_example_c.so");
+        let module = loader::load(so)?;
+        let inst = Instance::create("c", module, &[("count".into(), "8".into())], Duration::from_secs(10)).await?;
+        // pure hop: std thread + mpsc + oneshot, no work
+        let (tx, rx) = std::sync::mpsc::channel::<Box<dyn FnOnce() + Send>>();
+        std::thread::spawn(move || { while let Ok(j) = rx.recv() { j() } });
+        let mut a = Samples::default(); let mut h = Samples::default(); let mut ht = Samples::default(); let mut sb = Samples::default();
+        for round in 0..10 {
+            for _ in 0..2000 {
+                let t = Instant::now();
+                inst.allocate(vec!["example-1".into()]).await?;
+                if round > 0 { a.push(t.elapsed()); }
+                let t = Instant::now();
+                let (otx, orx) = tokio::sync::oneshot::channel();
+                tx.send(Box::new(move || { let _ = otx.send(()); })).ok();
+                orx.await?;
+                if round > 0 { h.push(t.elapsed()); }
+                let t = Instant::now();
+                let (otx, orx) = tokio::sync::oneshot::channel();
+                tx.send(Box::new(move || { let _ = otx.send(()); })).ok();
+                tokio::time::timeout(Duration::from_secs(10), orx).await??;
+                if round > 0 { ht.push(t.elapsed()); }
+                let t = Instant::now();
+                tokio::task::spawn_blocking(|| ()).await?;
+                if round > 0 { sb.push(t.elapsed()); }
+            }
         }
-        sequential(&c, 200, |cl, k| allocate(cl, vec![format!("{p}-{}", k % 8)])).await?;
-        let s = sequential(&c, 2000, |cl, k| allocate(cl, vec![format!("{p}-{}", k % 8)])).await?.summary().unwrap();
-        println!("after streams {drv} count={count} lg={lg}: p50 {:?} p99 {:?}", s.p50, s.p99);
-    }
-    Ok(())
+        for (n, s) in [("Instance::allocate", a), ("hop mpsc+oneshot", h), ("hop + timeout", ht), ("spawn_blocking", sb)] {
+            let s = s.summary().unwrap();
+            println!("{n}: p50 {} p99 {}", fmt_dur(s.p50), fmt_dur(s.p99));
+        }
+        anyhow::Ok(())
+    })
 }

@@ -402,7 +402,10 @@ fn start(s: &Arc<Shared>, spec: &Spec) -> Result<Started, (Option<Child>, CallEr
         .env(ENV_FD, fd.to_string())
         .env(ENV_PARENT, std::process::id().to_string())
         .env(ENV_KEEP_CAPS, keep.join(","))
-        .stdin(Stdio::null());
+        .stdin(Stdio::null())
+        // A terminal's Ctrl-C is for the host, which stops its workers in
+        // order; the parent-death signal covers the host's own death.
+        .process_group(0);
     // SAFETY: in_child makes only async-signal-safe calls (prctl, fcntl).
     unsafe { cmd.pre_exec(move || privileges::in_child(fd)) };
     let mut child =
