@@ -101,7 +101,10 @@ pub fn check_device_id(id: &str) -> Result<(), &'static str> {
 
 /// Runs a callback body with the call's state, converting panics and misuse
 /// into status codes.
-fn with_call(call: *mut abi::devhost_call, f: impl FnOnce(CallKind, &mut CallState) -> abi::devhost_status) -> abi::devhost_status {
+fn with_call(
+    call: *mut abi::devhost_call,
+    f: impl FnOnce(CallKind, &mut CallState) -> abi::devhost_status,
+) -> abi::devhost_status {
     if call.is_null() {
         return abi::DEVHOST_ERR_INVALID_ARGUMENT;
     }
@@ -210,7 +213,11 @@ fn current_device(kind: CallKind, st: &mut CallState, what: &str) -> Result<usiz
 /// # Safety
 /// Called by a driver per the ABI: `call` is the live handle of the call in
 /// progress and every string argument is readable for the callback.
-pub unsafe extern "C" fn device_attr(call: *mut abi::devhost_call, key: abi::devhost_str, value: abi::devhost_str) -> abi::devhost_status {
+pub unsafe extern "C" fn device_attr(
+    call: *mut abi::devhost_call,
+    key: abi::devhost_str,
+    value: abi::devhost_str,
+) -> abi::devhost_status {
     with_call(call, |kind, st| {
         let i = match current_device(kind, st, "device_attr") {
             Ok(i) => i,
@@ -229,7 +236,11 @@ pub unsafe extern "C" fn device_attr(call: *mut abi::devhost_call, key: abi::dev
 /// # Safety
 /// Called by a driver per the ABI: `call` is the live handle of the call in
 /// progress and every string argument is readable for the callback.
-pub unsafe extern "C" fn device_link(call: *mut abi::devhost_call, other: abi::devhost_str, score: u32) -> abi::devhost_status {
+pub unsafe extern "C" fn device_link(
+    call: *mut abi::devhost_call,
+    other: abi::devhost_str,
+    score: u32,
+) -> abi::devhost_status {
     with_call(call, |kind, st| {
         let i = match current_device(kind, st, "device_link") {
             Ok(i) => i,
@@ -267,9 +278,12 @@ pub unsafe extern "C" fn add_device_node(
     permissions: abi::devhost_str,
 ) -> abi::devhost_status {
     with_call(call, |kind, st| {
-        let (host_path, container_path, permissions) = strs!(st, "add_device_node", host_path, container_path, permissions);
+        let (host_path, container_path, permissions) =
+            strs!(st, "add_device_node", host_path, container_path, permissions);
         if host_path.is_empty() || !permissions.chars().all(|c| matches!(c, 'r' | 'w' | 'm')) {
-            st.problem(format!("device node {host_path:?} ignored: empty path or permissions {permissions:?} not within \"rwm\""));
+            st.problem(format!(
+                "device node {host_path:?} ignored: empty path or permissions {permissions:?} not within \"rwm\""
+            ));
             return abi::DEVHOST_ERR_INVALID_ARGUMENT;
         }
         let container_path = if container_path.is_empty() { host_path.clone() } else { container_path };
@@ -309,7 +323,12 @@ pub unsafe extern "C" fn add_mount(
     })
 }
 
-fn add_pair(call: *mut abi::devhost_call, key: abi::devhost_str, value: abi::devhost_str, env: bool) -> abi::devhost_status {
+fn add_pair(
+    call: *mut abi::devhost_call,
+    key: abi::devhost_str,
+    value: abi::devhost_str,
+    env: bool,
+) -> abi::devhost_status {
     let what = if env { "add_env" } else { "add_annotation" };
     with_call(call, |kind, st| {
         let (key, value) = strs!(st, "add_env/add_annotation", key, value);
@@ -334,14 +353,22 @@ fn add_pair(call: *mut abi::devhost_call, key: abi::devhost_str, value: abi::dev
 /// # Safety
 /// Called by a driver per the ABI: `call` is the live handle of the call in
 /// progress and every string argument is readable for the callback.
-pub unsafe extern "C" fn add_env(call: *mut abi::devhost_call, key: abi::devhost_str, value: abi::devhost_str) -> abi::devhost_status {
+pub unsafe extern "C" fn add_env(
+    call: *mut abi::devhost_call,
+    key: abi::devhost_str,
+    value: abi::devhost_str,
+) -> abi::devhost_status {
     add_pair(call, key, value, true)
 }
 
 /// # Safety
 /// Called by a driver per the ABI: `call` is the live handle of the call in
 /// progress and every string argument is readable for the callback.
-pub unsafe extern "C" fn add_annotation(call: *mut abi::devhost_call, key: abi::devhost_str, value: abi::devhost_str) -> abi::devhost_status {
+pub unsafe extern "C" fn add_annotation(
+    call: *mut abi::devhost_call,
+    key: abi::devhost_str,
+    value: abi::devhost_str,
+) -> abi::devhost_status {
     add_pair(call, key, value, false)
 }
 

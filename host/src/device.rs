@@ -196,7 +196,11 @@ mod tests {
         let (mut e, _) = compose([&a]);
         e.amend(Edits {
             envs: vec![("K".into(), "2".into()), ("NEW".into(), "y".into())],
-            device_nodes: vec![DeviceNode { host_path: "/dev/y".into(), container_path: "/dev/x".into(), permissions: "r".into() }],
+            device_nodes: vec![DeviceNode {
+                host_path: "/dev/y".into(),
+                container_path: "/dev/x".into(),
+                permissions: "r".into(),
+            }],
             ..Edits::default()
         });
         assert_eq!(e.envs, vec![("K".to_string(), "2".to_string()), ("NEW".to_string(), "y".to_string())]);

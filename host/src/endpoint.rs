@@ -9,12 +9,12 @@ use crate::metrics;
 use crate::preferred::{self, Candidate};
 use crate::registry::{Resource, Services};
 use crate::sharing;
-use std::time::Instant;
 use devhost_proto::v1beta1 as pb;
 use pb::device_plugin_server::DevicePlugin;
 use std::collections::HashSet;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Instant;
 use tokio::sync::watch;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
@@ -51,7 +51,11 @@ fn to_response(e: Edits) -> pb::ContainerAllocateResponse {
         devices: e
             .device_nodes
             .into_iter()
-            .map(|n| pb::DeviceSpec { container_path: n.container_path, host_path: n.host_path, permissions: n.permissions })
+            .map(|n| pb::DeviceSpec {
+                container_path: n.container_path,
+                host_path: n.host_path,
+                permissions: n.permissions,
+            })
             .collect(),
         annotations: e.annotations.into_iter().collect(),
         cdi_devices: e.cdi_devices.into_iter().map(|name| pb::CdiDevice { name }).collect(),
@@ -62,7 +66,10 @@ type ListStream = Pin<Box<dyn Stream<Item = Result<pb::ListAndWatchResponse, Sta
 
 #[tonic::async_trait]
 impl DevicePlugin for Endpoint {
-    async fn get_device_plugin_options(&self, _: Request<pb::Empty>) -> Result<Response<pb::DevicePluginOptions>, Status> {
+    async fn get_device_plugin_options(
+        &self,
+        _: Request<pb::Empty>,
+    ) -> Result<Response<pb::DevicePluginOptions>, Status> {
         Ok(Response::new(Self::options(&self.resource)))
     }
 
@@ -105,7 +112,10 @@ impl DevicePlugin for Endpoint {
             let size = preferred::validate(&c.available_device_i_ds, &c.must_include_device_i_ds, c.allocation_size)
                 .map_err(|e| Status::invalid_argument(format!("resource {}: {e}", self.name())))?;
             if let Some(unknown) = c.available_device_i_ds.iter().find(|id| view.get(id).is_none()) {
-                return Err(Status::invalid_argument(format!("resource {}: unknown device ID {unknown:?}", self.name())));
+                return Err(Status::invalid_argument(format!(
+                    "resource {}: unknown device ID {unknown:?}",
+                    self.name()
+                )));
             }
             // Candidates are advertised IDs (replicas when shared); NUMA and
             // links come from the physical device behind each.
@@ -115,8 +125,13 @@ impl DevicePlugin for Endpoint {
                 .iter()
                 .filter_map(|id| {
                     let d = view.get(id)?;
-                    let k = sharing::parse_replica(id).map(|(_, k)| k as usize).filter(|_| view.replicas > 1).unwrap_or(0);
-                    Some(Candidate { id, numa: d.numa_node, order: k * n + view.index.get(&d.id).copied().unwrap_or(0) })
+                    let k =
+                        sharing::parse_replica(id).map(|(_, k)| k as usize).filter(|_| view.replicas > 1).unwrap_or(0);
+                    Some(Candidate {
+                        id,
+                        numa: d.numa_node,
+                        order: k * n + view.index.get(&d.id).copied().unwrap_or(0),
+                    })
                 })
                 .collect();
             let links = |a: &str, b: &str| -> u32 {
@@ -135,12 +150,23 @@ impl DevicePlugin for Endpoint {
                 // Drivers know physical IDs only: a shared resource uses the host's answer.
                 Some(drv) if drv.module.preferred_allocation && view.replicas <= 1 => {
                     let size32 = u32::try_from(size).unwrap_or(u32::MAX);
-                    let result =
-                        drv.preferred(c.available_device_i_ds.clone(), c.must_include_device_i_ds.clone(), size32).await;
-                    self.services.metrics.driver_call(&drv.name, "preferred_allocation", metrics::call_outcome(&result));
+                    let result = drv
+                        .preferred(c.available_device_i_ds.clone(), c.must_include_device_i_ds.clone(), size32)
+                        .await;
+                    self.services.metrics.driver_call(
+                        &drv.name,
+                        "preferred_allocation",
+                        metrics::call_outcome(&result),
+                    );
                     match result {
                         Ok(Some(proposal)) => {
-                            let fixed = preferred::repair(&proposal, &c.available_device_i_ds, &c.must_include_device_i_ds, size, &default);
+                            let fixed = preferred::repair(
+                                &proposal,
+                                &c.available_device_i_ds,
+                                &c.must_include_device_i_ds,
+                                size,
+                                &default,
+                            );
                             if fixed != proposal {
                                 tracing::warn!(resource = self.name(), ?proposal, repaired = ?fixed, "driver proposed an invalid preferred allocation; repaired");
                             }
@@ -148,7 +174,10 @@ impl DevicePlugin for Endpoint {
                         }
                         Ok(None) => default,
                         Err(e) => {
-                            tracing::warn!(resource = self.name(), "preferred_allocation hook failed, using the host default: {e}");
+                            tracing::warn!(
+                                resource = self.name(),
+                                "preferred_allocation hook failed, using the host default: {e}"
+                            );
                             default
                         }
                     }
@@ -180,7 +209,8 @@ impl DevicePlugin for Endpoint {
             return Err(Status::invalid_argument(format!("resource {}: unknown device ID {unknown:?}", self.name())));
         }
         let physical = if view.replicas > 1 {
-            sharing::physical_ids(&ids, view.replicas, false).map_err(|e| Status::invalid_argument(format!("resource {}: {e}", self.name())))?
+            sharing::physical_ids(&ids, view.replicas, false)
+                .map_err(|e| Status::invalid_argument(format!("resource {}: {e}", self.name())))?
         } else {
             ids
         };
@@ -197,7 +227,9 @@ impl Endpoint {
         let cfg = &self.resource.config;
         let status = &self.resource.status;
         if req.container_requests.is_empty() {
-            return Err(Status::invalid_argument(format!("resource {name}: allocate request has no container requests")));
+            return Err(Status::invalid_argument(format!(
+                "resource {name}: allocate request has no container requests"
+            )));
         }
         let Some(driver) = &self.resource.driver else {
             return Err(Status::unavailable(format!("resource {name}: driver not loaded")));

@@ -146,7 +146,12 @@ pub struct ScanOutput {
 
 impl Instance {
     /// Starts the worker and calls the driver's `create` on it.
-    pub async fn create(name: &str, module: Module, options: &[(String, String)], timeout: Duration) -> Result<Arc<Instance>, CallError> {
+    pub async fn create(
+        name: &str,
+        module: Module,
+        options: &[(String, String)],
+        timeout: Duration,
+    ) -> Result<Arc<Instance>, CallError> {
         let (tx, rx) = mpsc::channel::<Job>();
         let changed = Arc::new(Notify::new());
         let host = Box::new(HostSide {
@@ -212,7 +217,10 @@ impl Instance {
             .run("create", move |_, api| {
                 let kvs: Vec<abi::devhost_kv> = opts
                     .iter()
-                    .map(|(k, v)| abi::devhost_kv { key: abi::devhost_str::from_str(k), value: abi::devhost_str::from_str(v) })
+                    .map(|(k, v)| abi::devhost_kv {
+                        key: abi::devhost_str::from_str(k),
+                        value: abi::devhost_str::from_str(v),
+                    })
                     .collect();
                 let ctx = CallCtx::new(CallKind::Create);
                 let mut out: *mut c_void = std::ptr::null_mut();
@@ -434,7 +442,12 @@ impl Instance {
         Ok(Some(self.check("allocate", status, state)?.edits))
     }
 
-    pub async fn preferred(&self, available: Vec<String>, must: Vec<String>, size: u32) -> Result<Option<Vec<String>>, CallError> {
+    pub async fn preferred(
+        &self,
+        available: Vec<String>,
+        must: Vec<String>,
+        size: u32,
+    ) -> Result<Option<Vec<String>>, CallError> {
         if !self.module.preferred_allocation {
             return Ok(None);
         }

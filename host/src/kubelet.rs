@@ -8,11 +8,11 @@ use crate::endpoint::Endpoint;
 use crate::registry::{Resource, Services};
 use devhost_proto::v1beta1 as pb;
 use notify::Watcher;
+use std::collections::HashMap;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{Notify, watch};
 
@@ -106,8 +106,9 @@ impl Endpoints {
         }
         let gone: Vec<Served> = {
             let mut served = self.served.lock().unwrap_or_else(|p| p.into_inner());
-            let (keep, gone): (Vec<Served>, Vec<Served>) =
-                std::mem::take(&mut *served).into_iter().partition(|s| wanted.iter().any(|w| Arc::ptr_eq(w, &s.resource)));
+            let (keep, gone): (Vec<Served>, Vec<Served>) = std::mem::take(&mut *served)
+                .into_iter()
+                .partition(|s| wanted.iter().any(|w| Arc::ptr_eq(w, &s.resource)));
             *served = keep;
             gone
         };
@@ -173,7 +174,9 @@ fn watch_dir(dir: &Path, signals: Arc<Signals>) -> Option<notify::RecommendedWat
             }
         }
     };
-    match notify::recommended_watcher(handler).and_then(|mut w| w.watch(dir, notify::RecursiveMode::NonRecursive).map(|_| w)) {
+    match notify::recommended_watcher(handler)
+        .and_then(|mut w| w.watch(dir, notify::RecursiveMode::NonRecursive).map(|_| w))
+    {
         Ok(w) => Some(w),
         Err(e) => {
             tracing::warn!(dir = %dir.display(), "cannot watch the device-plugins folder ({e}); checking it every {RECHECK:?} instead");
@@ -200,7 +203,14 @@ async fn recheck(dir: PathBuf, signals: Arc<Signals>) {
 
 /// One resource's life: bind, serve, register, wait for a reason to start
 /// over; on stop remove the socket.
-async fn serve_resource(res: Arc<Resource>, services: Arc<Services>, dir: PathBuf, lost: Arc<Notify>, mut kubelet_gen: watch::Receiver<u64>, mut stop: watch::Receiver<bool>) {
+async fn serve_resource(
+    res: Arc<Resource>,
+    services: Arc<Services>,
+    dir: PathBuf,
+    lost: Arc<Notify>,
+    mut kubelet_gen: watch::Receiver<u64>,
+    mut stop: watch::Receiver<bool>,
+) {
     let name = res.config.name.clone();
     let path = dir.join(&res.config.socket_name);
     let mut backoff = BACKOFF_START;
@@ -216,17 +226,20 @@ async fn serve_resource(res: Arc<Resource>, services: Arc<Services>, dir: PathBu
             }
         };
         let our_inode = inode(&path);
-        let svc = pb::device_plugin_server::DevicePluginServer::new(Endpoint { resource: res.clone(), services: services.clone(), retired: retire_rx.clone() })
-            .max_decoding_message_size(64 << 20)
-            .max_encoding_message_size(64 << 20);
+        let svc = pb::device_plugin_server::DevicePluginServer::new(Endpoint {
+            resource: res.clone(),
+            services: services.clone(),
+            retired: retire_rx.clone(),
+        })
+        .max_decoding_message_size(64 << 20)
+        .max_encoding_message_size(64 << 20);
         let mut retire_wait = retire_rx.clone();
-        let server = tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(svc)
-                .serve_with_incoming_shutdown(tokio_stream::wrappers::UnixListenerStream::new(listener), async move {
-                    let _ = retire_wait.wait_for(|r| *r).await;
-                }),
-        );
+        let server = tokio::spawn(tonic::transport::Server::builder().add_service(svc).serve_with_incoming_shutdown(
+            tokio_stream::wrappers::UnixListenerStream::new(listener),
+            async move {
+                let _ = retire_wait.wait_for(|r| *r).await;
+            },
+        ));
         // A lost-socket signal from before this bind is stale.
         let _ = tokio::time::timeout(Duration::ZERO, lost.notified()).await;
         kubelet_gen.borrow_and_update();

@@ -23,7 +23,9 @@ pub struct Module {
 pub enum LoadError {
     #[error("{path}: module file not found")]
     Missing { path: PathBuf },
-    #[error("{path}: cannot be loaded (not an ELF shared object for this architecture, or a dependency is missing): {detail}")]
+    #[error(
+        "{path}: cannot be loaded (not an ELF shared object for this architecture, or a dependency is missing): {detail}"
+    )]
     Dlopen { path: PathBuf, detail: String },
     #[error("{path}: no entry symbol `{symbol}` (not a devhost driver, or built for another ABI major)")]
     NoEntry { path: PathBuf, symbol: &'static str },
@@ -88,7 +90,8 @@ pub fn load(path: &Path) -> Result<Module, LoadError> {
             return Err(LoadError::MissingFunction { path: p(), field });
         }
     }
-    let name = static_str(desc.name).filter(|s| !s.is_empty()).ok_or(LoadError::BadString { path: p(), field: "name" })?;
+    let name =
+        static_str(desc.name).filter(|s| !s.is_empty()).ok_or(LoadError::BadString { path: p(), field: "name" })?;
     let version = static_str(desc.version).ok_or(LoadError::BadString { path: p(), field: "version" })?;
     let description = if desc.description.is_null() {
         ""
@@ -120,7 +123,11 @@ fn static_str(p: *const std::ffi::c_char) -> Option<&'static str> {
 
 macro_rules! optional_field {
     ($self:ident, $field:ident) => {
-        if abi::field_present($self.declared, std::mem::offset_of!(abi::devhost_driver_desc, $field), std::mem::size_of::<usize>()) {
+        if abi::field_present(
+            $self.declared,
+            std::mem::offset_of!(abi::devhost_driver_desc, $field),
+            std::mem::size_of::<usize>(),
+        ) {
             $self.desc.$field
         } else {
             None
@@ -269,7 +276,9 @@ pub fn check_trust(path: &Path, sha256_pin: Option<&str>) -> Result<(), Vec<Trus
     if let Some(expected) = sha256_pin {
         match sha256_file(&real) {
             Ok(found) if found.eq_ignore_ascii_case(expected) => {}
-            Ok(found) => problems.push(TrustError::Sha256 { path: real.clone(), expected: expected.to_string(), found }),
+            Ok(found) => {
+                problems.push(TrustError::Sha256 { path: real.clone(), expected: expected.to_string(), found })
+            }
             Err(e) => problems.push(inspect(&real, e)),
         }
     }

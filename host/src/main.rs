@@ -330,7 +330,12 @@ async fn check(config: &Path) -> ExitCode {
         .collect();
     registry.shutdown();
     if problems.is_empty() {
-        println!("{}: OK ({} driver(s), {} resource(s))", config.display(), manifest.drivers.len(), manifest.resources.len());
+        println!(
+            "{}: OK ({} driver(s), {} resource(s))",
+            config.display(),
+            manifest.drivers.len(),
+            manifest.resources.len()
+        );
         ExitCode::SUCCESS
     } else {
         eprintln!("devhost: {} has {} problem(s):", config.display(), problems.len());
@@ -342,8 +347,7 @@ async fn check(config: &Path) -> ExitCode {
 }
 
 async fn sim(config: &Path, keep_running: bool) -> ExitCode {
-    match devhost::sim::run(config, keep_running, wait_for_signal()).await
-    {
+    match devhost::sim::run(config, keep_running, wait_for_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("devhost sim: {e:#}");

@@ -35,7 +35,10 @@ pub fn validate(available: &[String], must: &[String], size: i32) -> Result<usiz
         return Err(Invalid("must_include_deviceIDs contains duplicates".into()));
     }
     if size > available.len() {
-        return Err(Invalid(format!("allocation_size {size} is larger than the {} available devices", available.len())));
+        return Err(Invalid(format!(
+            "allocation_size {size} is larger than the {} available devices",
+            available.len()
+        )));
     }
     if must.len() > size {
         return Err(Invalid(format!("{} must-include devices exceed allocation_size {size}", must.len())));
@@ -82,7 +85,12 @@ fn binomial(n: usize, k: usize) -> u128 {
 
 /// Picks `size` devices. `links(a, b)` gives the driver's score between two
 /// IDs (0 when unknown). The request must already be validated.
-pub fn choose(cands: Vec<Candidate<'_>>, must: &[String], size: usize, links: impl Fn(&str, &str) -> u32) -> Vec<String> {
+pub fn choose(
+    cands: Vec<Candidate<'_>>,
+    must: &[String],
+    size: usize,
+    links: impl Fn(&str, &str) -> u32,
+) -> Vec<String> {
     let index: HashMap<&str, usize> = cands.iter().enumerate().map(|(i, c)| (c.id, i)).collect();
     let mut score = HashMap::new();
     for a in 0..cands.len() {
@@ -112,7 +120,15 @@ pub fn choose(cands: Vec<Candidate<'_>>, must: &[String], size: usize, links: im
 fn exhaustive(ctx: &Ctx<'_>, fixed: &[usize], free: &[usize], need: usize) -> Vec<usize> {
     let mut best: Option<(Rank, Vec<usize>)> = None;
     let mut pick: Vec<usize> = Vec::with_capacity(need);
-    fn walk(ctx: &Ctx<'_>, fixed: &[usize], free: &[usize], need: usize, start: usize, pick: &mut Vec<usize>, best: &mut Option<(Rank, Vec<usize>)>) {
+    fn walk(
+        ctx: &Ctx<'_>,
+        fixed: &[usize],
+        free: &[usize],
+        need: usize,
+        start: usize,
+        pick: &mut Vec<usize>,
+        best: &mut Option<(Rank, Vec<usize>)>,
+    ) {
         if pick.len() == need {
             let set: Vec<usize> = fixed.iter().chain(pick.iter()).copied().collect();
             let r = ctx.rank(&set);
@@ -182,7 +198,13 @@ fn greedy(ctx: &Ctx<'_>, fixed: &[usize], free: &[usize], need: usize) -> Vec<us
 
 /// Repairs a driver's proposal: keeps its valid, available, distinct IDs in
 /// order after the must-includes, fills up from `fallback`, trims to size.
-pub fn repair(proposal: &[String], available: &[String], must: &[String], size: usize, fallback: &[String]) -> Vec<String> {
+pub fn repair(
+    proposal: &[String],
+    available: &[String],
+    must: &[String],
+    size: usize,
+    fallback: &[String],
+) -> Vec<String> {
     let avail: HashSet<&str> = available.iter().map(String::as_str).collect();
     let mut out: Vec<String> = must.to_vec();
     for id in proposal.iter().chain(fallback.iter()) {
@@ -241,7 +263,8 @@ mod tests {
         // 8 devices, NVLink pairs (0,1) (2,3) (4,5) (6,7).
         let d = cands(&[0; 8]);
         let links: [(usize, usize, u32); 4] = [(0, 1, 4), (2, 3, 4), (4, 5, 4), (6, 7, 4)];
-        let c: Vec<Candidate<'_>> = d.iter().enumerate().map(|(i, (id, n))| Candidate { id, numa: *n, order: i }).collect();
+        let c: Vec<Candidate<'_>> =
+            d.iter().enumerate().map(|(i, (id, n))| Candidate { id, numa: *n, order: i }).collect();
         let mut score = HashMap::new();
         for (a, b, s) in links {
             score.insert((a, b), u64::from(s));

@@ -6,13 +6,13 @@
 use crate::cdi::CdiWriter;
 use crate::device::Device;
 use crate::instance::Instance;
+use crate::loader::{self, Module};
+use crate::manifest::{DriverConfig, Isolation, Manifest, ResourceConfig};
 use crate::metrics::{self, Metrics};
 use crate::podresources::Follower;
 use crate::release::{Backoff, ReleaseRunner};
 use crate::sharing;
 use crate::status::{self, Tracker};
-use crate::loader::{self, Module};
-use crate::manifest::{DriverConfig, Isolation, Manifest, ResourceConfig};
 use devhost_proto::v1beta1 as pb;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
@@ -251,7 +251,9 @@ impl Registry {
             creating.spawn(async move {
                 let created = match resolved {
                     Err(e) => Err(e),
-                    Ok(Ok(module)) => Instance::create(&name, module, &cfg.options, cfg.call_timeout).await.map_err(|e| e.to_string()),
+                    Ok(Ok(module)) => {
+                        Instance::create(&name, module, &cfg.options, cfg.call_timeout).await.map_err(|e| e.to_string())
+                    }
                     Ok(Err(path)) => Instance::create_isolated(&cfg, &path).await.map_err(|e| e.to_string()),
                 };
                 let slot = match created {
@@ -319,8 +321,7 @@ impl Registry {
                 }
             }
         }
-        changes.stopped =
-            old_resources.into_iter().filter(|o| !resources.iter().any(|r| Arc::ptr_eq(r, o))).collect();
+        changes.stopped = old_resources.into_iter().filter(|o| !resources.iter().any(|r| Arc::ptr_eq(r, o))).collect();
         for gone in &changes.stopped {
             // A resource restarted under the same name keeps its CDI file.
             if !manifest.resources.iter().any(|r| r.name == gone.config.name) {
@@ -345,7 +346,10 @@ impl Registry {
         for inst in fresh.iter().chain(kept_drivers.iter()) {
             let (reg, inst, is_new) = (self.clone(), inst.clone(), fresh.iter().any(|f| Arc::ptr_eq(f, inst)));
             scans.spawn(async move {
-                if is_new && reg.watching && let Err(e) = inst.watch_start().await {
+                if is_new
+                    && reg.watching
+                    && let Err(e) = inst.watch_start().await
+                {
                     tracing::error!(driver = %inst.name, "watch_start failed; relying on rescans: {e}");
                 }
                 reg.rescan(&inst).await;

@@ -34,7 +34,8 @@ impl Drop for ScratchDir {
 /// serving and prints every device-list change until `stop` resolves.
 pub async fn run(config: &Path, keep_running: bool, stop: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
     let scratch = ScratchDir::new()?;
-    let manifest = Manifest::load(config, Some(&scratch.0)).map_err(|e| anyhow::anyhow!("{} is invalid:\n{e}", config.display()))?;
+    let manifest = Manifest::load(config, Some(&scratch.0))
+        .map_err(|e| anyhow::anyhow!("{} is invalid:\n{e}", config.display()))?;
     let kubelet = Arc::new(Kubelet::start(&scratch.0)?);
     let registry = Registry::open(&manifest, crate::registry::Mode::Simulate).await;
     let endpoints = crate::kubelet::Endpoints::start(scratch.0.clone(), registry.services.clone());
@@ -63,7 +64,8 @@ pub async fn run(config: &Path, keep_running: bool, stop: impl std::future::Futu
 
     if keep_running {
         println!("\nServing; device-list changes are printed below. Ctrl-C to stop.");
-        let watchers: Vec<_> = served.iter().map(|n| tokio::spawn(watch_changes(kubelet.clone(), n.to_string()))).collect();
+        let watchers: Vec<_> =
+            served.iter().map(|n| tokio::spawn(watch_changes(kubelet.clone(), n.to_string()))).collect();
         stop.await;
         for w in watchers {
             w.abort();
@@ -89,10 +91,7 @@ fn device_table(resources: &[Arc<Resource>], kubelet: &Kubelet) -> String {
             rows.push([name.clone(), "(none)".into(), String::new(), String::new(), String::new()]);
         }
         for d in listed {
-            let attrs = view
-                .get(&d.id)
-                .map(|dev| short_attrs(&dev.attributes))
-                .unwrap_or_default();
+            let attrs = view.get(&d.id).map(|dev| short_attrs(&dev.attributes)).unwrap_or_default();
             let numa = d
                 .topology
                 .as_ref()
@@ -159,7 +158,13 @@ async fn allocation_report(kubelet: &Kubelet, resource: &str) -> String {
                     let _ = writeln!(s, "  device      {} -> {} ({})", d.host_path, d.container_path, d.permissions);
                 }
                 for m in c.mounts {
-                    let _ = writeln!(s, "  mount       {} -> {}{}", m.host_path, m.container_path, if m.read_only { " (ro)" } else { "" });
+                    let _ = writeln!(
+                        s,
+                        "  mount       {} -> {}{}",
+                        m.host_path,
+                        m.container_path,
+                        if m.read_only { " (ro)" } else { "" }
+                    );
                 }
                 let mut ann: Vec<_> = c.annotations.into_iter().collect();
                 ann.sort();

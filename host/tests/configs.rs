@@ -20,7 +20,8 @@ fn every_example_manifest_passes_check() {
         }
         // Point the example at this build's modules; everything else stays as written.
         let text = std::fs::read_to_string(&path).unwrap();
-        let body: String = text.lines().filter(|l| !l.trim_start().starts_with("driver_dir")).map(|l| format!("{l}\n")).collect();
+        let body: String =
+            text.lines().filter(|l| !l.trim_start().starts_with("driver_dir")).map(|l| format!("{l}\n")).collect();
         let body = body.replace("target/release/libfake_nvml.so", &built.join("libfake_nvml.so").display().to_string());
         let copy = dir.join(format!(".check-{name}"));
         std::fs::write(&copy, format!("driver_dir = \"{}\"\n{body}", built.display())).unwrap();

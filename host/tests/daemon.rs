@@ -70,7 +70,10 @@ async fn allocate_composes_device_edits_then_applies_the_hook() {
     assert_eq!(env_of(&resp, 1, "EXAMPLE_ALLOCATED").as_deref(), Some("example-1"));
     let nodes: Vec<&str> = resp.container_responses[0].devices.iter().map(|d| d.container_path.as_str()).collect();
     assert_eq!(nodes, ["/dev/example2", "/dev/example0"]);
-    assert_eq!(resp.container_responses[0].annotations.get("example.com/allocated-count").map(String::as_str), Some("2"));
+    assert_eq!(
+        resp.container_responses[0].annotations.get("example.com/allocated-count").map(String::as_str),
+        Some("2")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -140,7 +143,10 @@ async fn kubelet_restart_and_late_kubelet_get_every_resource_registered_again() 
             kubelet.wait_registration_count(r, round + 1, WAIT).await.unwrap();
         }
         assert!(kubelet.registration_count("example.com/c") > before);
-        kubelet.wait_devices("example.com/c", WAIT, |d| d.len() == 4 && d.iter().all(|x| x.health == "Healthy")).await.unwrap();
+        kubelet
+            .wait_devices("example.com/c", WAIT, |d| d.len() == 4 && d.iter().all(|x| x.health == "Healthy"))
+            .await
+            .unwrap();
         let resp = kubelet.allocate("example.com/r", vec![vec!["r-1".into()]]).await.unwrap();
         assert_eq!(env_of(&resp, 0, "TESTDRV_ALLOCATED").as_deref(), Some("r-1"));
     }

@@ -38,7 +38,8 @@ async fn replicas_share_a_device_and_map_back_to_it() {
     ids.sort();
     assert_eq!(ids, ["example-0::0", "example-0::1", "example-0::2", "example-1::0", "example-1::1", "example-1::2"]);
     // Two replicas of one device in one container: edits once, the hook sees the physical ID.
-    let r = kubelet.allocate("example.com/accel", vec![vec!["example-0::1".into(), "example-0::2".into()]]).await.unwrap();
+    let r =
+        kubelet.allocate("example.com/accel", vec![vec!["example-0::1".into(), "example-0::2".into()]]).await.unwrap();
     assert_eq!(env_of(&r, 0, "EXAMPLE_VISIBLE_DEVICES").as_deref(), Some("example-0"));
     assert_eq!(env_of(&r, 0, "EXAMPLE_ALLOCATED").as_deref(), Some("example-0"));
     assert_eq!(r.container_responses[0].devices.len(), 1);
@@ -61,7 +62,10 @@ async fn one_replica_per_container_refuses_two_of_the_same_device() {
     let kubelet = Kubelet::start(&node.kubelet_dir()).unwrap();
     let _d = Daemon::start(&m, &node.kubelet_dir());
     kubelet.wait_devices("example.com/accel", WAIT, |x| x.len() == 4).await.unwrap();
-    let err = kubelet.allocate("example.com/accel", vec![vec!["example-0::0".into(), "example-0::1".into()]]).await.unwrap_err();
+    let err = kubelet
+        .allocate("example.com/accel", vec![vec!["example-0::0".into(), "example-0::1".into()]])
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
     assert!(err.message().contains("example-0"), "{}", err.message());
     let all: Vec<String> = ["example-0::0", "example-0::1", "example-1::0", "example-1::1"].map(String::from).to_vec();
@@ -96,7 +100,8 @@ async fn cdi_specs_are_written_and_the_cdi_strategy_returns_names() {
     let c = &r.container_responses[0];
     assert_eq!(c.cdi_devices.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(), ["example.com/accel=example-1"]);
     assert!(c.devices.is_empty(), "cdi strategy hands out names, not raw device nodes");
-    let ann = c.annotations.iter().find(|(k, _)| k.starts_with("cdi.k8s.io/")).expect("CDI annotation for older runtimes");
+    let ann =
+        c.annotations.iter().find(|(k, _)| k.starts_with("cdi.k8s.io/")).expect("CDI annotation for older runtimes");
     assert_eq!(ann.1, "example.com/accel=example-1");
     // The hook still runs.
     assert_eq!(env_of(&r, 0, "EXAMPLE_ALLOCATED").as_deref(), Some("example-1"));
@@ -152,7 +157,8 @@ async fn metrics_probes_and_status_tell_an_operator_what_is_going_on() {
     assert!(body.contains("devhost_driver_calls_total{driver=\"ex\",call=\"allocate\",outcome=\"ok\"}"), "{body}");
     assert!(body.contains("devhost_build_info"), "{body}");
 
-    let status: serde_json::Value = serde_json::from_str(&metrics::get(addr, "/status", &[]).await.unwrap().body).unwrap();
+    let status: serde_json::Value =
+        serde_json::from_str(&metrics::get(addr, "/status", &[]).await.unwrap().body).unwrap();
     let res = &status["resources"][0];
     assert_eq!(res["resource"], "example.com/accel");
     assert_eq!(res["registered"], true);
@@ -178,7 +184,8 @@ async fn a_taken_metrics_port_fails_the_start_with_the_address() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap();
     let m = manifest(&node, &format!("metrics_addr = \"{addr}\""), "");
-    let (code, _, err) = devhost(&["run", "--config", m.to_str().unwrap(), "--kubelet-dir", node.kubelet_dir().to_str().unwrap()]);
+    let (code, _, err) =
+        devhost(&["run", "--config", m.to_str().unwrap(), "--kubelet-dir", node.kubelet_dir().to_str().unwrap()]);
     assert_eq!(code, 1);
     assert!(err.contains(&format!("metrics_addr {addr}")), "{err}");
 }

@@ -105,7 +105,10 @@ async fn a_panic_in_any_entry_point_stays_in_its_resource() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hang_in_scan_hits_the_deadline_and_only_its_devices_go_unhealthy() {
     let node = Node::new();
-    let bad = format!("module = \"{}\"\npoll_interval = \"200ms\"\noptions = {{ hang_in = \"scan\", hang_ms = 2500 }}", module("testdrv").display());
+    let bad = format!(
+        "module = \"{}\"\npoll_interval = \"200ms\"\noptions = {{ hang_in = \"scan\", hang_ms = 2500 }}",
+        module("testdrv").display()
+    );
     let (kubelet, d) = start(&node, &bad).await;
     kubelet.wait_devices("example.com/bad", WAIT, |x| x.len() == 4).await.unwrap();
     kubelet.wait_devices("example.com/bad", WAIT, |x| x.iter().all(|d| d.health == "Unhealthy")).await.unwrap();
@@ -149,7 +152,8 @@ async fn invalid_utf8_and_null_pointers_are_refused_without_harm() {
 async fn out_of_range_status_codes_become_internal() {
     let node = Node::new();
     let so = hostile_so(&node);
-    let (kubelet, d) = start(&node, &format!("module = \"{}\"\noptions = {{ mode = \"bad_status\" }}", so.display())).await;
+    let (kubelet, d) =
+        start(&node, &format!("module = \"{}\"\noptions = {{ mode = \"bad_status\" }}", so.display())).await;
     kubelet.wait_devices("example.com/bad", WAIT, |x| x.len() == 1).await.unwrap();
     let err = kubelet.allocate("example.com/bad", vec![vec!["dev-0".into()]]).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::Internal);
@@ -166,7 +170,8 @@ async fn out_of_range_status_codes_become_internal() {
 async fn a_devices_changed_storm_is_coalesced_and_the_host_stays_responsive() {
     let node = Node::new();
     let so = hostile_so(&node);
-    let (kubelet, d) = start(&node, &format!("module = \"{}\"\noptions = {{ mode = \"storm\", count = 3 }}", so.display())).await;
+    let (kubelet, d) =
+        start(&node, &format!("module = \"{}\"\noptions = {{ mode = \"storm\", count = 3 }}", so.display())).await;
     kubelet.wait_devices("example.com/bad", WAIT, |x| x.len() == 3).await.unwrap();
     for _ in 0..20 {
         let t = Instant::now();
@@ -184,7 +189,8 @@ async fn a_devices_changed_storm_is_coalesced_and_the_host_stays_responsive() {
 async fn conflicting_edits_keep_the_first_device_and_log_the_other() {
     let node = Node::new();
     let so = hostile_so(&node);
-    let (kubelet, d) = start(&node, &format!("module = \"{}\"\noptions = {{ mode = \"conflict\" }}", so.display())).await;
+    let (kubelet, d) =
+        start(&node, &format!("module = \"{}\"\noptions = {{ mode = \"conflict\" }}", so.display())).await;
     kubelet.wait_devices("example.com/bad", WAIT, |x| x.len() == 2).await.unwrap();
     let r = kubelet.allocate("example.com/bad", vec![vec!["c-1".into(), "c-0".into()]]).await.unwrap();
     let nodes = &r.container_responses[0].devices;
@@ -197,7 +203,14 @@ async fn conflicting_edits_keep_the_first_device_and_log_the_other() {
 async fn millions_of_devices_are_capped_and_the_host_survives() {
     let node = Node::new();
     let so = hostile_so(&node);
-    let (kubelet, d) = start(&node, &format!("module = \"{}\"\ncall_timeout = \"30s\"\noptions = {{ mode = \"millions\", count = 2000000 }}", so.display())).await;
+    let (kubelet, d) = start(
+        &node,
+        &format!(
+            "module = \"{}\"\ncall_timeout = \"30s\"\noptions = {{ mode = \"millions\", count = 2000000 }}",
+            so.display()
+        ),
+    )
+    .await;
     let devs = kubelet.wait_devices("example.com/bad", Duration::from_secs(60), |x| !x.is_empty()).await.unwrap();
     assert_eq!(devs.len(), 100_000);
     d.wait_log("more than 100000 devices in one scan", WAIT).await;
@@ -217,14 +230,24 @@ async fn hostile_allocate_requests_get_precise_errors() {
     kubelet.wait_devices("example.com/bad", WAIT, |x| x.len() == 4).await.unwrap();
     let mut c = raw(&kubelet, "example.com/good").await;
     let req = |containers: Vec<Vec<String>>| pb::AllocateRequest {
-        container_requests: containers.into_iter().map(|ids| pb::ContainerAllocateRequest { devices_ids: ids }).collect(),
+        container_requests: containers
+            .into_iter()
+            .map(|ids| pb::ContainerAllocateRequest { devices_ids: ids })
+            .collect(),
     };
     let cases: Vec<(Vec<Vec<String>>, &str)> = vec![
         (vec![], "no container requests"),
         (vec![vec![]], "container request 0 has no device IDs"),
         (vec![vec!["example-0".into(), "example-0".into()]], "device ID \"example-0\" requested twice"),
         (vec![vec!["example-0".into()], vec!["t-1".into()]], "unknown device ID \"t-1\""),
-        ((0..100_000).map(|i| vec![format!("x{i}")]).take(1).chain(std::iter::once(vec!["example-0".into()])).collect(), "unknown device ID \"x0\""),
+        (
+            (0..100_000)
+                .map(|i| vec![format!("x{i}")])
+                .take(1)
+                .chain(std::iter::once(vec!["example-0".into()]))
+                .collect(),
+            "unknown device ID \"x0\"",
+        ),
     ];
     for (containers, want) in cases {
         let err = c.allocate(req(containers)).await.unwrap_err();

@@ -23,10 +23,39 @@ impl Rng {
 }
 
 const TOKENS: &[&str] = &[
-    "[", "]", "[[resource]]", "[driver.x]", "[driver.x.options]", "\"", "'", "=", "\n", "{", "}", ",", ".",
-    "name = \"a.com/b\"", "driver = \"x\"", "match = { model = \"*\" }", "replicas = 3", "call_timeout = \"0s\"",
-    "poll_interval = -1", "kubelet_dir = \"\"", "é", "\u{0}", "\u{feff}", "🦀", "1e400", "nan", "true",
-    "name = \"kubernetes.io/x\"", "module = \"/\"", "options = { a = { b = [1, [2]] } }", "#", "\t", "\r\n",
+    "[",
+    "]",
+    "[[resource]]",
+    "[driver.x]",
+    "[driver.x.options]",
+    "\"",
+    "'",
+    "=",
+    "\n",
+    "{",
+    "}",
+    ",",
+    ".",
+    "name = \"a.com/b\"",
+    "driver = \"x\"",
+    "match = { model = \"*\" }",
+    "replicas = 3",
+    "call_timeout = \"0s\"",
+    "poll_interval = -1",
+    "kubelet_dir = \"\"",
+    "é",
+    "\u{0}",
+    "\u{feff}",
+    "🦀",
+    "1e400",
+    "nan",
+    "true",
+    "name = \"kubernetes.io/x\"",
+    "module = \"/\"",
+    "options = { a = { b = [1, [2]] } }",
+    "#",
+    "\t",
+    "\r\n",
 ];
 
 fn corpus() -> Vec<String> {
@@ -82,7 +111,10 @@ fn located(loc: &str) -> bool {
     let mut parts = loc.rsplitn(3, ':');
     let col = parts.next().unwrap_or("");
     let line = parts.next().unwrap_or("");
-    !col.is_empty() && col.bytes().all(|b| b.is_ascii_digit()) && !line.is_empty() && line.bytes().all(|b| b.is_ascii_digit())
+    !col.is_empty()
+        && col.bytes().all(|b| b.is_ascii_digit())
+        && !line.is_empty()
+        && line.bytes().all(|b| b.is_ascii_digit())
 }
 
 #[test]

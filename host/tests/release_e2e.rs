@@ -90,7 +90,9 @@ async fn a_failing_release_keeps_the_device_unhealthy_and_is_retried() {
     pods.remove_pod("ml", "train");
     health_of(&s, "example-1", "Unhealthy").await;
     s.daemon.wait_log("(attempt 2)", Duration::from_secs(20)).await;
-    assert!(s.kubelet.devices("example.com/accel").unwrap().iter().any(|d| d.id == "example-1" && d.health == "Unhealthy"));
+    assert!(
+        s.kubelet.devices("example.com/accel").unwrap().iter().any(|d| d.id == "example-1" && d.health == "Unhealthy")
+    );
     std::fs::write(s.node.path().join("fail"), "").unwrap();
     s.kubelet
         .wait_devices("example.com/accel", Duration::from_secs(30), |x| x.iter().all(|d| d.health == "Healthy"))

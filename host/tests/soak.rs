@@ -73,7 +73,9 @@ async fn five_hundred_kubelet_restarts_leak_nothing() {
     assert!(fds <= fds0 + 2, "open files grew from {fds0} to {fds}");
     assert!(threads <= threads0 + 1, "threads grew from {threads0} to {threads}");
     assert!(rss <= rss0 + 4096, "RSS grew from {rss0} KiB to {rss} KiB");
-    eprintln!("after {rounds} restarts: {fds} fds, {threads} threads, {rss} KiB RSS (baseline {fds0}/{threads0}/{rss0})");
+    eprintln!(
+        "after {rounds} restarts: {fds} fds, {threads} threads, {rss} KiB RSS (baseline {fds0}/{threads0}/{rss0})"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

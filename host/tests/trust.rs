@@ -31,7 +31,10 @@ fn a_group_writable_module_is_refused() {
     let (_n, m) = setup(0o664, 0o755, "");
     let (code, _, err) = check(&m, &[]);
     assert_eq!(code, 1);
-    assert!(err.contains("untrusted module") && err.contains("module file is writable by its group (mode 0664)"), "{err}");
+    assert!(
+        err.contains("untrusted module") && err.contains("module file is writable by its group (mode 0664)"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -74,14 +77,18 @@ fn the_manifest_or_the_cli_can_relax_trust_loudly() {
 fn a_sha256_pin_is_enforced_and_never_relaxed() {
     let real = devhost::loader::sha256_file(&module("example_c")).unwrap();
     let (_n, good) = setup(0o644, 0o755, "");
-    let body = std::fs::read_to_string(&good).unwrap().replace("[driver.example_c]\n", &format!("[driver.example_c]\nsha256 = \"{real}\"\n"));
+    let body = std::fs::read_to_string(&good)
+        .unwrap()
+        .replace("[driver.example_c]\n", &format!("[driver.example_c]\nsha256 = \"{real}\"\n"));
     std::fs::write(&good, body).unwrap();
     let (code, _, err) = check(&good, &[]);
     assert_eq!(code, 0, "{err}");
 
     let wrong = "0".repeat(64);
     let (_n2, bad) = setup(0o644, 0o755, "allow_untrusted_modules = true");
-    let body = std::fs::read_to_string(&bad).unwrap().replace("[driver.example_c]\n", &format!("[driver.example_c]\nsha256 = \"{wrong}\"\n"));
+    let body = std::fs::read_to_string(&bad)
+        .unwrap()
+        .replace("[driver.example_c]\n", &format!("[driver.example_c]\nsha256 = \"{wrong}\"\n"));
     std::fs::write(&bad, body).unwrap();
     let (code, _, err) = check(&bad, &[]);
     assert_eq!(code, 1);
@@ -91,7 +98,8 @@ fn a_sha256_pin_is_enforced_and_never_relaxed() {
 #[test]
 fn a_malformed_pin_is_a_manifest_error_with_its_line() {
     let (_n, m) = setup(0o644, 0o755, "");
-    let body = std::fs::read_to_string(&m).unwrap().replace("[driver.example_c]\n", "[driver.example_c]\nsha256 = \"abc\"\n");
+    let body =
+        std::fs::read_to_string(&m).unwrap().replace("[driver.example_c]\n", "[driver.example_c]\nsha256 = \"abc\"\n");
     std::fs::write(&m, body).unwrap();
     let (code, _, err) = check(&m, &[]);
     assert_eq!(code, 2);
@@ -105,5 +113,8 @@ fn drivers_command_shows_trust_problems() {
     let dir = n.path().join("drivers");
     let (code, out, _) = devhost(&["drivers", "--dir", dir.to_str().unwrap()]);
     assert_eq!(code, 0);
-    assert!(out.contains("libdevhost_example_c.so: example-c") && out.contains("UNTRUSTED") && out.contains("mode 0664"), "{out}");
+    assert!(
+        out.contains("libdevhost_example_c.so: example-c") && out.contains("UNTRUSTED") && out.contains("mode 0664"),
+        "{out}"
+    );
 }

@@ -12,8 +12,8 @@ use toml::de::{DeTable, DeValue};
 
 use super::DeviceListStrategy;
 use super::features;
-use super::pod_resources;
 use super::names::{check_driver_name, check_resource_name, socket_name};
+use super::pod_resources;
 use super::source::{Diagnostics, deserialize_section};
 use super::values::{DurationSetting, flatten_options};
 use crate::isolation::capability_number;

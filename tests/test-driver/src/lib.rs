@@ -49,7 +49,16 @@ impl Driver for TestDriver {
         Hooks { allocate: true, preferred_allocation: true, pre_start: true, watch: true, ..Hooks::NONE };
 
     fn create(host: Host, options: &Options) -> Result<Self> {
-        options.deny_unknown(&["count", "prefix", "panic_in", "hang_in", "hang_ms", "fail_create", "bad_ids", "propose"])?;
+        options.deny_unknown(&[
+            "count",
+            "prefix",
+            "panic_in",
+            "hang_in",
+            "hang_ms",
+            "fail_create",
+            "bad_ids",
+            "propose",
+        ])?;
         misbehave_create(options)?;
         Ok(TestDriver {
             count: options.parse_or("count", 4u32)?,

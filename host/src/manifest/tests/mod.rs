@@ -139,7 +139,9 @@ fn a_hyphenated_driver_name_also_finds_the_cargo_spelling() {
 #[test]
 fn trust_settings_are_read() {
     let pin = "AB".repeat(32);
-    let text = format!("allow_untrusted_modules = true\n[driver.x]\nsha256 = \"{pin}\"\n[[resource]]\nname = \"a.com/b\"\ndriver = \"x\"\n");
+    let text = format!(
+        "allow_untrusted_modules = true\n[driver.x]\nsha256 = \"{pin}\"\n[[resource]]\nname = \"a.com/b\"\ndriver = \"x\"\n"
+    );
     let manifest = parse(&text).unwrap();
     assert!(manifest.allow_untrusted_modules);
     assert_eq!(manifest.drivers["x"].sha256.as_deref(), Some("ab".repeat(32).as_str()));
