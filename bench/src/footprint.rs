@@ -112,7 +112,9 @@ pub async fn run(art: &Artifacts, demo: &Demo, idle: Duration, report: &mut Repo
              of 1/{} s) and, for resolution, the sum of the threads' `schedstat` run time.\n\n\
              | Process | RSS max | RSS at end | CPU (utime+stime) | CPU (schedstat) | threads |\n\
              | --- | --- | --- | --- | --- | --- |\n{}{}\n\
-             Where devhost's idle CPU went (threads that ran at all, by schedstat): {}.\n",
+             Where devhost's idle CPU went (threads that ran at all, by schedstat): {}. A `drv-<driver>` thread \
+             runs that driver's calls, and threads a driver starts from inside a call inherit its name; \
+             `tokio-rt-worker` threads are the host's own.\n",
             demo.notes,
             node::clock_ticks(),
             row("devhost", &d),

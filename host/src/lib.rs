@@ -5,8 +5,11 @@
 //! [`callbacks`]) → [`registry`] (devices per resource) → [`endpoint`] (one
 //! gRPC server per resource) → [`kubelet`] (registration and restarts).
 //! Beside that flow, features every vendor gets: [`sharing`] (replicas),
-//! [`cdi`] (CDI spec files), [`metrics`] (Prometheus and probes) and
-//! [`status`] (health history and allocations).
+//! [`cdi`] (CDI spec files), [`metrics`] (Prometheus and probes),
+//! [`status`] (health history and allocations), [`podresources`] and
+//! [`release`] (who holds a device; cleaning it when let go),
+//! [`preferred`] (topology-aware allocation) and [`isolation`] (drivers in
+//! worker processes). [`sim`] runs it all against the kubelet emulator.
 
 pub mod callbacks;
 pub mod cdi;

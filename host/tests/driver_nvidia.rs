@@ -60,16 +60,21 @@ fn fake_nvml() -> PathBuf {
 /// Lays out the fake NVML, sysfs (all GPUs on NUMA node 0) and devfs under the test folder;
 /// returns the manifest.
 fn setup(node: &Node, options: &str) -> PathBuf {
+    setup_machine(node, options, &machine(), &BUSES.map(|b| (b, 0)))
+}
+
+/// Like [`setup`] for any machine file and (PCI bus, NUMA node) list.
+fn setup_machine(node: &Node, options: &str, machine: &str, buses: &[(&str, u32)]) -> PathBuf {
     let root = node.path();
     let lib = root.join("nvml");
     std::fs::create_dir_all(&lib).unwrap();
     std::fs::copy(fake_nvml(), lib.join("libnvidia-ml.so.1")).unwrap();
-    std::fs::write(lib.join("fake-nvml.toml"), machine()).unwrap();
+    std::fs::write(lib.join("fake-nvml.toml"), machine).unwrap();
     std::fs::write(lib.join("control"), "").unwrap();
-    for bus in BUSES {
+    for &(bus, numa) in buses {
         let real = root.join("sys/devices/pci0000:00").join(bus);
         std::fs::create_dir_all(&real).unwrap();
-        std::fs::write(real.join("numa_node"), "0\n").unwrap();
+        std::fs::write(real.join("numa_node"), format!("{numa}\n")).unwrap();
         std::fs::create_dir_all(root.join("sys/bus/pci/devices")).unwrap();
         std::os::unix::fs::symlink(
             format!("../../../devices/pci0000:00/{bus}"),
@@ -182,4 +187,67 @@ async fn a_missing_nvml_is_logged_and_the_daemon_keeps_running() {
     let log = d.wait_log("cannot use NVML", WAIT).await;
     assert!(log.contains(&missing.display().to_string()), "{log}");
     assert!(d.child.try_wait().unwrap().is_none(), "devhost exited:\n{log}");
+}
+
+const EIGHT: [&str; 8] = [
+    "0000:18:00.0",
+    "0000:2a:00.0",
+    "0000:3a:00.0",
+    "0000:5d:00.0",
+    "0000:9a:00.0",
+    "0000:ab:00.0",
+    "0000:ba:00.0",
+    "0000:db:00.0",
+];
+
+/// Eight H100s in two NVLink islands, one per NUMA node: within each island
+/// every pair shares 2 NVLinks, and one pair (2-3, 4-5) shares 6.
+fn eight_gpu_machine() -> String {
+    let links =
+        |i: usize, j: usize| if (i.min(j), i.max(j)) == (2, 3) || (i.min(j), i.max(j)) == (4, 5) { 6 } else { 2 };
+    let mut t = String::from("control = \"control\"\ntopology_default = \"system\"\n");
+    for (i, bus) in EIGHT.iter().enumerate() {
+        let island = if i < 4 { 0..4 } else { 4..8 };
+        let peers: Vec<String> =
+            island.filter(|&j| j != i).flat_map(|j| vec![format!("\"{}\"", nvml_bus(EIGHT[j])); links(i, j)]).collect();
+        t += &format!(
+            "[[gpu]]\nuuid = \"{}\"\nname = \"NVIDIA H100 80GB HBM3\"\nmemory_mib = 81559\npci_bus_id = \"{}\"\nminor = {i}\nnvlinks = [{}]\n",
+            uuid(i),
+            nvml_bus(bus),
+            peers.join(", ")
+        );
+    }
+    t
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_an_eight_gpu_nvlink_machine_preferred_sets_are_nvlink_connected() {
+    let node = Node::new();
+    let buses: Vec<(&str, u32)> = EIGHT.iter().enumerate().map(|(i, b)| (*b, (i / 4) as u32)).collect();
+    let manifest = setup_machine(&node, "", &eight_gpu_machine(), &buses);
+    let kubelet = Kubelet::start(&node.kubelet_dir()).unwrap();
+    let _d = Daemon::start(&manifest, &node.kubelet_dir());
+    let gpus = kubelet.wait_devices(GPUS, WAIT, |d| d.len() == 8).await.unwrap();
+    let numa: Vec<i64> = gpus.iter().map(|d| d.topology.as_ref().unwrap().nodes[0].id).collect();
+    assert_eq!(numa, [0, 0, 0, 0, 1, 1, 1, 1]);
+    let all: Vec<String> = (0..8).map(uuid).collect();
+    let sorted = |mut v: Vec<String>| {
+        v.sort();
+        v
+    };
+    // Two GPUs: the 6-NVLink pair (the first one in stable order).
+    let two = kubelet.preferred_allocation(GPUS, all.clone(), vec![], 2).await.unwrap();
+    assert_eq!(sorted(two), [uuid(2), uuid(3)]);
+    // Two GPUs around GPU 5: its 6-NVLink partner, not a PCIe neighbour.
+    let two = kubelet.preferred_allocation(GPUS, all.clone(), vec![uuid(5)], 2).await.unwrap();
+    assert_eq!(sorted(two), [uuid(4), uuid(5)]);
+    // Four GPUs: one whole NVLink island on one NUMA node.
+    let four = kubelet.preferred_allocation(GPUS, all.clone(), vec![], 4).await.unwrap();
+    assert_eq!(sorted(four), (0..4).map(uuid).collect::<Vec<_>>());
+    let four = kubelet.preferred_allocation(GPUS, all.clone(), vec![uuid(6)], 4).await.unwrap();
+    assert_eq!(sorted(four), (4..8).map(uuid).collect::<Vec<_>>());
+    // With one island partly taken, the rest of it still beats a cross-island set.
+    let avail: Vec<String> = [0, 1, 2, 4, 5, 6, 7].map(uuid).to_vec();
+    let three = kubelet.preferred_allocation(GPUS, avail, vec![uuid(0)], 3).await.unwrap();
+    assert_eq!(sorted(three), [uuid(0), uuid(1), uuid(2)]);
 }
