@@ -127,9 +127,9 @@ async fn isolated_allocate(art: &Artifacts, null: &Client) -> Result<(Summary, S
     let dh = node::plugin_client(&kubelet, RESOURCE).await?;
     sequential(&dh, WARMUP, alloc_one).await?;
     let (mut base, mut alloc) = (Samples::default(), Samples::default());
-    for _ in 0..ROUNDS / 2 {
-        base.extend(sequential(null, SEQ_PER_ROUND, options_call).await?);
-        alloc.extend(sequential(&dh, SEQ_PER_ROUND, alloc_one).await?);
+    for i in 0..ROUNDS / 2 * SEQ_PER_ROUND {
+        base.extend(sequential(null, 1, options_call).await?);
+        alloc.extend(sequential(&dh, 1, |c, _| alloc_one(c, i)).await?);
     }
     Ok((alloc.summary().context("no samples")?, base.summary().context("no samples")?))
 }
@@ -167,11 +167,11 @@ pub async fn run(art: &Artifacts, report: &mut Report) -> Result<Floor> {
     sequential(&null, WARMUP, options_call).await?;
     sequential(&dh, WARMUP, alloc_one).await?;
     let (mut base, mut alloc, mut opts) = (Samples::default(), Samples::default(), Samples::default());
-    // Interleaved rounds: drift in machine load hits both sides alike.
-    for _ in 0..ROUNDS {
-        base.extend(sequential(&null, SEQ_PER_ROUND, options_call).await?);
-        alloc.extend(sequential(&dh, SEQ_PER_ROUND, alloc_one).await?);
-        opts.extend(sequential(&dh, SEQ_PER_ROUND, options_call).await?);
+    // Call by call in turn: drift in machine load hits every side alike.
+    for i in 0..ROUNDS * SEQ_PER_ROUND {
+        base.extend(sequential(&null, 1, options_call).await?);
+        alloc.extend(sequential(&dh, 1, |c, _| alloc_one(c, i)).await?);
+        opts.extend(sequential(&dh, 1, options_call).await?);
     }
     let null_clients = connect_many(&null_sock, CLIENTS).await?;
     let dh_path = kubelet.endpoint_path(RESOURCE).context("resource lost its endpoint")?;
@@ -219,10 +219,12 @@ pub async fn run(art: &Artifacts, report: &mut Report) -> Result<Floor> {
         "The real `devhost` release binary serves the C example driver (`count = {DEVICES}`, `numa_nodes = 2`); \
          the clients are the bench's own, one HTTP/2 connection each, on the resource's unix socket. The \
          baseline is a tonic server that answers GetDevicePluginOptions with an empty message, in a process of \
-         its own with the same two-worker runtime as devhost. Sequential: {ROUNDS} interleaved rounds of \
-         {SEQ_PER_ROUND} calls each after {WARMUP} warm-up calls. Concurrent: {CLIENTS} clients start together \
+         its own with the same two-worker runtime as devhost. Sequential: {} calls of each kind after {WARMUP} \
+         warm-up calls, taken in turn (baseline, Allocate, GetDevicePluginOptions, again) so that load drift hits \
+         all of them alike. Concurrent: {CLIENTS} clients start together \
          and make {CALLS_PER_CLIENT} calls each, {CONC_ROUNDS} rounds.\n\n\
-         | Call | n | p50 | p99 | min | max | p50 vs baseline |\n| --- | --- | --- | --- | --- | --- | --- |\n"
+         | Call | n | p50 | p99 | min | max | p50 vs baseline |\n| --- | --- | --- | --- | --- | --- | --- |\n",
+        ROUNDS * SEQ_PER_ROUND
     );
     for (name, x) in table {
         let against = if name.contains("concurrent") { base_c.p50 } else { base.p50 };

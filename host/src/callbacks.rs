@@ -280,6 +280,10 @@ pub unsafe extern "C" fn add_device_node(
     with_call(call, |kind, st| {
         let (host_path, container_path, permissions) =
             strs!(st, "add_device_node", host_path, container_path, permissions);
+        if !host_path.starts_with('/') || !(container_path.is_empty() || container_path.starts_with('/')) {
+            st.problem(format!("device node {host_path:?} -> {container_path:?} ignored: paths must be absolute"));
+            return abi::DEVHOST_ERR_INVALID_ARGUMENT;
+        }
         if host_path.is_empty() || !permissions.chars().all(|c| matches!(c, 'r' | 'w' | 'm')) {
             st.problem(format!(
                 "device node {host_path:?} ignored: empty path or permissions {permissions:?} not within \"rwm\""
@@ -309,8 +313,8 @@ pub unsafe extern "C" fn add_mount(
 ) -> abi::devhost_status {
     with_call(call, |kind, st| {
         let (host_path, container_path) = strs!(st, "add_mount", host_path, container_path);
-        if host_path.is_empty() || container_path.is_empty() {
-            st.problem("mount with an empty path ignored".into());
+        if !host_path.starts_with('/') || !container_path.starts_with('/') {
+            st.problem(format!("mount {host_path:?} -> {container_path:?} ignored: paths must be absolute"));
             return abi::DEVHOST_ERR_INVALID_ARGUMENT;
         }
         match edits_target(kind, st, "add_mount") {
@@ -409,6 +413,27 @@ pub unsafe extern "C" fn prefer_device(call: *mut abi::devhost_call, id: abi::de
     })
 }
 
+thread_local! {
+    /// Set while this thread runs a driver's scan.
+    pub static IN_SCAN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks the current thread as running a scan until dropped.
+pub struct ScanGuard;
+
+impl ScanGuard {
+    pub fn enter() -> ScanGuard {
+        IN_SCAN.with(|c| c.set(true));
+        ScanGuard
+    }
+}
+
+impl Drop for ScanGuard {
+    fn drop(&mut self) {
+        IN_SCAN.with(|c| c.set(false));
+    }
+}
+
 /// Per-instance context behind `host_ctx`: where logs and change
 /// notifications go.
 pub struct HostCtx {
@@ -444,7 +469,9 @@ pub unsafe extern "C" fn log(host_ctx: *mut c_void, level: abi::devhost_log_leve
 /// Called by a driver per the ABI: `host_ctx` is the context the host
 /// handed to this instance, and `message` is readable for the call.
 pub unsafe extern "C" fn devices_changed(host_ctx: *mut c_void) {
-    if host_ctx.is_null() {
+    // From inside scan it would ask for the scan that is running: a rescan
+    // loop. The scan's own output is what counts.
+    if host_ctx.is_null() || IN_SCAN.with(std::cell::Cell::get) {
         return;
     }
     let _ = catch_unwind(AssertUnwindSafe(|| {

@@ -232,7 +232,10 @@ impl Instance {
                     st.error = Some("create returned OK but no instance".into());
                     return (abi::DEVHOST_ERR_INTERNAL, st);
                 }
-                create_ptr.store(out, Ordering::Release);
+                // A failed create owns no instance: never call destroy on what it left.
+                if status == abi::DEVHOST_OK {
+                    create_ptr.store(out, Ordering::Release);
+                }
                 (status, ctx.into_state())
             })
             .await?;
@@ -244,7 +247,11 @@ impl Instance {
     /// loads `module` itself (its code is never mapped into the host) and
     /// runs `create`. Fails as `create` does when the first worker cannot
     /// load the module or `create` fails in it; later crashes restart it.
-    pub async fn create_isolated(cfg: &DriverConfig, module: &std::path::Path) -> Result<Arc<Instance>, CallError> {
+    pub async fn create_isolated(
+        cfg: &DriverConfig,
+        module: &std::path::Path,
+        allow_untrusted: bool,
+    ) -> Result<Arc<Instance>, CallError> {
         let keep = match &cfg.isolation {
             Isolation::Process { keep_capabilities } => keep_capabilities.as_slice(),
             Isolation::InProcess => &[],
@@ -258,6 +265,8 @@ impl Instance {
             // The manifest already refused unknown names.
             keep_caps: keep.iter().filter_map(|c| crate::isolation::capability_number(c)).collect(),
             program: crate::isolation::worker_program(),
+            sha256: cfg.sha256.clone(),
+            allow_untrusted,
         };
         let (worker, info) = Worker::start(spec, changed.clone()).await?;
         Ok(Arc::new(Instance {
@@ -339,6 +348,11 @@ impl Instance {
 
     /// Whether the instance cannot serve calls: broken by a panic (in
     /// process), or its worker process is down and restarting (isolated).
+    /// Whether the driver runs in a worker process (`isolation = "process"`).
+    pub fn isolated(&self) -> bool {
+        matches!(self.backend, Backend::Process(_))
+    }
+
     pub fn poisoned(&self) -> bool {
         match &self.backend {
             Backend::InProcess(l) => l.poisoned.load(Ordering::Acquire),
@@ -383,6 +397,7 @@ impl Instance {
                 let scan = local.module.desc.scan;
                 self.run("scan", move |inst, _| {
                     let ctx = CallCtx::new(CallKind::Scan);
+                    let _scanning = callbacks::ScanGuard::enter();
                     let status = match scan {
                         // SAFETY: live instance on its worker thread; ctx outlives the call.
                         Some(f) => unsafe { f(inst, ctx.as_raw()) },

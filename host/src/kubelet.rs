@@ -18,6 +18,22 @@ use tokio::sync::{Notify, watch};
 
 const BACKOFF_START: Duration = Duration::from_millis(20);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// Registration failures in a row are logged at most this often.
+const QUIET: Duration = Duration::from_secs(60);
+
+/// An error with its causes, each said once (transport errors repeat their
+/// source in their own text).
+fn describe(e: &anyhow::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+    }
+    parts.join(": ")
+}
+
 /// Safety net behind inotify: how often socket files are checked by stat.
 const RECHECK: Duration = Duration::from_secs(2);
 
@@ -214,6 +230,7 @@ async fn serve_resource(
     let name = res.config.name.clone();
     let path = dir.join(&res.config.socket_name);
     let mut backoff = BACKOFF_START;
+    let (mut failures, mut last_warned) = (0u32, None);
     'outer: while !*stop.borrow() {
         let (retire_tx, retire_rx) = watch::channel(false);
         let listener = match bind(&path) {
@@ -250,6 +267,8 @@ async fn serve_resource(
             registered_with = inode(&kubelet_sock);
             match register(&dir, &res).await {
                 Ok(()) => {
+                    failures = 0;
+                    last_warned = None;
                     res.registered.store(true, Ordering::Release);
                     services.metrics.registered(&name);
                     tracing::info!(resource = %name, socket = %res.config.socket_name, "registered with the kubelet");
@@ -257,7 +276,17 @@ async fn serve_resource(
                     break;
                 }
                 Err(e) => {
-                    tracing::warn!(resource = %name, "registration failed ({e:#}); retrying in {backoff:?}");
+                    // Without a kubelet this repeats every few seconds: say it
+                    // once, then once a minute, with debug detail in between.
+                    failures += 1;
+                    let why = describe(&e);
+                    if last_warned.is_none_or(|t: std::time::Instant| t.elapsed() >= QUIET) {
+                        let again = if failures > 1 { format!(" ({failures} attempts so far)") } else { String::new() };
+                        tracing::warn!(resource = %name, "registration failed{again}: {why}; retrying every {BACKOFF_MAX:?} at most");
+                        last_warned = Some(std::time::Instant::now());
+                    } else {
+                        tracing::debug!(resource = %name, "registration failed: {why}; retrying in {backoff:?}");
+                    }
                     tokio::select! {
                         _ = tokio::time::sleep(backoff) => {}
                         _ = kubelet_gen.changed() => { backoff = BACKOFF_START; }

@@ -39,6 +39,10 @@ pub enum LoadError {
     TooSmall { path: PathBuf, found: u32, min: usize },
     #[error("{path}: required function `{field}` is NULL in the driver descriptor")]
     MissingFunction { path: PathBuf, field: &'static str },
+    #[error(
+        "{path}: the file changed after devhost loaded it; modules are never unloaded, so restart devhost to use the new file"
+    )]
+    Replaced { path: PathBuf },
     #[error("{path}: driver {field} is NULL or not valid UTF-8")]
     BadString { path: PathBuf, field: &'static str },
 }
@@ -48,6 +52,11 @@ pub fn load(path: &Path) -> Result<Module, LoadError> {
     let p = || path.to_path_buf();
     if !path.exists() {
         return Err(LoadError::Missing { path: p() });
+    }
+    // dlopen returns the copy already mapped for a path it has loaded, even
+    // when a new file sits there now: say so rather than run stale code.
+    if replaced(path) {
+        return Err(LoadError::Replaced { path: p() });
     }
     let flags = libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_LOCAL;
     // SAFETY: loading a module runs its initialisers; loading driver code is
@@ -61,6 +70,7 @@ pub fn load(path: &Path) -> Result<Module, LoadError> {
     };
     // Never dlclose: see the module docs.
     std::mem::forget(lib);
+    remember(path);
     // SAFETY: the entry point takes no arguments and returns a static descriptor.
     let raw = unsafe { entry() };
     if raw.is_null() {
@@ -99,6 +109,34 @@ pub fn load(path: &Path) -> Result<Module, LoadError> {
         static_str(desc.description).ok_or(LoadError::BadString { path: p(), field: "description" })?
     };
     Ok(Module { desc, declared: size as usize, name, version, description })
+}
+
+/// What identifies the file behind a path: a replaced file has a new inode
+/// or a new modification time.
+type FileId = (u64, u64, i64, i64, u64);
+
+fn file_id(path: &Path) -> Option<FileId> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino(), m.mtime(), m.mtime_nsec(), m.size()))
+}
+
+/// Files this process has mapped, by canonical path.
+static LOADED: std::sync::Mutex<Vec<(PathBuf, FileId)>> = std::sync::Mutex::new(Vec::new());
+
+fn remember(path: &Path) {
+    let (Ok(real), Some(id)) = (std::fs::canonicalize(path), file_id(path)) else { return };
+    let mut loaded = LOADED.lock().unwrap_or_else(|p| p.into_inner());
+    if !loaded.iter().any(|(p, _)| *p == real) {
+        loaded.push((real, id));
+    }
+}
+
+/// Whether the module at `path` was loaded before and the file has changed
+/// since (a new version dropped in while the daemon runs).
+pub fn replaced(path: &Path) -> bool {
+    let Ok(real) = std::fs::canonicalize(path) else { return false };
+    let now = file_id(path);
+    LOADED.lock().unwrap_or_else(|p| p.into_inner()).iter().any(|(p, id)| *p == real && Some(*id) != now)
 }
 
 /// libloading 0.9 keeps the dlerror text in the error's source.
@@ -229,7 +267,7 @@ pub struct ModuleInfo {
 pub enum TrustError {
     #[error("{path}: cannot inspect: {detail}")]
     Inspect { path: PathBuf, detail: String },
-    #[error("{path}: {what} is writable by {who} (mode {mode:04o}); refusing to load code anyone else can replace")]
+    #[error("{path}: {what} is writable by {who} (mode {mode:04o}): they could replace the code devhost runs")]
     Writable { path: PathBuf, what: &'static str, who: &'static str, mode: u32 },
     #[error("{path}: {what} is owned by uid {uid}, not by root or the daemon's user (uid {euid})")]
     Owner { path: PathBuf, what: &'static str, uid: u32, euid: u32 },
@@ -271,6 +309,24 @@ pub fn check_trust(path: &Path, sha256_pin: Option<&str>) -> Result<(), Vec<Trus
         }
         if meta.uid() != 0 && meta.uid() != euid {
             problems.push(TrustError::Owner { path: p.clone(), what, uid: meta.uid(), euid });
+        }
+    }
+    // Folders above: whoever can rename one of them can swap the whole tree,
+    // unless the sticky bit (as on /tmp) stops them renaming what is not theirs.
+    for ancestor in folder.ancestors().skip(1) {
+        let Ok(meta) = std::fs::metadata(ancestor) else { continue };
+        let mode = meta.mode() & 0o7777;
+        if mode & 0o022 != 0 && mode & 0o1000 == 0 {
+            let who = if mode & 0o002 != 0 { "others" } else { "its group" };
+            problems.push(TrustError::Writable { path: ancestor.to_path_buf(), what: "a folder above it", who, mode });
+        }
+        if meta.uid() != 0 && meta.uid() != euid {
+            problems.push(TrustError::Owner {
+                path: ancestor.to_path_buf(),
+                what: "a folder above it",
+                uid: meta.uid(),
+                euid,
+            });
         }
     }
     if let Some(expected) = sha256_pin {

@@ -91,6 +91,8 @@ fn init_logs(format: LogFormat, quiet: bool) {
 }
 
 static ALLOW_UNTRUSTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// Whether logs are JSON: manifest problems then go through the logger too.
+static LOG_JSON: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 fn main() -> ExitCode {
     // A driver worker process (isolation = "process") is this binary too.
@@ -99,6 +101,7 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     ALLOW_UNTRUSTED.store(cli.allow_untrusted_modules, std::sync::atomic::Ordering::Relaxed);
+    LOG_JSON.store(matches!(cli.log_format, LogFormat::Json), std::sync::atomic::Ordering::Relaxed);
     init_logs(cli.log_format, matches!(cli.command, Command::Sim { .. } | Command::Demo { .. }));
     let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,
@@ -140,9 +143,15 @@ fn load_manifest(path: &Path, kubelet_dir: Option<&Path>) -> Option<Manifest> {
             Some(m)
         }
         Err(errors) => {
-            eprintln!("devhost: {} has {} problem(s):", path.display(), errors.0.len());
-            for d in &errors.0 {
-                eprintln!("  {d}");
+            if LOG_JSON.load(std::sync::atomic::Ordering::Relaxed) {
+                for d in &errors.0 {
+                    tracing::error!(location = %d.location, field = %d.field, "manifest problem: {}", d.message);
+                }
+            } else {
+                eprintln!("devhost: {} has {} problem(s):", path.display(), errors.0.len());
+                for d in &errors.0 {
+                    eprintln!("  {d}");
+                }
             }
             None
         }
@@ -178,43 +187,94 @@ async fn run(config: &Path, kubelet_dir: Option<&Path>) -> ExitCode {
     let endpoints = devhost::kubelet::Endpoints::start(manifest.kubelet_dir.clone(), registry.services.clone());
     endpoints.sync(&registry.resources()).await;
     let Some(mut signals) = Signals::install() else { return ExitCode::FAILURE };
+    // A ConfigMap update replaces the file (through a symlink swap): watch
+    // its folder and reload when the text really changed.
+    let (_watcher, mut edits) = watch_manifest(config);
+    let mut last_text = std::fs::read_to_string(config).unwrap_or_default();
     loop {
-        match signals.next().await {
-            Signal::Reload => {
-                tracing::info!("SIGHUP: reloading {}", config.display());
-                let Some(next) = load_manifest(config, kubelet_dir) else {
-                    tracing::error!("new manifest rejected; still serving the previous one");
-                    continue;
-                };
-                if next.kubelet_dir != manifest.kubelet_dir {
-                    tracing::warn!(
-                        "kubelet_dir changed to {}; a restart is needed to move, still serving in {}",
-                        next.kubelet_dir.display(),
-                        manifest.kubelet_dir.display()
-                    );
+        let why = tokio::select! {
+            signal = signals.next() => match signal {
+                Signal::Reload => "SIGHUP",
+                Signal::Stop(name) => {
+                    tracing::info!("{name}: removing our sockets and exiting");
+                    break;
                 }
-                let changes = registry.apply(&next).await;
-                let names = |v: &[Arc<devhost::registry::Resource>]| {
-                    v.iter().map(|r| r.config.name.clone()).collect::<Vec<_>>().join(", ")
-                };
-                tracing::info!(
-                    started = %names(&changes.started),
-                    stopped = %names(&changes.stopped),
-                    unchanged = %names(&changes.kept),
-                    "reload applied"
-                );
-                endpoints.sync(&registry.resources()).await;
+            },
+            Some(()) = edits.recv() => {
+                // Editors and the kubelet write in steps: let them finish.
+                tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+                while edits.try_recv().is_ok() {}
+                let text = std::fs::read_to_string(config).unwrap_or_default();
+                if text == last_text {
+                    continue;
+                }
+                "the manifest file changed"
             }
-            Signal::Stop(name) => {
-                tracing::info!("{name}: removing our sockets and exiting");
-                break;
+        };
+        last_text = std::fs::read_to_string(config).unwrap_or_default();
+        tracing::info!("{why}: reloading {}", config.display());
+        let Some(next) = load_manifest(config, kubelet_dir) else {
+            tracing::error!("new manifest rejected; still serving the previous one");
+            continue;
+        };
+        for (key, changed) in [
+            ("kubelet_dir", next.kubelet_dir != manifest.kubelet_dir),
+            ("metrics_addr", next.metrics_addr != manifest.metrics_addr),
+            ("cdi_dir", next.cdi_dir != manifest.cdi_dir),
+            ("pod_resources_socket", next.pod_resources_socket != manifest.pod_resources_socket),
+            ("pod_resources_interval", next.pod_resources_interval != manifest.pod_resources_interval),
+        ] {
+            if changed {
+                tracing::warn!("{key} changed; it takes effect when devhost restarts (the running value stays)");
             }
         }
+        let changes = registry.apply(&next).await;
+        let names = |v: &[Arc<devhost::registry::Resource>]| {
+            v.iter().map(|r| r.config.name.clone()).collect::<Vec<_>>().join(", ")
+        };
+        tracing::info!(
+            started = %names(&changes.started),
+            stopped = %names(&changes.stopped),
+            unchanged = %names(&changes.kept),
+            "reload applied"
+        );
+        endpoints.sync(&registry.resources()).await;
     }
     endpoints.shutdown().await;
     let _ = stop_probes.send(true);
     registry.shutdown();
     ExitCode::SUCCESS
+}
+
+/// Notifies on any change in the manifest's folder that may concern it
+/// (the file itself, or the `..data` link a ConfigMap volume swaps).
+fn watch_manifest(config: &Path) -> (Option<notify::RecommendedWatcher>, tokio::sync::mpsc::Receiver<()>) {
+    use notify::Watcher;
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    let name = config.file_name().map(|n| n.to_os_string());
+    let dir = config.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf();
+    let handler = move |ev: notify::Result<notify::Event>| {
+        let Ok(ev) = ev else { return };
+        if ev.kind.is_access() {
+            return;
+        }
+        let relevant = ev.paths.iter().any(|p| {
+            let f = p.file_name();
+            f == name.as_deref() || f.is_some_and(|f| f.to_string_lossy().starts_with("..data"))
+        });
+        if relevant {
+            let _ = tx.try_send(());
+        }
+    };
+    match notify::recommended_watcher(handler)
+        .and_then(|mut w| w.watch(&dir, notify::RecursiveMode::NonRecursive).map(|_| w))
+    {
+        Ok(w) => (Some(w), rx),
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), "cannot watch the manifest's folder ({e}); reload with SIGHUP");
+            (None, rx)
+        }
+    }
 }
 
 enum Signal {
@@ -384,23 +444,26 @@ fn drivers(dir: &Path) -> ExitCode {
     }
     for p in paths {
         let file = p.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
-        let trust = match devhost::loader::check_trust(&p, None) {
-            Ok(()) => String::new(),
-            Err(problems) => {
-                let text: Vec<String> = problems.iter().map(|e| e.to_string()).collect();
-                format!("\n    UNTRUSTED (refused unless allow_untrusted_modules): {}", text.join("; "))
+        // Loading runs a module's initialisers: an untrusted one is only
+        // described, not loaded, unless the operator relaxed trust.
+        if let Err(problems) = devhost::loader::check_trust(&p, None) {
+            let text: Vec<String> = problems.iter().map(|e| e.to_string()).collect();
+            println!("{file}: UNTRUSTED (refused unless allow_untrusted_modules): {}", text.join("; "));
+            if !ALLOW_UNTRUSTED.load(std::sync::atomic::Ordering::Relaxed) {
+                println!("    not loaded; --allow-untrusted-modules loads it to show what it is");
+                continue;
             }
-        };
+        }
         match devhost::loader::load(&p) {
             Ok(m) => println!(
-                "{file}: {} {} (ABI {}) [{}]{}{trust}",
+                "{file}: {} {} (ABI {}) [{}]{}",
                 m.name,
                 m.version,
                 m.abi_version(),
                 m.capabilities().join(", "),
                 if m.description.is_empty() { String::new() } else { format!(" — {}", m.description) }
             ),
-            Err(e) => println!("{file}: cannot be loaded: {e}{trust}"),
+            Err(e) => println!("{file}: cannot be loaded: {e}"),
         }
     }
     ExitCode::SUCCESS

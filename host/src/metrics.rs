@@ -217,7 +217,7 @@ pub fn call_outcome<T>(result: &Result<T, CallError>) -> &'static str {
         Ok(_) => "ok",
         Err(CallError::Timeout { .. }) => "timeout",
         Err(CallError::Status { code, .. }) if *code == devhost_abi::DEVHOST_ERR_PANIC => "panic",
-        Err(CallError::Hung { .. } | CallError::Poisoned { .. }) => "refused",
+        Err(CallError::Hung { .. } | CallError::Poisoned { .. } | CallError::Unavailable { .. }) => "refused",
         Err(_) => "error",
     }
 }
@@ -373,8 +373,8 @@ pub struct Reply {
     pub body: String,
 }
 
-/// A minimal HTTP/1.1 GET with `Connection: close`, for `devhost list --json` asking a running
-/// daemon and for tests. Gives up after 5 s.
+/// A minimal HTTP/1.1 GET with `Connection: close` (used by the tests to scrape the daemon).
+/// Gives up after 5 s.
 pub async fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> std::io::Result<Reply> {
     let exchange = async {
         let mut stream = TcpStream::connect(addr).await?;

@@ -30,12 +30,15 @@ fn health(healthy: bool) -> &'static str {
 /// which outranks a failed scan: the later ones are consequences of the earlier.
 pub fn unhealthy_reason(scan_error: Option<&str>, poisoned: bool, hung_in: Option<&str>) -> String {
     match (poisoned, hung_in, scan_error) {
-        (true, _, _) => "driver panicked; its instance is disabled".to_string(),
+        (true, _, _) => "driver panicked; its instance is disabled until a reload".to_string(),
         (false, Some(call), _) => format!("driver hung in {call}"),
         (false, None, Some(e)) => format!("scan failed: {e}"),
         (false, None, None) => "driver reported Unhealthy".to_string(),
     }
 }
+
+/// Why an isolated driver's devices are Unhealthy while its worker is down.
+pub const WORKER_DOWN: &str = "driver worker process is down; restarting it";
 
 /// One change of a device's state.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -9,7 +9,7 @@ use common::*;
 /// The manifest embedded in deploy/configmap.yaml (the `devhost.toml: |` block).
 fn configmap_manifest() -> String {
     let yaml = std::fs::read_to_string(repo_root().join("deploy/configmap.yaml")).unwrap();
-    let mut lines = yaml.lines().skip_while(|l| l.trim() != "devhost.toml: |").skip(1);
+    let lines = yaml.lines().skip_while(|l| l.trim() != "devhost.toml: |").skip(1);
     let first = lines.clone().find(|l| !l.trim().is_empty()).expect("a manifest in the ConfigMap");
     let indent = first.len() - first.trim_start().len();
     lines

@@ -25,7 +25,7 @@ fn config(module: &Path, extra: &str, options: &str) -> DriverConfig {
 async fn isolated(module: &Path, extra: &str, options: &str) -> Result<Arc<Instance>, CallError> {
     devhost::isolation::set_worker_program(devhost_bin());
     let cfg = config(module, &format!("isolation = \"process\"\n{extra}"), options);
-    Instance::create_isolated(&cfg, module).await
+    Instance::create_isolated(&cfg, module, false).await
 }
 
 fn crash_driver(dir: &Path) -> PathBuf {

@@ -82,7 +82,7 @@ async fn allocate_cost_at_the_instance() {
     let cfg = &m.drivers["local"];
     let local =
         Instance::create("local", devhost::loader::load(&so).unwrap(), &cfg.options, cfg.call_timeout).await.unwrap();
-    let isolated = Instance::create_isolated(&m.drivers["isolated"], &so).await.unwrap();
+    let isolated = Instance::create_isolated(&m.drivers["isolated"], &so, false).await.unwrap();
     async fn round(inst: &Arc<Instance>, n: usize, out: &mut Vec<Duration>) {
         for i in 0..n {
             let t = Instant::now();

@@ -222,7 +222,7 @@ async fn an_isolated_driver_is_released_through_its_worker_process() {
         s.release_file.display()
     );
     let manifest = devhost::manifest::Manifest::parse(&text, &s._tmp.path().join("devhost.toml"), None).unwrap();
-    let inst = Instance::create_isolated(&manifest.drivers["example"], &so).await.unwrap();
+    let inst = Instance::create_isolated(&manifest.drivers["example"], &so, false).await.unwrap();
     assert!(inst.worker_pid().is_some(), "not in a worker process");
     let server = PodResourcesServer::start(&s.socket).unwrap();
     let follower = Follower::start(s.socket.clone(), POLL);

@@ -109,3 +109,86 @@ async fn an_invalid_new_manifest_is_rejected_and_the_old_one_keeps_serving() {
     let resp = kubelet.allocate("example.com/a", vec![vec!["example-1".into()]]).await.unwrap();
     assert_eq!(env_of(&resp, 0, "EXAMPLE_ALLOCATED").as_deref(), Some("example-1"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn editing_the_file_reloads_it_without_a_signal() {
+    let node = Node::new();
+    let dir = module("example_c").parent().unwrap().to_path_buf();
+    let m = node.write_manifest(&body(&dir, A));
+    let kubelet = Kubelet::start(&node.kubelet_dir()).unwrap();
+    let d = Daemon::start(&m, &node.kubelet_dir());
+    kubelet.wait_devices("example.com/a", WAIT, |x| x.len() == 4).await.unwrap();
+    // As a ConfigMap volume does: the new text lands under a new name, then replaces the file.
+    let late = "[[resource]]\nname = \"example.com/late\"\ndriver = \"example_rust\"\n";
+    let tmp = node.path().join("..data_tmp");
+    std::fs::write(&tmp, body(&dir, &format!("{A}{late}"))).unwrap();
+    std::fs::rename(&tmp, &m).unwrap();
+    kubelet.wait_devices("example.com/late", WAIT, |x| x.len() == 2).await.unwrap();
+    d.wait_log("the manifest file changed: reloading", WAIT).await;
+    assert_eq!(kubelet.registration_count("example.com/a"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn moving_an_entry_in_the_file_restarts_nothing() {
+    let node = Node::new();
+    let dir = module("example_c").parent().unwrap().to_path_buf();
+    let m = node.write_manifest(&body(&dir, A));
+    let kubelet = Kubelet::start(&node.kubelet_dir()).unwrap();
+    let d = Daemon::start(&m, &node.kubelet_dir());
+    kubelet.wait_devices("example.com/a", WAIT, |x| x.len() == 4).await.unwrap();
+    std::fs::write(&m, format!("# a comment moves every line down\n\n{}", body(&dir, A))).unwrap();
+    let log = d.wait_log("reload applied", WAIT).await;
+    assert!(log.contains("unchanged=example.com/a"), "{log}");
+    assert_eq!(kubelet.registration_count("example.com/a"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_driver_disabled_by_a_panic_comes_back_on_reload() {
+    let node = Node::new();
+    let m = node.write_manifest(&format!(
+        "[driver.t]\nmodule = \"{}\"\noptions = {{ panic_in = \"allocate\" }}\n[[resource]]\nname = \"example.com/t\"\ndriver = \"t\"\n",
+        module("testdrv").display()
+    ));
+    let kubelet = Kubelet::start(&node.kubelet_dir()).unwrap();
+    let d = Daemon::start(&m, &node.kubelet_dir());
+    kubelet.wait_devices("example.com/t", WAIT, |x| x.len() == 4).await.unwrap();
+    kubelet.allocate("example.com/t", vec![vec!["t-0".into()]]).await.unwrap_err();
+    kubelet.wait_devices("example.com/t", WAIT, |x| x.iter().all(|d| d.health == "Unhealthy")).await.unwrap();
+    hup(&d);
+    kubelet.wait_devices("example.com/t", WAIT, |x| x.iter().all(|d| d.health == "Healthy")).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_module_replaced_on_disk_is_not_silently_reused() {
+    let node = Node::new();
+    let drivers = node.path().join("drivers");
+    std::fs::create_dir_all(&drivers).unwrap();
+    let so = drivers.join("libdevhost_x.so");
+    std::fs::copy(module("example_c"), &so).unwrap();
+    let manifest = |count: u32| {
+        format!(
+            "driver_dir = \"{}\"\n[driver.x]\noptions = {{ count = {count} }}\n[[resource]]\nname = \"example.com/x\"\ndriver = \"x\"\n",
+            drivers.display()
+        )
+    };
+    let m = node.write_manifest(&manifest(2));
+    let kubelet = Kubelet::start(&node.kubelet_dir()).unwrap();
+    let d = Daemon::start(&m, &node.kubelet_dir());
+    kubelet.wait_devices("example.com/x", WAIT, |x| x.len() == 2).await.unwrap();
+    // A new version lands (a new file renamed over the old one).
+    let tmp = drivers.join("new.tmp");
+    std::fs::copy(module("example_rust"), &tmp).unwrap();
+    std::fs::rename(&tmp, &so).unwrap();
+    // Unchanged table: the running instance stays, with a warning.
+    hup(&d);
+    d.wait_log("the module file changed on disk; the loaded version keeps running", WAIT).await;
+    assert_eq!(kubelet.devices("example.com/x").unwrap().len(), 2);
+    // A changed table needs a new instance: refused clearly, not built from
+    // stale code, and the running instance keeps serving.
+    std::fs::write(&m, manifest(3)).unwrap();
+    hup(&d);
+    let log = d.wait_log("the file changed after devhost loaded it", WAIT).await;
+    assert!(log.contains("the previous instance keeps serving"), "{log}");
+    kubelet.allocate("example.com/x", vec![vec!["example-1".into()]]).await.unwrap();
+    assert_eq!(kubelet.devices("example.com/x").unwrap().len(), 2);
+}

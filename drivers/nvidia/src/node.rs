@@ -237,8 +237,10 @@ fn common_attrs(gpu: &Gpu, inventory: &Inventory) -> Vec<(String, String)> {
     if let Some(minor) = gpu.minor {
         attrs.push(kv("minor", &minor.to_string()));
     }
-    let numa = gpu.numa_node.map_or("-1".to_string(), |n| n.to_string());
-    attrs.push(kv("numa_node", &numa));
+    // Like every bundled driver: no numa_node attribute when there is no affinity.
+    if let Some(n) = gpu.numa_node {
+        attrs.push(kv("numa_node", &n.to_string()));
+    }
     attrs.push(kv("driver_version", &inventory.driver_version));
     attrs.push(kv("cuda_version", &inventory.cuda_version));
     attrs

@@ -12,7 +12,7 @@
 //! impl Driver for Mine {
 //!     fn create(_host: Host, options: &Options) -> Result<Self> { options.deny_unknown(&[])?; Ok(Mine) }
 //!     fn scan(&self, scan: &mut Scan<'_>) -> Result<()> {
-//!         scan.device("dev-0", Health::Healthy).attr("model", "m1").env("MINE", "dev-0");
+//!         scan.device("dev-0", Health::Healthy, None).attr("model", "m1").env("MINE", "dev-0");
 //!         Ok(())
 //!     }
 //! }

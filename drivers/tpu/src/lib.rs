@@ -82,8 +82,11 @@ impl Driver for Tpu {
                 .attr("pci_address", &chip.functions.join(","))
                 .attr("chip_index", &view.index.to_string())
                 .attr("cores", &chip.generation.cores_per_chip().to_string())
-                .attr("hbm_gib", &chip.generation.hbm_gib().to_string())
-                .attr("numa_node", &chip.numa_node.map_or_else(|| "none".to_string(), |n| n.to_string()));
+                .attr("hbm_gib", &chip.generation.hbm_gib().to_string());
+            // Like every bundled driver: no numa_node attribute when there is no affinity.
+            if let Some(n) = chip.numa_node {
+                device.attr("numa_node", &n.to_string());
+            }
             if let Some(n) = chip.accel {
                 device.attr("accel", &format!("accel{n}"));
             }

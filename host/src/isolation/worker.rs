@@ -112,7 +112,8 @@ unsafe extern "C" fn log(host_ctx: *mut c_void, level: abi::devhost_log_level, m
 
 unsafe extern "C" fn devices_changed(host_ctx: *mut c_void) {
     let _ = std::panic::catch_unwind(|| {
-        if host_ctx.is_null() {
+        // From inside scan it would only ask for the scan that is running.
+        if host_ctx.is_null() || crate::callbacks::IN_SCAN.with(std::cell::Cell::get) {
             return;
         }
         // SAFETY: as in `log`.
@@ -198,7 +199,10 @@ fn call(
                 st.error = Some("create returned OK but no instance".into());
                 return (abi::DEVHOST_ERR_INTERNAL, st);
             }
-            inst.store(out, Ordering::Release);
+            // A failed create owns no instance: never call destroy on what it left.
+            if status == abi::DEVHOST_OK {
+                inst.store(out, Ordering::Release);
+            }
             (status, st)
         }
         Request::WatchStart | Request::Scan => {
@@ -208,6 +212,7 @@ fn call(
             };
             let Some(f) = f else { return missing(hook) };
             let ctx = CallCtx::new(kind);
+            let _scanning = (kind == CallKind::Scan).then(crate::callbacks::ScanGuard::enter);
             // SAFETY: live instance on the thread that serves every call.
             let status = unsafe { f(me, ctx.as_raw()) };
             (status, ctx.into_state())

@@ -139,6 +139,13 @@ impl DeviceListStrategy {
 }
 
 impl ResourceConfig {
+    /// Equal in everything but where it is written: moving an entry in the
+    /// file (a comment added above it) must not restart it on reload.
+    pub fn same_settings(&self, other: &ResourceConfig) -> bool {
+        ResourceConfig { location: String::new(), ..self.clone() }
+            == ResourceConfig { location: String::new(), ..other.clone() }
+    }
+
     /// Whether a device belongs to this resource: every `match` key must be an attribute of the
     /// device whose value matches the glob. The key `id` matches the device ID instead of an
     /// attribute. No `match` at all means every device of the driver.

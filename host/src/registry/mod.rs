@@ -157,19 +157,30 @@ impl Registry {
         let mut old = std::mem::take(&mut *write(&self.drivers));
         let mut next = BTreeMap::new();
         let mut kept_drivers = Vec::new();
+        let mut replacing = HashMap::new();
         // New instances are created concurrently: one slow driver must not
         // hold back the others (each create has its own deadline).
         let mut creating = tokio::task::JoinSet::new();
         for (name, cfg) in &manifest.drivers {
             match old.remove(name) {
-                Some(e) if e.config == *cfg && matches!(e.slot, Slot::Ready(_)) => {
+                // A driver disabled by a panic comes back on reload.
+                Some(e) if e.config == *cfg && matches!(&e.slot, Slot::Ready(i) if i.isolated() || !i.poisoned()) => {
                     if let Slot::Ready(i) = &e.slot {
                         kept_drivers.push(i.clone());
+                    }
+                    if let Some(path) = cfg.module_candidates.iter().find(|p| p.exists())
+                        && loader::replaced(path)
+                    {
+                        tracing::warn!(driver = %name, module = %path.display(),
+                            "the module file changed on disk; the loaded version keeps running until devhost restarts");
                     }
                     next.insert(name.clone(), e);
                     continue;
                 }
-                Some(e) => retire(e),
+                // Replaced only once its successor is up (below).
+                Some(e) => {
+                    replacing.insert(name.clone(), e);
+                }
                 None => {}
             }
             // An isolated driver's module is loaded by its worker process only.
@@ -179,14 +190,16 @@ impl Registry {
             } else {
                 resolve(cfg, manifest.allow_untrusted_modules, &mut cache).map(Ok)
             };
-            let (name, cfg) = (name.clone(), cfg.clone());
+            let (name, cfg, allow_untrusted) = (name.clone(), cfg.clone(), manifest.allow_untrusted_modules);
             creating.spawn(async move {
                 let created = match resolved {
                     Err(e) => Err(e),
                     Ok(Ok(module)) => {
                         Instance::create(&name, module, &cfg.options, cfg.call_timeout).await.map_err(|e| e.to_string())
                     }
-                    Ok(Err(path)) => Instance::create_isolated(&cfg, &path).await.map_err(|e| e.to_string()),
+                    Ok(Err(path)) => {
+                        Instance::create_isolated(&cfg, &path, allow_untrusted).await.map_err(|e| e.to_string())
+                    }
                 };
                 let slot = match created {
                     Ok(inst) => Slot::Ready(inst),
@@ -198,12 +211,42 @@ impl Registry {
         let mut fresh = Vec::new();
         while let Some(joined) = creating.join_next().await {
             let Ok((name, cfg, slot)) = joined else { continue };
-            match &slot {
-                Slot::Failed(e) => {
+            let previous = replacing.remove(&name);
+            match (&slot, previous) {
+                // A changed driver that cannot start keeps the running one: a
+                // reload never trades working devices for an error.
+                (Slot::Failed(e), Some(prev)) if matches!(prev.slot, Slot::Ready(_)) => {
+                    self.services.metrics.module_load_failure(&name);
+                    tracing::error!(driver = %name, "new settings cannot be applied, the previous instance keeps serving: {e}");
+                    if let Slot::Ready(i) = &prev.slot {
+                        kept_drivers.push(i.clone());
+                    }
+                    next.insert(name, prev);
+                    continue;
+                }
+                (Slot::Failed(e), prev) => {
+                    if let Some(p) = prev {
+                        retire(p);
+                    }
                     self.services.metrics.module_load_failure(&name);
                     tracing::error!(driver = %name, "driver not loaded, its resources are not served: {e}")
                 }
-                Slot::Ready(i) => fresh.push(i.clone()),
+                (Slot::Ready(i), prev) => {
+                    if let Some(p) = prev {
+                        retire(p);
+                    }
+                    let m = &i.module;
+                    tracing::info!(
+                        driver = %name,
+                        isolated = i.isolated(),
+                        "driver ready: {} {} (ABI {}.{})",
+                        m.name,
+                        m.version,
+                        m.abi_major,
+                        m.abi_minor
+                    );
+                    fresh.push(i.clone())
+                }
             }
             next.insert(name, DriverEntry { config: cfg, slot, stop: watch::channel(false).0 });
         }
@@ -221,7 +264,7 @@ impl Registry {
                 None => (None, Some(format!("driver {} is not configured", cfg.driver))),
             };
             let same = old_resources.iter().find(|r| {
-                r.config == *cfg
+                r.config.same_settings(cfg)
                     && match (&r.driver, &driver) {
                         (Some(a), Some(b)) => Arc::ptr_eq(a, b),
                         _ => false,
@@ -338,7 +381,11 @@ impl Registry {
     fn publish(&self, inst: &Arc<Instance>, devices: Result<Vec<Device>, String>) {
         let hung_in = inst.hung().map(|(call, _)| call);
         let broken = inst.poisoned() || hung_in.is_some();
-        let reason = status::unhealthy_reason(devices.as_ref().err().map(String::as_str), inst.poisoned(), hung_in);
+        let reason = if inst.isolated() && inst.poisoned() {
+            status::WORKER_DOWN.to_string()
+        } else {
+            status::unhealthy_reason(devices.as_ref().err().map(String::as_str), inst.poisoned(), hung_in)
+        };
         let devices = devices.ok();
         let mut taken: HashMap<String, String> = HashMap::new();
         let resources = self.resources();

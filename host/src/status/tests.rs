@@ -37,7 +37,10 @@ fn rfc3339_formats_utc_with_milliseconds() {
 
 #[test]
 fn unhealthy_reasons_name_the_root_cause() {
-    assert_eq!(unhealthy_reason(Some("x"), true, Some("scan")), "driver panicked; its instance is disabled");
+    assert_eq!(
+        unhealthy_reason(Some("x"), true, Some("scan")),
+        "driver panicked; its instance is disabled until a reload"
+    );
     assert_eq!(unhealthy_reason(Some("x"), false, Some("allocate")), "driver hung in allocate");
     assert_eq!(unhealthy_reason(Some("boom"), false, None), "scan failed: boom");
     assert_eq!(unhealthy_reason(None, false, None), "driver reported Unhealthy");
