@@ -49,14 +49,13 @@ impl Instance {
         }
     }
 
-    /// Runs the host's policy the way the endpoint calls it: link scores
-    /// looked up by ID pair.
+    /// Runs the host's policy the way the endpoint calls it: link scores as
+    /// edges between candidate indices.
     pub fn choose(&self) -> Vec<String> {
-        let by_id: HashMap<(&str, &str), u32> =
-            self.links.iter().map(|(&(a, b), &s)| ((self.ids[a].as_str(), self.ids[b].as_str()), s)).collect();
+        let edges: Vec<(usize, usize, u32)> = self.links.iter().map(|(&(a, b), &s)| (a, b, s)).collect();
         let cands = self.ids.iter().enumerate().map(|(i, id)| Candidate { id, numa: self.numa[i], order: i }).collect();
         let must: Vec<String> = self.must.iter().map(|&i| self.ids[i].clone()).collect();
-        choose(cands, &must, self.size, |a, b| by_id.get(&(a, b)).copied().unwrap_or(0))
+        choose(cands, &must, self.size, &edges)
     }
 
     fn pair(&self, a: usize, b: usize) -> u64 {

@@ -36,7 +36,7 @@
 #define MAX_NUMA_NODES 1024u
 /* Longest prefix that keeps "<prefix>-1023" within the ABI's 63-byte ID limit. */
 #define MAX_PREFIX_LEN 58u
-#define WATCH_PERIOD_NS 50000000L /* 50 ms */
+#define WATCH_PERIOD_NS 500000000L /* 500 ms: cheap, and quick enough for a person */
 #define MAX_RELEASE_DELAY_MS 600000u /* 10 min: long enough to outlast any call deadline */
 
 #if defined(__GNUC__)

@@ -11,7 +11,7 @@ use crate::registry::{Resource, Services};
 use crate::sharing;
 use devhost_proto::v1beta1 as pb;
 use pb::device_plugin_server::DevicePlugin;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
@@ -120,29 +120,37 @@ impl DevicePlugin for Endpoint {
             // Candidates are advertised IDs (replicas when shared); NUMA and
             // links come from the physical device behind each.
             let n = view.devices.len();
-            let cands = c
-                .available_device_i_ds
-                .iter()
-                .filter_map(|id| {
-                    let d = view.get(id)?;
-                    let k =
-                        sharing::parse_replica(id).map(|(_, k)| k as usize).filter(|_| view.replicas > 1).unwrap_or(0);
-                    Some(Candidate {
-                        id,
-                        numa: d.numa_node,
-                        order: k * n + view.index.get(&d.id).copied().unwrap_or(0),
-                    })
-                })
-                .collect();
-            let links = |a: &str, b: &str| -> u32 {
-                match (view.get(a), view.get(b)) {
-                    (Some(pa), Some(pb)) if pa.id != pb.id => {
-                        pa.links.iter().find(|(o, _)| *o == pb.id).map(|(_, s)| *s).unwrap_or(0)
+            let mut owned: Vec<(String, Option<i64>, usize)> = Vec::with_capacity(c.available_device_i_ds.len());
+            let mut by_physical: HashMap<&str, Vec<usize>> = HashMap::new();
+            for id in &c.available_device_i_ds {
+                let Some(d) = view.get(id) else { continue };
+                let k = sharing::parse_replica(id).map(|(_, k)| k as usize).filter(|_| view.replicas > 1).unwrap_or(0);
+                by_physical.entry(d.id.as_str()).or_default().push(owned.len());
+                owned.push((id.clone(), d.numa_node, k * n + view.index.get(&d.id).copied().unwrap_or(0)));
+            }
+            let mut edges = Vec::new();
+            for (i, (id, _, _)) in owned.iter().enumerate() {
+                let Some(d) = view.get(id) else { continue };
+                for (other, score) in &d.links {
+                    for &j in by_physical.get(other.as_str()).into_iter().flatten() {
+                        edges.push((i, j, *score));
                     }
-                    _ => 0,
                 }
+            }
+            let must = c.must_include_device_i_ds.clone();
+            let pick = move || {
+                let cands =
+                    owned.iter().map(|(id, numa, order)| Candidate { id, numa: *numa, order: *order }).collect();
+                preferred::choose(cands, &must, size, &edges)
             };
-            let mut default = preferred::choose(cands, &c.must_include_device_i_ds, size, links);
+            // Large searches run off the async threads.
+            let mut default = if c.available_device_i_ds.len() > 256 {
+                tokio::task::spawn_blocking(pick)
+                    .await
+                    .map_err(|e| Status::internal(format!("preferred allocation failed: {e}")))?
+            } else {
+                pick()
+            };
             if cfg.one_replica_per_container {
                 default = sharing::prefer_distinct(&default, &c.available_device_i_ds, &c.must_include_device_i_ds);
             }

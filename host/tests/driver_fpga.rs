@@ -92,6 +92,8 @@ async fn allocate_hands_out_the_port_node_or_the_alveo_nodes() {
     let node = fpga_node("port", "");
     let (kubelet, _d) = start(&node);
     kubelet.wait_devices(U250, WAIT, |d| d.len() == 1).await.unwrap();
+    // Each resource registers on its own: wait for the one allocated from, too.
+    kubelet.wait_devices(NLB0, WAIT, |d| d.len() == 1).await.unwrap();
     let resp = kubelet.allocate(NLB0, vec![vec!["dfl-port.0".into()]]).await.unwrap();
     let specs = &resp.container_responses[0].devices;
     assert_eq!(specs.len(), 1);

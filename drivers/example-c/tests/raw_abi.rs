@@ -67,7 +67,7 @@ fn destroy_joins_a_running_watch_thread() {
         // SAFETY: created above, destroyed once, no watch_stop on purpose.
         unsafe { destroy(instance) };
         // Checked at once: a thread told to stop but not joined would still
-        // be asleep in its 50 ms poll.
+        // be asleep in its poll.
         assert_eq!(threads_named(name), 1, "the watch thread outlived destroy");
         // `ctx` drops only now: the joined thread can no longer reach it.
         drop(ctx);
