@@ -90,7 +90,7 @@ fn fnv1a(text: &str) -> u32 {
 }
 
 /// The CDI device name for a device ID: the ID itself when it is a valid name (the usual case:
-/// `0`, `GPU-8c1e…`, `0000:3b:00.0`, `gpu0::1`); otherwise every character CDI does not allow
+/// `0`, `GPU-8c1e…`, `0000:3b:00.0`, `MIG-…`); otherwise every character CDI does not allow
 /// becomes `_`, an `x` is put in front when the result does not start with a letter or digit, and
 /// `-` plus 8 hex digits of the ID's hash is appended, so two different IDs never share a name.
 pub fn device_name(id: &str) -> String {

@@ -31,7 +31,7 @@ pub(crate) const UNKNOWN: Ret = nvmlReturn_enum_NVML_ERROR_UNKNOWN;
 pub(crate) const MIB: u64 = 1024 * 1024;
 /// How often a blocked `nvmlEventSetWait_v2` looks at the control file (real
 /// NVML blocks; the fake polls a file, so not too often: it runs in the demo).
-pub(crate) const WAIT_POLL: Duration = Duration::from_millis(100);
+pub(crate) const WAIT_POLL: Duration = Duration::from_millis(250);
 
 static STATE: Mutex<Option<Runtime>> = Mutex::new(None);
 
