@@ -453,16 +453,19 @@ pub unsafe extern "C" fn log(host_ctx: *mut c_void, level: abi::devhost_log_leve
         let ctx = unsafe { &*(host_ctx as *const HostCtx) };
         // SAFETY: borrowed for the callback.
         let bytes = unsafe { message.as_bytes() }.unwrap_or(b"(NULL message)");
-        let msg = String::from_utf8_lossy(bytes);
-        let driver = ctx.driver.as_str();
-        match level {
-            abi::DEVHOST_LOG_ERROR => tracing::error!(driver, "{msg}"),
-            abi::DEVHOST_LOG_WARN => tracing::warn!(driver, "{msg}"),
-            abi::DEVHOST_LOG_INFO => tracing::info!(driver, "{msg}"),
-            abi::DEVHOST_LOG_DEBUG => tracing::debug!(driver, "{msg}"),
-            _ => tracing::trace!(driver, "{msg}"),
-        }
+        emit_log(&ctx.driver, level, &String::from_utf8_lossy(bytes));
     }));
+}
+
+/// Re-emits a driver's log record through `tracing`, with the instance name.
+pub fn emit_log(driver: &str, level: abi::devhost_log_level, msg: &str) {
+    match level {
+        abi::DEVHOST_LOG_ERROR => tracing::error!(driver, "{msg}"),
+        abi::DEVHOST_LOG_WARN => tracing::warn!(driver, "{msg}"),
+        abi::DEVHOST_LOG_INFO => tracing::info!(driver, "{msg}"),
+        abi::DEVHOST_LOG_DEBUG => tracing::debug!(driver, "{msg}"),
+        _ => tracing::trace!(driver, "{msg}"),
+    }
 }
 
 /// # Safety

@@ -183,16 +183,8 @@ impl Instance {
                     }
                 }
                 let inst = worker_ptr.swap(std::ptr::null_mut(), Ordering::AcqRel);
-                if !inst.is_null() {
-                    if let Some(stop) = module.watch_stop() {
-                        // SAFETY: instance from create; no other call runs now.
-                        unsafe { stop(inst) };
-                    }
-                    if let Some(destroy) = module.desc.destroy {
-                        // SAFETY: as above; destroy is called exactly once.
-                        unsafe { destroy(inst) };
-                    }
-                }
+                // SAFETY: the instance came from create and no other call runs now.
+                unsafe { module.teardown(inst) };
                 WORKER_API.with(|c| c.set(std::ptr::null()));
                 drop(host);
             })

@@ -193,6 +193,26 @@ impl Module {
     pub fn release(&self) -> Option<abi::IdsFn> {
         optional_field!(self, release)
     }
+    /// Stops and destroys a live instance: `watch_stop` (when the driver has
+    /// it), then `destroy`.
+    ///
+    /// # Safety
+    /// `inst` must come from this module's `create`, no other call may run on
+    /// it, and it must not be used afterwards.
+    pub unsafe fn teardown(&self, inst: *mut std::ffi::c_void) {
+        if inst.is_null() {
+            return;
+        }
+        if let Some(stop) = self.watch_stop() {
+            // SAFETY: per the function contract.
+            unsafe { stop(inst) };
+        }
+        if let Some(destroy) = self.desc.destroy {
+            // SAFETY: per the function contract; destroy is called exactly once.
+            unsafe { destroy(inst) };
+        }
+    }
+
     pub fn concurrent(&self) -> bool {
         self.desc.capabilities & abi::DEVHOST_CAP_CONCURRENT != 0
     }

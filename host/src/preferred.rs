@@ -144,6 +144,9 @@ pub fn choose(cands: Vec<Candidate<'_>>, must: &[String], size: usize, edges: &[
 /// Every combination, in stable order, with NUMA nodes and link totals kept
 /// running; the first combination of the best (nodes, links) is also the
 /// earliest in stable order, as [`Rank`] wants.
+/// (NUMA nodes, links) of a set, compared before stable order.
+type Key = (usize, std::cmp::Reverse<u64>);
+
 fn exhaustive(g: &Graph<'_>, fixed: &[usize], free: &[usize], need: usize) -> Vec<usize> {
     struct Walk<'g, 'a> {
         g: &'g Graph<'a>,
@@ -154,7 +157,7 @@ fn exhaustive(g: &Graph<'_>, fixed: &[usize], free: &[usize], need: usize) -> Ve
         nodes: usize,
         links: u64,
         pick: Vec<usize>,
-        best: Option<((usize, std::cmp::Reverse<u64>), Vec<usize>)>,
+        best: Option<(Key, Vec<usize>)>,
     }
     impl Walk<'_, '_> {
         fn add(&mut self, i: usize) {
@@ -391,7 +394,7 @@ mod tests {
             let mut edges = Vec::new();
             for a in 0..n {
                 for b in a + 1..n {
-                    if lcg(&mut seed) % 3 == 0 {
+                    if lcg(&mut seed).is_multiple_of(3) {
                         edges.push((a, b, (lcg(&mut seed) % 10) as u32 + 1));
                     }
                 }

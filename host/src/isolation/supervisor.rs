@@ -133,15 +133,7 @@ impl Shared {
     }
 }
 
-pub(super) fn emit_log(driver: &str, level: abi::devhost_log_level, msg: &str) {
-    match level {
-        abi::DEVHOST_LOG_ERROR => tracing::error!(driver, "{msg}"),
-        abi::DEVHOST_LOG_WARN => tracing::warn!(driver, "{msg}"),
-        abi::DEVHOST_LOG_INFO => tracing::info!(driver, "{msg}"),
-        abi::DEVHOST_LOG_DEBUG => tracing::debug!(driver, "{msg}"),
-        _ => tracing::trace!(driver, "{msg}"),
-    }
-}
+pub(super) use crate::callbacks::emit_log;
 
 impl Worker {
     /// Starts the supervisor thread and waits until the first worker has

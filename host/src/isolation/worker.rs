@@ -230,16 +230,8 @@ fn call(
         }
         Request::Shutdown => {
             let me = inst.swap(std::ptr::null_mut(), Ordering::AcqRel);
-            if !me.is_null() {
-                if let Some(stop) = module.watch_stop() {
-                    // SAFETY: instance from create; no other call runs now.
-                    unsafe { stop(me) };
-                }
-                if let Some(destroy) = module.desc.destroy {
-                    // SAFETY: as above; destroy is called exactly once.
-                    unsafe { destroy(me) };
-                }
-            }
+            // SAFETY: the instance came from create and no other call runs now.
+            unsafe { module.teardown(me) };
             (abi::DEVHOST_OK, CallState::default())
         }
     }
