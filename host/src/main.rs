@@ -159,6 +159,8 @@ fn load_manifest(path: &Path, kubelet_dir: Option<&Path>) -> Option<Manifest> {
 }
 
 async fn run(config: &Path, kubelet_dir: Option<&Path>) -> ExitCode {
+    // Handlers first: a SIGTERM during start-up still removes our sockets.
+    let Some(mut signals) = Signals::install() else { return ExitCode::FAILURE };
     let Some(manifest) = load_manifest(config, kubelet_dir) else { return ExitCode::from(2) };
     // A taken metrics port fails the start before anything is served.
     let probes_listener = match manifest.metrics_addr {
@@ -186,7 +188,6 @@ async fn run(config: &Path, kubelet_dir: Option<&Path>) -> ExitCode {
     }
     let endpoints = devhost::kubelet::Endpoints::start(manifest.kubelet_dir.clone(), registry.services.clone());
     endpoints.sync(&registry.resources()).await;
-    let Some(mut signals) = Signals::install() else { return ExitCode::FAILURE };
     // A ConfigMap update replaces the file (through a symlink swap): watch
     // its folder and reload when the text really changed.
     let (_watcher, mut edits) = watch_manifest(config);

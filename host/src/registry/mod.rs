@@ -507,10 +507,6 @@ impl Registry {
         });
     }
 
-    pub fn resource(&self, name: &str) -> Option<Arc<Resource>> {
-        read(&self.resources).iter().find(|r| r.config.name == name).cloned()
-    }
-
     /// Stops every driver (watch_stop, destroy) after queued calls.
     pub fn shutdown(&self) {
         for (_, e) in std::mem::take(&mut *write(&self.drivers)) {
@@ -575,10 +571,6 @@ impl Registry {
             .filter(|r| r.driver.is_some() && !r.registered.load(Ordering::Acquire))
             .map(|r| r.config.name.clone())
             .collect()
-    }
-
-    pub fn all_registered(&self) -> bool {
-        read(&self.resources).iter().filter(|r| r.driver.is_some()).all(|r| r.registered.load(Ordering::Acquire))
     }
 }
 
