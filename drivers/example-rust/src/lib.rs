@@ -3,6 +3,8 @@
 //! out as `/dev/null` under a per-device name plus an environment variable.
 //! No `unsafe` anywhere: the SDK owns the C boundary.
 
+#![deny(unsafe_code)]
+
 use devhost_sdk::{Driver, Edits, Health, Hooks, Host, Options, Result, Scan};
 
 struct Example {

@@ -5,6 +5,7 @@
 //! The hardware logic is plain Rust over a sysfs/devfs tree (`discover` →
 //! `devices`); this file is only the glue to the devhost SDK. Operator
 //! documentation: `docs/drivers/fpga.md`.
+#![deny(unsafe_code)]
 
 mod config;
 mod devices;

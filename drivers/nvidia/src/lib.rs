@@ -6,6 +6,7 @@
 //! events. The hardware logic lives in plain modules ([`node`] and below);
 //! this file only turns it into SDK calls. Operator docs:
 //! `docs/drivers/nvidia.md`.
+#![deny(unsafe_code)]
 
 pub mod config;
 pub mod discover;

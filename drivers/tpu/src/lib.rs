@@ -6,6 +6,7 @@
 //! in the `allocate` hook (`allocation` checks the shape, `env` writes the variables). A poll
 //! thread (`watch`) notices hot-plug and health changes. This file is only the SDK glue;
 //! `docs/drivers/tpu.md` is the operator's reference.
+#![deny(unsafe_code)]
 
 mod allocation;
 mod config;
