@@ -96,12 +96,15 @@ pub struct Proc {
 }
 
 impl Proc {
-    /// Starts `devhost run` on a manifest, logging to `<manifest>.log`.
+    /// Starts `devhost run` on a manifest, logging to `<manifest stem>.log`
+    /// beside the (temporary) kubelet folder, never into the repository.
     /// The working directory is the repository, as for `config/*.toml`.
     pub fn devhost(art: &Artifacts, manifest: &Path, kubelet_dir: &Path) -> Result<Proc> {
         let mut cmd = Command::new(art.devhost());
         cmd.args(["run", "--config"]).arg(manifest).arg("--kubelet-dir").arg(kubelet_dir).current_dir(&art.repo);
-        Proc::spawn(cmd, &manifest.with_extension("log"))
+        let stem = manifest.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "devhost".into());
+        let log = kubelet_dir.parent().unwrap_or(kubelet_dir).join(format!("{stem}.log"));
+        Proc::spawn(cmd, &log)
     }
 
     pub fn spawn(mut cmd: Command, log: &Path) -> Result<Proc> {
