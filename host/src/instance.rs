@@ -207,28 +207,10 @@ impl Instance {
         let create_ptr = ptr;
         let (status, state) = inst
             .run("create", move |_, api| {
-                let kvs: Vec<abi::devhost_kv> = opts
-                    .iter()
-                    .map(|(k, v)| abi::devhost_kv {
-                        key: abi::devhost_str::from_str(k),
-                        value: abi::devhost_str::from_str(v),
-                    })
-                    .collect();
-                let ctx = CallCtx::new(CallKind::Create);
-                let mut out: *mut c_void = std::ptr::null_mut();
-                let Some(create) = module.desc.create else { return (abi::DEVHOST_ERR_INTERNAL, ctx.into_state()) };
-                // SAFETY: API table and options live for the call; out is a valid slot.
-                let status = unsafe { create(api, kvs.as_ptr(), kvs.len(), ctx.as_raw(), &mut out) };
-                if status == abi::DEVHOST_OK && out.is_null() {
-                    let mut st = ctx.into_state();
-                    st.error = Some("create returned OK but no instance".into());
-                    return (abi::DEVHOST_ERR_INTERNAL, st);
-                }
-                // A failed create owns no instance: never call destroy on what it left.
-                if status == abi::DEVHOST_OK {
-                    create_ptr.store(out, Ordering::Release);
-                }
-                (status, ctx.into_state())
+                // SAFETY: the API table lives as long as this worker thread.
+                let (status, state, out) = unsafe { module.create_instance(api, &opts) };
+                create_ptr.store(out, Ordering::Release);
+                (status, state)
             })
             .await?;
         inst.check("create", status, state)?;

@@ -193,6 +193,39 @@ impl Module {
     pub fn release(&self) -> Option<abi::IdsFn> {
         optional_field!(self, release)
     }
+    /// Calls the driver's `create` with `options`. The instance pointer is
+    /// non-null only when the status is OK: a failed create owns nothing, so
+    /// nothing it left must ever reach `destroy`.
+    ///
+    /// # Safety
+    /// `api` must point to a host API table that outlives the instance.
+    pub unsafe fn create_instance(
+        &self,
+        api: *const abi::devhost_host_api,
+        options: &[(String, String)],
+    ) -> (abi::devhost_status, crate::callbacks::CallState, *mut std::ffi::c_void) {
+        use crate::callbacks::{CallCtx, CallKind};
+        let kvs: Vec<abi::devhost_kv> = options
+            .iter()
+            .map(|(k, v)| abi::devhost_kv { key: abi::devhost_str::from_str(k), value: abi::devhost_str::from_str(v) })
+            .collect();
+        let ctx = CallCtx::new(CallKind::Create);
+        let mut out: *mut std::ffi::c_void = std::ptr::null_mut();
+        let Some(create) = self.desc.create else { return (abi::DEVHOST_ERR_INTERNAL, ctx.into_state(), out) };
+        // SAFETY: the API table outlives the call (contract), the options live
+        // for the call, and out is a valid slot.
+        let status = unsafe { create(api, kvs.as_ptr(), kvs.len(), ctx.as_raw(), &mut out) };
+        let mut st = ctx.into_state();
+        if status != abi::DEVHOST_OK {
+            return (status, st, std::ptr::null_mut());
+        }
+        if out.is_null() {
+            st.error = Some("create returned OK but no instance".into());
+            return (abi::DEVHOST_ERR_INTERNAL, st, out);
+        }
+        (status, st, out)
+    }
+
     /// Stops and destroys a live instance: `watch_stop` (when the driver has
     /// it), then `destroy`.
     ///
@@ -359,6 +392,20 @@ pub fn check_trust(path: &Path, sha256_pin: Option<&str>) -> Result<(), Vec<Trus
         }
     }
     if problems.is_empty() { Ok(()) } else { Err(problems) }
+}
+
+/// Applies the trust policy to a module file: Ok when it is trusted, or
+/// when the operator relaxed the checks (then logged loudly); an error text
+/// otherwise. A sha256 pin is an explicit operator request and never relaxed.
+pub fn enforce_trust(path: &Path, sha256_pin: Option<&str>, allow_untrusted: bool, driver: &str) -> Result<(), String> {
+    let Err(problems) = check_trust(path, sha256_pin) else { return Ok(()) };
+    let text: Vec<String> = problems.iter().map(|p| p.to_string()).collect();
+    let pinned = problems.iter().any(|p| matches!(p, TrustError::Sha256 { .. }));
+    if !allow_untrusted || pinned {
+        return Err(format!("untrusted module: {}", text.join("; ")));
+    }
+    tracing::warn!(driver, "LOADING AN UNTRUSTED MODULE (allow_untrusted_modules is set): {}", text.join("; "));
+    Ok(())
 }
 
 /// The SHA-256 of a file as lower-case hex.

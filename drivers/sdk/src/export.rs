@@ -222,6 +222,26 @@ pub unsafe extern "C" fn preferred_allocation<D: Driver>(
     }
 }
 
+/// The shape of `pre_start` and `release`: the driver gets the device IDs.
+///
+/// # Safety
+/// As the shims that call it: arguments forwarded from the host.
+unsafe fn with_ids<D: Driver>(
+    instance: *mut c_void,
+    ids: *const abi::devhost_str,
+    count: usize,
+    call: *mut abi::devhost_call,
+    hook: impl FnOnce(&D, &[&str]) -> crate::Result<()>,
+) -> abi::devhost_status {
+    // SAFETY: forwarded from the host.
+    unsafe {
+        with_instance::<D>(instance, call, |i, _| {
+            let ids = id_list(ids, count)?;
+            hook(&i.driver, &ids)
+        })
+    }
+}
+
 /// # Safety
 /// Called by the host per the ABI.
 pub unsafe extern "C" fn pre_start<D: Driver>(
@@ -231,12 +251,7 @@ pub unsafe extern "C" fn pre_start<D: Driver>(
     call: *mut abi::devhost_call,
 ) -> abi::devhost_status {
     // SAFETY: forwarded from the host.
-    unsafe {
-        with_instance::<D>(instance, call, |i, _| {
-            let ids = id_list(ids, count)?;
-            i.driver.pre_start(&ids)
-        })
-    }
+    unsafe { with_ids::<D>(instance, ids, count, call, |d, ids| d.pre_start(ids)) }
 }
 
 /// # Safety
@@ -248,12 +263,7 @@ pub unsafe extern "C" fn release<D: Driver>(
     call: *mut abi::devhost_call,
 ) -> abi::devhost_status {
     // SAFETY: forwarded from the host.
-    unsafe {
-        with_instance::<D>(instance, call, |i, _| {
-            let ids = id_list(ids, count)?;
-            i.driver.release(&ids)
-        })
-    }
+    unsafe { with_ids::<D>(instance, ids, count, call, |d, ids| d.release(ids)) }
 }
 
 /// # Safety

@@ -382,14 +382,8 @@ type Started = (Child, Arc<Conn>, ModuleInfo);
 /// Spawns a worker, reads its greeting, and runs create (and watch_start).
 fn start(s: &Arc<Shared>, spec: &Spec) -> Result<Started, (Option<Child>, CallError)> {
     let fail = |e: String| (None, s.unavailable(e));
-    if let Err(problems) = crate::loader::check_trust(&spec.module, spec.sha256.as_deref()) {
-        let text: Vec<String> = problems.iter().map(|p| p.to_string()).collect();
-        let pinned = problems.iter().any(|p| matches!(p, crate::loader::TrustError::Sha256 { .. }));
-        if !spec.allow_untrusted || pinned {
-            return Err(fail(format!("untrusted module: {}", text.join("; "))));
-        }
-        tracing::warn!(driver = %spec.name, "LOADING AN UNTRUSTED MODULE (allow_untrusted_modules is set): {}", text.join("; "));
-    }
+    crate::loader::enforce_trust(&spec.module, spec.sha256.as_deref(), spec.allow_untrusted, &spec.name)
+        .map_err(fail)?;
     let (host_end, worker_end) = UnixStream::pair().map_err(|e| fail(format!("cannot create a socket pair: {e}")))?;
     let fd = worker_end.as_raw_fd();
     let keep: Vec<String> = spec.keep_caps.iter().map(u32::to_string).collect();

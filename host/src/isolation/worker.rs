@@ -182,27 +182,9 @@ fn call(
             if !me.is_null() {
                 return refuse(format!("driver {name}: create called twice"));
             }
-            let kvs: Vec<abi::devhost_kv> = options
-                .iter()
-                .map(|(k, v)| abi::devhost_kv {
-                    key: abi::devhost_str::from_str(k),
-                    value: abi::devhost_str::from_str(v),
-                })
-                .collect();
-            let ctx = CallCtx::new(CallKind::Create);
-            let mut out: *mut c_void = std::ptr::null_mut();
-            let Some(create) = module.desc.create else { return missing("create") };
-            // SAFETY: the API table is leaked, the options live for the call, out is a valid slot.
-            let status = unsafe { create(api, kvs.as_ptr(), kvs.len(), ctx.as_raw(), &mut out) };
-            let mut st = ctx.into_state();
-            if status == abi::DEVHOST_OK && out.is_null() {
-                st.error = Some("create returned OK but no instance".into());
-                return (abi::DEVHOST_ERR_INTERNAL, st);
-            }
-            // A failed create owns no instance: never call destroy on what it left.
-            if status == abi::DEVHOST_OK {
-                inst.store(out, Ordering::Release);
-            }
+            // SAFETY: the API table is leaked, so it outlives the instance.
+            let (status, st, out) = unsafe { module.create_instance(api, &options) };
+            inst.store(out, Ordering::Release);
             (status, st)
         }
         Request::WatchStart | Request::Scan => {

@@ -98,15 +98,8 @@ fn trusted_path(cfg: &DriverConfig, allow_untrusted: bool) -> Result<PathBuf, St
         let tried: Vec<String> = cfg.module_candidates.iter().map(|p| p.display().to_string()).collect();
         return Err(format!("driver {}: no module file found (tried {})", cfg.name, tried.join(", ")));
     };
-    if let Err(problems) = loader::check_trust(path, cfg.sha256.as_deref()) {
-        let text: Vec<String> = problems.iter().map(|p| p.to_string()).collect();
-        // A pin is an explicit operator request: never relaxed.
-        let pinned = problems.iter().any(|p| matches!(p, loader::TrustError::Sha256 { .. }));
-        if !allow_untrusted || pinned {
-            return Err(format!("driver {}: untrusted module: {}", cfg.name, text.join("; ")));
-        }
-        tracing::warn!(driver = %cfg.name, "LOADING AN UNTRUSTED MODULE (allow_untrusted_modules is set): {}", text.join("; "));
-    }
+    loader::enforce_trust(path, cfg.sha256.as_deref(), allow_untrusted, &cfg.name)
+        .map_err(|e| format!("driver {}: {e}", cfg.name))?;
     Ok(path.clone())
 }
 
