@@ -161,7 +161,19 @@ impl Kubelet {
         self.shared.read(|s| s.resources.get(resource).map(f))
     }
 
+    /// Fault injection: while `hold` is true, every Register call is
+    /// received (and counted) but not answered, like a kubelet that hangs.
+    /// Setting it back to false lets held calls proceed as usual.
+    pub fn hold_register(&self, hold: bool) {
+        self.shared.update(|s| s.hold_register = hold);
+    }
+
     // ---- observations ----
+
+    /// Register calls received in all, answered or not.
+    pub fn register_calls(&self) -> u64 {
+        self.shared.read(|s| s.register_calls)
+    }
 
     /// Every resource name that ever registered, sorted.
     pub fn resources(&self) -> Vec<String> {
@@ -229,6 +241,16 @@ impl Kubelet {
             .wait(what, timeout, |s| match s.resources.get(resource) {
                 Some(r) if r.registrations >= n => Ok(()),
                 _ => Err(s.describe(resource)),
+            })
+            .await
+    }
+
+    /// Waits until at least `n` Register calls arrived (answered or not).
+    pub async fn wait_register_calls(&self, n: u64, timeout: Duration) -> Result<(), WaitError> {
+        let what = || format!("{n} Register call(s)");
+        self.shared
+            .wait(what, timeout, |s| {
+                if s.register_calls >= n { Ok(()) } else { Err(format!("{} Register call(s)", s.register_calls)) }
             })
             .await
     }

@@ -5,7 +5,8 @@
 //! and accepts registrations the way the kubelet does, keeps one connection
 //! per resource, records every ListAndWatch list, and makes the calls the
 //! kubelet makes (Allocate, GetPreferredAllocation, PreStartContainer). It can
-//! also restart or stop like a real kubelet, deleting sockets as it does.
+//! also restart or stop like a real kubelet, deleting sockets as it does, or
+//! hang in Register (fault injection).
 //! Observations are cheap getters plus waiters woken on every change.
 //!
 //! [`PodResourcesServer`] emulates the kubelet's PodResources API on its own

@@ -25,6 +25,8 @@ const MAX_RECV_MESSAGE_SIZE: usize = 4 * 1024 * 1024;
 /// First pause between dial attempts; grows up to [`MAX_DIAL_BACKOFF`].
 const FIRST_DIAL_BACKOFF: Duration = Duration::from_millis(20);
 const MAX_DIAL_BACKOFF: Duration = Duration::from_secs(1);
+/// Longest a held Register waits for [`crate::Kubelet::hold_register`] to be lifted.
+const HOLD_LIMIT: Duration = Duration::from_secs(24 * 3600);
 
 /// A device plugin client configured like the kubelet's.
 pub(crate) fn plugin_client(channel: Channel) -> DevicePluginClient<Channel> {
@@ -45,6 +47,23 @@ impl Registration for RegistrationService {
         let req = request.into_inner();
         let resource = req.resource_name.clone();
         tracing::info!(resource, endpoint = req.endpoint, version = req.version, "Register");
+        let held = self.shared.update(|s| {
+            s.register_calls += 1;
+            s.hold_register
+        });
+        if held {
+            // A hung kubelet: no answer until the test lets go (or a day passes).
+            let _ = self
+                .shared
+                .wait(
+                    || "Register to be released".to_string(),
+                    HOLD_LIMIT,
+                    |s| {
+                        if s.hold_register { Err("held".to_string()) } else { Ok(()) }
+                    },
+                )
+                .await;
+        }
         let result = self.accept(req).await;
         if let Err(status) = &result {
             tracing::warn!(resource, error = status.message(), "Register rejected");

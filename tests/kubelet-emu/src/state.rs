@@ -103,6 +103,10 @@ pub(crate) struct State {
     pub epoch: u64,
     pub next_generation: u64,
     pub dial_timeout: Duration,
+    /// Register calls received, accepted or not (a fault-injection aid).
+    pub register_calls: u64,
+    /// While set, Register calls are held unanswered (a hung kubelet).
+    pub hold_register: bool,
 }
 
 impl State {
@@ -131,6 +135,8 @@ impl Shared {
                 epoch: 0,
                 next_generation: 1,
                 dial_timeout: DEFAULT_DIAL_TIMEOUT,
+                register_calls: 0,
+                hold_register: false,
             }),
             changed: watch::Sender::new(()),
         }

@@ -78,6 +78,24 @@ async fn unreachable_endpoint_fails_register_after_the_dial_timeout() {
     assert_eq!(kubelet.registration_count(GPU), 0);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_register_gets_no_answer_until_released() {
+    let tmp = tempfile::tempdir().unwrap();
+    let kubelet = Kubelet::start(tmp.path()).unwrap();
+    let plugin = TestPlugin::serve(tmp.path(), "gpu.sock", options(false, false));
+    kubelet.hold_register(true);
+    let dir = tmp.path().to_path_buf();
+    let call = tokio::spawn(async move { plugin.register(&dir, GPU).await.map(|_| plugin) });
+    kubelet.wait_register_calls(1, WAIT).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!call.is_finished(), "a held Register must not be answered");
+    assert_eq!(kubelet.registration_count(GPU), 0);
+    kubelet.hold_register(false);
+    let _plugin = call.await.unwrap().unwrap();
+    assert_eq!(kubelet.registration_count(GPU), 1);
+    assert_eq!(kubelet.register_calls(), 1);
+}
+
 #[tokio::test]
 async fn absolute_endpoint_stays_inside_the_directory() {
     let tmp = tempfile::tempdir().unwrap();
