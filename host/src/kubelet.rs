@@ -4,14 +4,15 @@
 //! `kubelet.sock`) or our socket disappears. The kubelet may be absent for
 //! as long as it likes: we retry with capped backoff and never exit for it.
 
+mod folder;
+
 use crate::endpoint::Endpoint;
 use crate::registry::{Resource, Services};
 use devhost_proto::v1beta1 as pb;
-use notify::Watcher;
 use std::collections::HashMap;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{Notify, watch};
@@ -34,18 +35,26 @@ fn describe(e: &anyhow::Error) -> String {
     parts.join(": ")
 }
 
-/// Safety net behind inotify: how often socket files are checked by stat.
-const RECHECK: Duration = Duration::from_secs(2);
+/// How long stopping every endpoint may take in all (SIGTERM, reload),
+/// whatever the kubelet does; the DaemonSet allows 10 s.
+const STOP_DEADLINE: Duration = Duration::from_secs(3);
 
 /// What the folder watcher tells the endpoints.
 struct Signals {
-    /// Bumped whenever a new kubelet.sock appears.
+    /// Bumped whenever a new kubelet.sock appears, or the folder does.
     kubelet_gen: watch::Sender<u64>,
     /// Per socket path of ours: notified when the file is removed.
     socket_lost: Mutex<HashMap<PathBuf, Arc<Notify>>>,
     services: Arc<Services>,
     /// Inode of the kubelet.sock last seen, to count each restart once.
     last_kubelet: Mutex<Option<SocketId>>,
+    /// Asks the folder watch to check what it watches.
+    rearm: Notify,
+    /// The watched folder itself was removed or renamed: watch it afresh.
+    watch_lost: AtomicBool,
+    /// The kind of the last bind error logged at warning level, so that
+    /// every endpoint failing the same way is said once.
+    bind_said: Mutex<Option<std::io::ErrorKind>>,
 }
 
 impl Signals {
@@ -65,6 +74,51 @@ impl Signals {
 }
 
 impl Signals {
+    /// The folder is (again) there and watched: catch up on what happened
+    /// before the watch was set, and wake endpoints waiting to bind.
+    fn folder_ready(&self, dir: &Path) {
+        self.kubelet_restarted(inode(&dir.join(devhost_proto::KUBELET_SOCKET)));
+        for (path, lost) in self.lost() {
+            if inode(&path).is_none() {
+                lost.notify_one();
+            }
+        }
+        self.kubelet_gen.send_modify(|g| *g += 1);
+    }
+
+    /// A failed bind: the first of its kind says what is wrong (with what to
+    /// check where the operator must act); repeats go to debug.
+    fn bind_failed(&self, dir: &Path, resource: &str, path: &Path, e: &std::io::Error, retry: Duration) {
+        let first = {
+            let mut said = self.bind_said.lock().unwrap_or_else(|p| p.into_inner());
+            said.replace(e.kind()) != Some(e.kind())
+        };
+        use std::io::ErrorKind::*;
+        match e.kind() {
+            _ if !first => {
+                tracing::debug!(resource, socket = %path.display(), "cannot listen ({e}); retrying in {retry:?}")
+            }
+            PermissionDenied | ReadOnlyFilesystem => {
+                tracing::error!(resource, socket = %path.display(), "{}", folder::denied_hint(dir, e))
+            }
+            NotFound => tracing::warn!(
+                resource,
+                dir = %dir.display(),
+                "cannot listen: the device-plugins folder does not exist (yet); serving as soon as the kubelet creates it"
+            ),
+            _ => tracing::warn!(
+                resource,
+                socket = %path.display(),
+                "cannot listen ({e}); retrying every {BACKOFF_MAX:?} at most, further attempts at debug level"
+            ),
+        }
+    }
+
+    /// A bind worked: the next failure is news again.
+    fn bind_ok(&self) {
+        *self.bind_said.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
     fn lost(&self) -> Vec<(PathBuf, Arc<Notify>)> {
         self.socket_lost.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|(p, n)| (p.clone(), n.clone())).collect()
     }
@@ -94,7 +148,7 @@ pub struct Endpoints {
     services: Arc<Services>,
     signals: Arc<Signals>,
     served: Mutex<Vec<Served>>,
-    _watcher: Option<notify::RecommendedWatcher>,
+    watch: Option<tokio::task::JoinHandle<()>>,
     checker: tokio::task::JoinHandle<()>,
 }
 
@@ -106,10 +160,15 @@ impl Endpoints {
             socket_lost: Mutex::new(HashMap::new()),
             services: services.clone(),
             last_kubelet: Mutex::new(inode(&dir.join(devhost_proto::KUBELET_SOCKET))),
+            rearm: Notify::new(),
+            watch_lost: AtomicBool::new(false),
+            bind_said: Mutex::new(None),
         });
-        let watcher = watch_dir(&dir, signals.clone());
-        let checker = tokio::spawn(recheck(dir.clone(), signals.clone()));
-        Endpoints { dir, services, signals, served: Mutex::new(Vec::new()), _watcher: watcher, checker }
+        // Absolute, so that the watch can climb to the parents.
+        let watched = std::path::absolute(&dir).unwrap_or_else(|_| dir.clone());
+        let watch = folder::FolderWatch::new(&watched, signals.clone()).map(|w| tokio::spawn(w.run()));
+        let checker = tokio::spawn(folder::recheck(dir.clone(), signals.clone()));
+        Endpoints { dir, services, signals, served: Mutex::new(Vec::new()), watch, checker }
     }
 
     /// Serves exactly `resources` (those with a driver): starts the new ones
@@ -128,7 +187,7 @@ impl Endpoints {
             *served = keep;
             gone
         };
-        stop_all(gone).await;
+        stop_all(gone, &self.dir).await;
         let mut served = self.served.lock().unwrap_or_else(|p| p.into_inner());
         for r in wanted {
             if served.iter().any(|s| Arc::ptr_eq(&s.resource, r)) {
@@ -141,6 +200,7 @@ impl Endpoints {
             let task = tokio::spawn(serve_resource(
                 r.clone(),
                 self.services.clone(),
+                self.signals.clone(),
                 self.dir.clone(),
                 lost,
                 self.signals.kubelet_gen.subscribe(),
@@ -150,70 +210,49 @@ impl Endpoints {
         }
     }
 
-    /// Stops every endpoint and removes our sockets.
+    /// Stops every endpoint and removes our sockets, within [`STOP_DEADLINE`].
     pub async fn shutdown(&self) {
         let all = std::mem::take(&mut *self.served.lock().unwrap_or_else(|p| p.into_inner()));
-        stop_all(all).await;
+        stop_all(all, &self.dir).await;
         self.checker.abort();
+        if let Some(w) = &self.watch {
+            w.abort();
+        }
     }
 }
 
-/// Stops endpoints and waits (bounded) for their sockets to be removed.
-async fn stop_all(list: Vec<Served>) {
+impl Drop for Endpoints {
+    fn drop(&mut self) {
+        self.checker.abort();
+        if let Some(w) = &self.watch {
+            w.abort();
+        }
+    }
+}
+
+/// Stops endpoints together under one deadline: those still busy then (a
+/// kubelet that does not answer) are cancelled. Our sockets are removed in
+/// every case.
+async fn stop_all(list: Vec<Served>, dir: &Path) {
     for s in &list {
         let _ = s.stop.send(true);
     }
-    for s in list {
-        if tokio::time::timeout(Duration::from_secs(2), s.task).await.is_err() {
-            tracing::warn!(resource = %s.resource.config.name, "endpoint did not stop within 2 s");
+    let deadline = tokio::time::Instant::now() + STOP_DEADLINE;
+    let mut late = Vec::new();
+    for mut s in list {
+        // All were told at once, so waiting in turn under one deadline is waiting together.
+        if tokio::time::timeout_at(deadline, &mut s.task).await.is_err() {
+            s.task.abort();
+            late.push(s.resource.config.name.clone());
+            let _ = tokio::time::timeout(Duration::from_millis(200), s.task).await;
         }
+        remove_own_socket(&dir.join(&s.resource.config.socket_name));
     }
-}
-
-/// inotify on the folder: kubelet.sock created → restart signal; one of our
-/// sockets removed → that resource's signal. Errors leave the stat checker.
-fn watch_dir(dir: &Path, signals: Arc<Signals>) -> Option<notify::RecommendedWatcher> {
-    let handler = move |ev: notify::Result<notify::Event>| {
-        let Ok(ev) = ev else { return };
-        for p in &ev.paths {
-            let is_kubelet = p.file_name().is_some_and(|n| n == devhost_proto::KUBELET_SOCKET);
-            match ev.kind {
-                notify::EventKind::Create(_) if is_kubelet => {
-                    signals.kubelet_restarted(inode(p));
-                }
-                notify::EventKind::Remove(_) => {
-                    if let Some(n) = signals.socket_lost.lock().unwrap_or_else(|p| p.into_inner()).get(p) {
-                        n.notify_one();
-                    }
-                }
-                _ => {}
-            }
-        }
-    };
-    match notify::recommended_watcher(handler)
-        .and_then(|mut w| w.watch(dir, notify::RecursiveMode::NonRecursive).map(|_| w))
-    {
-        Ok(w) => Some(w),
-        Err(e) => {
-            tracing::warn!(dir = %dir.display(), "cannot watch the device-plugins folder ({e}); checking it every {RECHECK:?} instead");
-            None
-        }
-    }
-}
-
-/// The stat-based safety net: catches a replaced kubelet.sock or a lost
-/// socket even when inotify missed it (folder deleted and re-created).
-async fn recheck(dir: PathBuf, signals: Arc<Signals>) {
-    let kubelet = dir.join(devhost_proto::KUBELET_SOCKET);
-    loop {
-        tokio::time::sleep(RECHECK).await;
-        // Only a socket not seen before counts (inotify may have seen it first).
-        signals.kubelet_restarted(inode(&kubelet));
-        for (path, lost) in signals.lost() {
-            if inode(&path).is_none() {
-                lost.notify_one();
-            }
-        }
+    if !late.is_empty() {
+        tracing::warn!(
+            resources = %late.join(", "),
+            "endpoint(s) did not stop within {STOP_DEADLINE:?}; cancelled them and removed their sockets"
+        );
     }
 }
 
@@ -222,6 +261,7 @@ async fn recheck(dir: PathBuf, signals: Arc<Signals>) {
 async fn serve_resource(
     res: Arc<Resource>,
     services: Arc<Services>,
+    signals: Arc<Signals>,
     dir: PathBuf,
     lost: Arc<Notify>,
     mut kubelet_gen: watch::Receiver<u64>,
@@ -234,11 +274,19 @@ async fn serve_resource(
     'outer: while !*stop.borrow() {
         let (retire_tx, retire_rx) = watch::channel(false);
         let listener = match bind(&path) {
-            Ok(l) => l,
+            Ok(l) => {
+                signals.bind_ok();
+                l
+            }
             Err(e) => {
-                tracing::warn!(resource = %name, socket = %path.display(), "cannot listen ({e}); retrying in {backoff:?}");
-                tokio::select! { _ = tokio::time::sleep(backoff) => {}, _ = stop.changed() => break }
-                backoff = (backoff * 2).min(BACKOFF_MAX);
+                signals.bind_failed(&dir, &name, &path, &e, backoff);
+                // The folder coming back (or a new kubelet) is worth an attempt at once.
+                let woken = tokio::select! {
+                    _ = tokio::time::sleep(backoff) => false,
+                    _ = kubelet_gen.changed() => true,
+                    _ = stop.changed() => break,
+                };
+                backoff = if woken { BACKOFF_START } else { (backoff * 2).min(BACKOFF_MAX) };
                 continue;
             }
         };
@@ -265,7 +313,12 @@ async fn serve_resource(
         let mut registered_with;
         loop {
             registered_with = inode(&kubelet_sock);
-            match register(&dir, &res).await {
+            // A kubelet that never answers must not hold up a shutdown.
+            let attempt = tokio::select! {
+                r = register(&dir, &res) => r,
+                _ = stop.changed() => { let _ = retire_tx.send(true); break 'outer; }
+            };
+            match attempt {
                 Ok(()) => {
                     failures = 0;
                     last_warned = None;
