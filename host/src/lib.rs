@@ -8,8 +8,9 @@
 //! [`cdi`] (CDI spec files), [`metrics`] (Prometheus and probes),
 //! [`status`] (health history and allocations), [`podresources`] and
 //! [`release`] (who holds a device; cleaning it when let go),
-//! [`preferred`] (topology-aware allocation) and [`isolation`] (drivers in
-//! worker processes). [`sim`] runs it all against the kubelet emulator.
+//! [`preferred`] (topology-aware allocation), [`isolation`] (drivers in
+//! worker processes) and [`lock`] (one daemon per kubelet folder). [`sim`]
+//! runs it all against the kubelet emulator.
 
 pub mod callbacks;
 pub mod cdi;
@@ -19,6 +20,7 @@ pub mod instance;
 pub mod isolation;
 pub mod kubelet;
 pub mod loader;
+pub mod lock;
 pub mod manifest;
 pub mod metrics;
 pub mod podresources;

@@ -19,8 +19,8 @@ use super::values::{DurationSetting, flatten_options};
 use crate::isolation::capability_number;
 
 use super::{
-    DEFAULT_CALL_TIMEOUT, DEFAULT_DRIVER_DIR, DEFAULT_KUBELET_DIR, DEFAULT_POD_RESOURCES_INTERVAL, DriverConfig,
-    Isolation, MAX_SOCKET_PATH, Manifest, ManifestErrors, ResourceConfig,
+    DEFAULT_CALL_TIMEOUT, DEFAULT_DRIVER_DIR, DEFAULT_KUBELET_DIR, DEFAULT_LOCK_DIR, DEFAULT_POD_RESOURCES_INTERVAL,
+    DriverConfig, Isolation, MAX_SOCKET_PATH, Manifest, ManifestErrors, ResourceConfig,
 };
 
 #[derive(Default, Deserialize)]
@@ -34,6 +34,7 @@ struct RawTop {
     metrics_addr: Option<Spanned<String>>,
     pod_resources_socket: Option<Spanned<String>>,
     pod_resources_interval: Option<DurationSetting>,
+    lock_dir: Option<Spanned<String>>,
     // Walked separately, entry by entry, so one bad entry does not hide the others; listed here
     // so that unknown-key messages name them.
     #[serde(rename = "driver")]
@@ -100,6 +101,7 @@ pub(super) fn parse(text: &str, path: &Path, kubelet_dir_override: Option<&Path>
     let metrics_addr = features::metrics_addr(&top.metrics_addr, &mut diags);
     let pod_resources_socket = pod_resources::socket(&top.pod_resources_socket, base, &mut diags);
     let pod_resources_interval = top.pod_resources_interval.map_or(DEFAULT_POD_RESOURCES_INTERVAL, |t| t.0);
+    let lock_dir = resolve_dir(&top.lock_dir, "lock_dir", DEFAULT_LOCK_DIR, base, &mut diags);
 
     let DeValue::Table(table) = document.get_ref() else {
         return Err(ManifestErrors(diags.into_sorted()));
@@ -127,6 +129,7 @@ pub(super) fn parse(text: &str, path: &Path, kubelet_dir_override: Option<&Path>
     manifest.metrics_addr = metrics_addr;
     manifest.pod_resources_socket = pod_resources_socket;
     manifest.pod_resources_interval = pod_resources_interval;
+    manifest.lock_dir = lock_dir;
     for (index, r) in manifest.resources.iter().enumerate() {
         if r.one_replica_per_container && r.replicas == 1 {
             let field = format!("resource[{index}].one_replica_per_container");
@@ -410,6 +413,7 @@ impl Builder<'_> {
             metrics_addr: None,
             pod_resources_socket: PathBuf::from(super::DEFAULT_POD_RESOURCES_SOCKET),
             pod_resources_interval: DEFAULT_POD_RESOURCES_INTERVAL,
+            lock_dir: PathBuf::from(DEFAULT_LOCK_DIR),
         })
     }
 }

@@ -33,6 +33,9 @@ pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_POD_RESOURCES_SOCKET: &str = devhost_proto::POD_RESOURCES_SOCKET;
 /// How often the host asks the kubelet who holds which device unless the manifest says otherwise.
 pub const DEFAULT_POD_RESOURCES_INTERVAL: Duration = Duration::from_secs(2);
+/// Where the lock that keeps a second daemon off the same kubelet folder lives unless the
+/// manifest says otherwise (outside the kubelet's folder, which the kubelet empties).
+pub const DEFAULT_LOCK_DIR: &str = "/run/devhost";
 /// Longest unix socket path (`sun_path` holds 108 bytes including the terminating NUL).
 pub const MAX_SOCKET_PATH: usize = 107;
 
@@ -62,6 +65,8 @@ pub struct Manifest {
     pub pod_resources_socket: PathBuf,
     /// How often that socket is asked, besides right after each Allocate (`pod_resources_interval`).
     pub pod_resources_interval: Duration,
+    /// Folder of the lock file that allows one daemon per kubelet folder (`lock_dir`).
+    pub lock_dir: PathBuf,
 }
 
 /// One driver instance: a module plus the options it is created with.

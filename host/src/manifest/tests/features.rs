@@ -90,3 +90,11 @@ fn one_replica_per_container_without_replicas_is_a_warning() {
         [format!("{PATH}:1:1: resource[0].one_replica_per_container: has no effect without replicas > 1")]
     );
 }
+
+#[test]
+fn lock_dir_defaults_to_run_devhost_and_resolves_like_other_paths() {
+    assert_eq!(parse(RESOURCE).unwrap().lock_dir, PathBuf::from(crate::manifest::DEFAULT_LOCK_DIR));
+    let manifest = parse(&format!("lock_dir = \"run\"\n{RESOURCE}")).unwrap();
+    assert_eq!(manifest.lock_dir, PathBuf::from("/etc/devhost/run"));
+    assert!(only_error("lock_dir = \"\"\n").starts_with(&format!("{PATH}:1:12: lock_dir: the path is empty")));
+}
