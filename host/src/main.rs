@@ -90,6 +90,9 @@ fn init_logs(format: LogFormat, quiet: bool) {
     }
 }
 
+/// How long an edited manifest must stay unchanged before it is applied.
+const MANIFEST_SETTLE: std::time::Duration = std::time::Duration::from_secs(1);
+
 static ALLOW_UNTRUSTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 /// Whether logs are JSON: manifest problems then go through the logger too.
 static LOG_JSON: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -162,6 +165,21 @@ async fn run(config: &Path, kubelet_dir: Option<&Path>) -> ExitCode {
     // Handlers first: a SIGTERM during start-up still removes our sockets.
     let Some(mut signals) = Signals::install() else { return ExitCode::FAILURE };
     let Some(manifest) = load_manifest(config, kubelet_dir) else { return ExitCode::from(2) };
+    // Before anything is loaded or served: a second daemon on one kubelet
+    // folder would replace the first one's sockets over and over.
+    let _lock = match devhost::lock::acquire(&manifest.lock_dir, &manifest.kubelet_dir) {
+        Ok(lock) => Some(lock),
+        Err(e @ devhost::lock::LockError::Held { .. }) => {
+            tracing::error!("{e}");
+            return ExitCode::FAILURE;
+        }
+        Err(e) => {
+            tracing::warn!(
+                "{e}; running without protection against a second devhost on this kubelet folder (lock_dir must be writable)"
+            );
+            None
+        }
+    };
     // A taken metrics port fails the start before anything is served.
     let probes_listener = match manifest.metrics_addr {
         Some(addr) => match devhost::metrics::bind(addr).await {
@@ -189,10 +207,20 @@ async fn run(config: &Path, kubelet_dir: Option<&Path>) -> ExitCode {
     let endpoints = devhost::kubelet::Endpoints::start(manifest.kubelet_dir.clone(), registry.services.clone());
     endpoints.sync(&registry.resources()).await;
     // A ConfigMap update replaces the file (through a symlink swap): watch
-    // its folder and reload when the text really changed.
+    // its folder and reload when the text really changed and then stayed
+    // the same for MANIFEST_SETTLE (a file written in pieces is never
+    // applied half-written). SIGHUP applies at once: the operator asked.
     let (_watcher, mut edits) = watch_manifest(config);
     let mut last_text = std::fs::read_to_string(config).unwrap_or_default();
+    // While an edit settles: when it may be applied, and the text then seen.
+    let mut settling: Option<(tokio::time::Instant, String)> = None;
     loop {
+        let settled = async {
+            match &settling {
+                Some((at, _)) => tokio::time::sleep_until(*at).await,
+                None => std::future::pending().await,
+            }
+        };
         let why = tokio::select! {
             signal = signals.next() => match signal {
                 Signal::Reload => "SIGHUP",
@@ -202,16 +230,27 @@ async fn run(config: &Path, kubelet_dir: Option<&Path>) -> ExitCode {
                 }
             },
             Some(()) = edits.recv() => {
-                // Editors and the kubelet write in steps: let them finish.
-                tokio::time::sleep(std::time::Duration::from_millis(300)).await;
                 while edits.try_recv().is_ok() {}
                 let text = std::fs::read_to_string(config).unwrap_or_default();
+                tracing::debug!("the manifest file changed; applying it once unchanged for {MANIFEST_SETTLE:?}");
+                settling = Some((tokio::time::Instant::now() + MANIFEST_SETTLE, text));
+                continue;
+            }
+            () = settled => {
+                let seen = settling.take().map(|(_, t)| t).unwrap_or_default();
+                let text = std::fs::read_to_string(config).unwrap_or_default();
+                if text != seen {
+                    // Changed without an event we saw: settle again.
+                    settling = Some((tokio::time::Instant::now() + MANIFEST_SETTLE, text));
+                    continue;
+                }
                 if text == last_text {
                     continue;
                 }
                 "the manifest file changed"
             }
         };
+        settling = None;
         last_text = std::fs::read_to_string(config).unwrap_or_default();
         tracing::info!("{why}: reloading {}", config.display());
         let Some(next) = load_manifest(config, kubelet_dir) else {
@@ -224,6 +263,7 @@ async fn run(config: &Path, kubelet_dir: Option<&Path>) -> ExitCode {
             ("cdi_dir", next.cdi_dir != manifest.cdi_dir),
             ("pod_resources_socket", next.pod_resources_socket != manifest.pod_resources_socket),
             ("pod_resources_interval", next.pod_resources_interval != manifest.pod_resources_interval),
+            ("lock_dir", next.lock_dir != manifest.lock_dir),
         ] {
             if changed {
                 tracing::warn!("{key} changed; it takes effect when devhost restarts (the running value stays)");
@@ -233,6 +273,9 @@ async fn run(config: &Path, kubelet_dir: Option<&Path>) -> ExitCode {
         let names = |v: &[Arc<devhost::registry::Resource>]| {
             v.iter().map(|r| r.config.name.clone()).collect::<Vec<_>>().join(", ")
         };
+        for gone in changes.stopped.iter().filter(|s| !changes.started.iter().any(|r| r.config.name == s.config.name)) {
+            tracing::warn!(resource = %gone.config.name, "removed by this reload: no longer in the manifest, no longer served");
+        }
         tracing::info!(
             started = %names(&changes.started),
             stopped = %names(&changes.stopped),
