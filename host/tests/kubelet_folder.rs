@@ -65,8 +65,8 @@ async fn a_folder_created_after_start_is_served_at_once() {
     let dir = node.path().join("var/dp");
     let d = Daemon::start(&manifest(&node), &dir);
     d.wait_log("does not exist (yet); watching", WAIT).await;
-    // Long enough for the endpoints' bind retries to back off.
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // Long enough for the endpoints' bind retries to back off to seconds.
+    tokio::time::sleep(Duration::from_millis(3500)).await;
     let (_kubelet, took) = kubelet_and_time_to_register(&dir).await;
     eprintln!("registered {took:?} after the folder and kubelet.sock appeared");
     assert!(took < PROMPT, "registration took {took:?} after the folder appeared");
@@ -87,7 +87,8 @@ async fn a_folder_deleted_and_created_again_is_watched_again() {
     for _round in 0..3 {
         drop(kubelet);
         std::fs::remove_dir_all(&dir).unwrap();
-        tokio::time::sleep(Duration::from_millis(400)).await;
+        // Long enough for the endpoints' bind retries to back off past a second.
+        tokio::time::sleep(Duration::from_millis(1300)).await;
         let (k, took) = kubelet_and_time_to_register(&dir).await;
         kubelet = k;
         times.push(took);
