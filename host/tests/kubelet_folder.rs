@@ -192,7 +192,7 @@ async fn a_second_daemon_on_the_same_folder_is_refused_naming_the_first() {
         assert_eq!(kubelet.registration_count(r), 1);
         assert!(kubelet.is_connected(r));
     }
-    // Once the first one is gone, its lock file left behind does not block.
+    // Once the first one is gone, the next one starts.
     tokio::task::block_in_place(|| first.terminate(WAIT)).expect("the first one exits");
     let _third = Daemon::start(&second_manifest, &dir);
     for r in RESOURCES {
