@@ -55,8 +55,14 @@ pub fn acquire(lock_dir: &Path, kubelet_dir: &Path) -> Result<InstanceLock, Lock
     // the file at `path`, or another daemon may lock a new one beside us.
     for _ in 0..10 {
         // Not truncated on open: until we hold it, the PID in it is the holder's.
-        let mut file =
-            OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o644).open(&path).map_err(io)?;
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o644)
+            .open(&path)
+            .map_err(io)?;
         // SAFETY: flock on a descriptor we own; no memory is involved. (std's
         // File::try_lock is newer than the workspace's minimum Rust.)
         if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {

@@ -108,7 +108,12 @@ fn event_handler(dir: PathBuf, signals: Arc<Signals>) -> impl Fn(notify::Result<
         if ev.kind.is_access() {
             return;
         }
-        let mut rearm = ev.need_rescan();
+        let mut rearm = false;
+        if ev.need_rescan() {
+            // Events were lost: arm afresh, which also checks the folder's content.
+            signals.watch_lost.store(true, Ordering::Release);
+            rearm = true;
+        }
         for p in &ev.paths {
             if p.parent() == Some(dir.as_path()) {
                 let is_kubelet = p.file_name().is_some_and(|n| n == devhost_proto::KUBELET_SOCKET);
