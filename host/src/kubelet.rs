@@ -237,23 +237,33 @@ async fn stop_all(list: Vec<Served>, dir: &Path) {
     for s in &list {
         let _ = s.stop.send(true);
     }
-    let deadline = tokio::time::Instant::now() + STOP_DEADLINE;
-    let mut late = Vec::new();
-    for mut s in list {
-        // All were told at once, so waiting in turn under one deadline is waiting together.
-        if tokio::time::timeout_at(deadline, &mut s.task).await.is_err() {
-            s.task.abort();
-            late.push(s.resource.config.name.clone());
-            let _ = tokio::time::timeout(Duration::from_millis(200), s.task).await;
-        }
-        remove_own_socket(&dir.join(&s.resource.config.socket_name));
-    }
+    let tasks =
+        list.into_iter().map(|s| (s.resource.config.name.clone(), dir.join(&s.resource.config.socket_name), s.task));
+    let late = join_or_cancel(tasks.collect(), STOP_DEADLINE).await;
     if !late.is_empty() {
         tracing::warn!(
             resources = %late.join(", "),
             "endpoint(s) did not stop within {STOP_DEADLINE:?}; cancelled them and removed their sockets"
         );
     }
+}
+
+/// Waits for endpoint tasks already told to stop, all under one deadline;
+/// cancels those still running then. Removes every socket either way and
+/// returns the names of the cancelled ones.
+async fn join_or_cancel(tasks: Vec<(String, PathBuf, tokio::task::JoinHandle<()>)>, within: Duration) -> Vec<String> {
+    let deadline = tokio::time::Instant::now() + within;
+    let mut late = Vec::new();
+    for (name, socket, mut task) in tasks {
+        // All were told at once, so waiting in turn under one deadline is waiting together.
+        if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
+            task.abort();
+            let _ = tokio::time::timeout(Duration::from_millis(200), task).await;
+            late.push(name);
+        }
+        remove_own_socket(&socket);
+    }
+    late
 }
 
 /// One resource's life: bind, serve, register, wait for a reason to start
@@ -410,4 +420,37 @@ async fn register(dir: &Path, res: &Resource) -> anyhow::Result<()> {
         .map_err(|_| anyhow::anyhow!("kubelet did not answer Register within 15 s"))?
         .map_err(|s| anyhow::anyhow!("kubelet refused: {}", s.message()))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn stuck_endpoints_are_cancelled_under_one_deadline_and_their_sockets_removed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut tasks = Vec::new();
+        let mut listeners = Vec::new();
+        for name in ["a", "b", "c"] {
+            let socket = tmp.path().join(format!("{name}.sock"));
+            listeners.push(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+            // Ignores every stop request, like an endpoint stuck in a call.
+            let task = tokio::spawn(std::future::pending::<()>());
+            tasks.push((name.to_string(), socket, task));
+        }
+        // A finished endpoint whose path holds a regular file: never removed.
+        let kept = tmp.path().join("done.sock");
+        std::fs::write(&kept, "").unwrap();
+        tasks.push(("done".to_string(), kept.clone(), tokio::spawn(async {})));
+        let start = std::time::Instant::now();
+        let late = join_or_cancel(tasks, Duration::from_millis(300)).await;
+        let took = start.elapsed();
+        assert_eq!(late, ["a", "b", "c"]);
+        assert!(took < Duration::from_secs(2), "one deadline for all, not one each: {took:?}");
+        for name in ["a", "b", "c"] {
+            assert!(!tmp.path().join(format!("{name}.sock")).exists(), "{name}.sock left behind");
+        }
+        assert!(kept.exists(), "only sockets are removed");
+        drop(listeners);
+    }
 }
