@@ -3,6 +3,8 @@
 //! served again and re-registered whenever the kubelet restarts (a new
 //! `kubelet.sock`) or our socket disappears. The kubelet may be absent for
 //! as long as it likes: we retry with capped backoff and never exit for it.
+//! The folder itself may come and go too (`folder` re-arms its watch).
+//! Stopping is concurrent and bounded, and always removes our sockets.
 
 mod folder;
 
@@ -166,7 +168,7 @@ impl Endpoints {
         });
         // Absolute, so that the watch can climb to the parents.
         let watched = std::path::absolute(&dir).unwrap_or_else(|_| dir.clone());
-        let watch = folder::FolderWatch::new(&watched, signals.clone()).map(|w| tokio::spawn(w.run()));
+        let watch = folder::FolderWatch::new(&watched, &dir, signals.clone()).map(|w| tokio::spawn(w.run()));
         let checker = tokio::spawn(folder::recheck(dir.clone(), signals.clone()));
         Endpoints { dir, services, signals, served: Mutex::new(Vec::new()), watch, checker }
     }
@@ -210,7 +212,7 @@ impl Endpoints {
         }
     }
 
-    /// Stops every endpoint and removes our sockets, within [`STOP_DEADLINE`].
+    /// Stops every endpoint and removes our sockets, within `STOP_DEADLINE` (3 s).
     pub async fn shutdown(&self) {
         let all = std::mem::take(&mut *self.served.lock().unwrap_or_else(|p| p.into_inner()));
         stop_all(all, &self.dir).await;

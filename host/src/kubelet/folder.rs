@@ -32,10 +32,11 @@ pub(super) struct FolderWatch {
 }
 
 impl FolderWatch {
-    /// Sets up inotify for `dir` (absolute); `None` (logged) when inotify is
-    /// unavailable, which leaves the stat check.
-    pub(super) fn new(dir: &Path, signals: Arc<Signals>) -> Option<FolderWatch> {
-        let handler = event_handler(dir.to_path_buf(), signals.clone());
+    /// Sets up inotify for `dir` (absolute; `given` is the same folder as
+    /// the endpoints name it); `None` (logged) when inotify is unavailable,
+    /// which leaves the stat check.
+    pub(super) fn new(dir: &Path, given: &Path, signals: Arc<Signals>) -> Option<FolderWatch> {
+        let handler = event_handler(dir.to_path_buf(), given.to_path_buf(), signals.clone());
         match notify::recommended_watcher(handler) {
             Ok(watcher) => Some(FolderWatch { dir: dir.to_path_buf(), signals, watcher, armed: None, warned: false }),
             Err(e) => {
@@ -102,7 +103,11 @@ impl FolderWatch {
 /// What inotify reports, on notify's thread: kubelet.sock created → restart
 /// signal; one of our sockets removed → that resource's signal; anything
 /// about the folder itself or its parents → re-arm.
-fn event_handler(dir: PathBuf, signals: Arc<Signals>) -> impl Fn(notify::Result<notify::Event>) + Send + 'static {
+fn event_handler(
+    dir: PathBuf,
+    given: PathBuf,
+    signals: Arc<Signals>,
+) -> impl Fn(notify::Result<notify::Event>) + Send + 'static {
     move |ev: notify::Result<notify::Event>| {
         let Ok(ev) = ev else { return };
         if ev.kind.is_access() {
@@ -120,7 +125,10 @@ fn event_handler(dir: PathBuf, signals: Arc<Signals>) -> impl Fn(notify::Result<
                 match ev.kind {
                     notify::EventKind::Create(_) if is_kubelet => signals.kubelet_restarted(inode(p)),
                     notify::EventKind::Remove(_) => {
-                        if let Some(n) = signals.socket_lost.lock().unwrap_or_else(|p| p.into_inner()).get(p) {
+                        // Our sockets are known by the path the endpoints use.
+                        let ours = p.file_name().map(|n| given.join(n));
+                        let lost = signals.socket_lost.lock().unwrap_or_else(|p| p.into_inner());
+                        if let Some(n) = ours.and_then(|o| lost.get(&o)) {
                             n.notify_one();
                         }
                     }
