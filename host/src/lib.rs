@@ -9,10 +9,12 @@
 //! [`status`] (health history and allocations), [`podresources`] and
 //! [`release`] (who holds a device; cleaning it when let go),
 //! [`preferred`] (topology-aware allocation) and [`isolation`] (drivers in
-//! worker processes). [`sim`] runs it all against the kubelet emulator.
+//! worker processes). [`sim`] runs it all against the kubelet emulator, and
+//! [`conformance`] runs a vendor's module through a battery before it ships.
 
 pub mod callbacks;
 pub mod cdi;
+pub mod conformance;
 pub mod device;
 pub mod endpoint;
 pub mod instance;
