@@ -33,7 +33,7 @@ fn assert_conforms(module: &Path, options: &[String]) -> String {
     let (code, report) = conformance(module, options);
     assert_eq!(code, 0, "{} does not conform:\n{report}", module.display());
     assert!(report.contains("CONFORMS:") && !report.contains("\nFAIL"), "{report}");
-    for check in ["handshake and descriptor", "create", "scan", "kubelet sees every device", "create/destroy x100"] {
+    for check in ["handshake and descriptor", "create", "scan", "kubelet sees every device"] {
         assert!(line(&report, check).starts_with("PASS"), "{check}:\n{report}");
     }
     report
@@ -106,6 +106,7 @@ fn each_broken_rule_fails_its_own_check_and_the_exit_code() {
     let dir = tempfile::tempdir().unwrap();
     let report = assert_conforms(&nonconforming(dir.path(), None), &[]);
     assert!(line(&report, "links").starts_with("SKIP"), "{report}");
+    assert!(line(&report, "create/destroy x100").starts_with("PASS"), "{report}");
     for (fault, check, says) in [
         ("UNSTABLE_IDS", "scan", "two scans in a row differ"),
         ("BAD_LINK", "links", "\"nc-99\""),

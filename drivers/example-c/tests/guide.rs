@@ -198,3 +198,15 @@ async fn the_complete_driver_refuses_options_in_the_guides_two_forms() {
     assert!(guide().contains(r#"`option "KEY": "VALUE" is not …`"#));
     assert!(guide().contains(r#"`unknown option "KEY" (value "VALUE"); known options: a, b, c`"#));
 }
+
+#[tokio::test]
+async fn the_complete_driver_passes_the_conformance_battery() {
+    let dir = tempfile::tempdir().unwrap();
+    let so = build_guide_driver(dir.path());
+    let report = devhost::conformance::run(&so, &[("count".into(), "4".into())]).await;
+    assert!(report.passed(), "{}", report.render());
+    for check in ["handshake and descriptor", "scan", "kubelet sees every device", "create/destroy x100"] {
+        let outcome = report.outcome(check).unwrap_or_else(|| panic!("no {check} in\n{}", report.render()));
+        assert_eq!(outcome.verdict, devhost::conformance::Verdict::Pass, "{}", report.render());
+    }
+}

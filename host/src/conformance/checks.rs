@@ -19,6 +19,8 @@ const WARM_UP: usize = 5;
 const MAX_FD_GROWTH: i64 = 4;
 const MAX_THREAD_GROWTH: i64 = 2;
 const MAX_RSS_GROWTH_KIB: i64 = 16 * 1024;
+/// Growth above this is reported (allocator noise stays well below it).
+const WARN_RSS_GROWTH_KIB: i64 = 1024;
 
 pub(super) async fn run(path: &Path, options: &[(String, String)]) -> Report {
     let mut r = Report { module: path.display().to_string(), outcomes: Vec::new() };
@@ -62,7 +64,11 @@ fn descriptor(r: &mut Report, path: &Path) -> Option<Module> {
             return None;
         }
     };
-    let detail = format!("{} {} (ABI {}) [{}]", m.name, m.version, m.abi_version(), m.capabilities().join(", "));
+    let hooks = match m.capabilities() {
+        c if c.is_empty() => "no optional hooks".to_string(),
+        c => c.join(", "),
+    };
+    let detail = format!("{} {} (ABI {}) [{hooks}]", m.name, m.version, m.abi_version());
     if !is_semver(m.version) {
         r.add("handshake and descriptor", Verdict::Warn, format!("{detail}: version is not MAJOR.MINOR.PATCH"));
     } else {
@@ -399,6 +405,9 @@ async fn cycles(r: &mut Report, path: &Path, options: &[(String, String)]) {
     );
     if growth["fds"] > MAX_FD_GROWTH || growth["threads"] > MAX_THREAD_GROWTH || growth["rss_kib"] > MAX_RSS_GROWTH_KIB {
         r.add(CHECK, Verdict::Fail, format!("{detail} (allowed: fds +{MAX_FD_GROWTH}, threads +{MAX_THREAD_GROWTH}, memory +{MAX_RSS_GROWTH_KIB} KiB)"));
+    } else if growth["rss_kib"] > WARN_RSS_GROWTH_KIB {
+        let per_cycle = growth["rss_kib"] as f64 / CYCLES as f64;
+        r.add(CHECK, Verdict::Warn, format!("{detail}: about {per_cycle:.0} KiB per cycle stays behind"));
     } else {
         r.add(CHECK, Verdict::Pass, detail);
     }
