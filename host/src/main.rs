@@ -352,7 +352,8 @@ async fn list(config: &Path, json: bool) -> ExitCode {
             }
             for d in &view.devices {
                 let numa = d.numa_node.map(|n| n.to_string()).unwrap_or_else(|| "-".into());
-                let attrs: Vec<String> = d.attributes.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                let mut attrs: Vec<String> = d.attributes.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                attrs.extend(devhost::sim::links_text(d));
                 let health = if d.healthy { "Healthy" } else { "Unhealthy" };
                 println!("  {:<40} {:<9} numa={:<2} {}", d.id, health, numa, attrs.join(" "));
             }
