@@ -292,19 +292,19 @@ async fn preferred_report(kubelet: &Kubelet, r: &Resource) -> String {
         if hook { "  (the driver's preferred_allocation hook, repaired by the host)" } else { "" }
     );
     // The best-linked pairs, for comparison: fewer NUMA nodes come first, then links.
-    let mut pairs: Vec<(usize, std::cmp::Reverse<u64>, Vec<String>)> = Vec::new();
+    let mut pairs: Vec<(usize, std::cmp::Reverse<u64>, Vec<String>, Vec<String>)> = Vec::new();
     for (i, a) in available.iter().enumerate() {
         for b in &available[i + 1..] {
             let ids = vec![a.clone(), b.clone()];
             let (nodes, score) = set_score(&view, &ids);
             if score > 0 {
-                pairs.push((nodes.len(), std::cmp::Reverse(score), ids));
+                pairs.push((nodes.len(), std::cmp::Reverse(score), ids, nodes));
             }
         }
     }
     pairs.sort();
-    for (nodes, std::cmp::Reverse(score), ids) in pairs.iter().take(3) {
-        let _ = writeln!(s, "  linked      {}  {nodes} NUMA node(s)  link score {score}", ids.join(","));
+    for (_, std::cmp::Reverse(score), ids, nodes) in pairs.iter().take(3) {
+        let _ = writeln!(s, "  linked      {}  NUMA {}  link score {score}", ids.join(","), nodes.join(","));
     }
     if pairs.is_empty() {
         let _ = writeln!(s, "  (no link scores: the choice is NUMA nodes, then scan order)");

@@ -84,7 +84,7 @@ fn sim_prints_links_and_the_preferred_choice_with_its_scores() {
     // the linked pairs span two nodes. Both are shown, with their scores.
     assert!(out.contains("GetPreferredAllocation(2 of 4) on example.com/fake:"), "{out}");
     assert!(out.contains("  chosen      example-0,example-2  NUMA 0  link score 0"), "{out}");
-    assert!(out.contains("  linked      example-0,example-1  2 NUMA node(s)  link score 20"), "{out}");
+    assert!(out.contains("  linked      example-0,example-1  NUMA 0,1  link score 20"), "{out}");
 }
 
 #[test]
