@@ -110,7 +110,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     ALLOW_UNTRUSTED.store(cli.allow_untrusted_modules, std::sync::atomic::Ordering::Relaxed);
     LOG_JSON.store(matches!(cli.log_format, LogFormat::Json), std::sync::atomic::Ordering::Relaxed);
-    init_logs(cli.log_format, matches!(cli.command, Command::Sim { .. } | Command::Demo { .. } | Command::Conformance { .. }));
+    init_logs(
+        cli.log_format,
+        matches!(cli.command, Command::Sim { .. } | Command::Demo { .. } | Command::Conformance { .. }),
+    );
     let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -108,7 +108,7 @@ fn device_table(resources: &[Arc<Resource>], kubelet: &Kubelet) -> String {
         }
         for d in listed {
             let attrs = view.get(&d.id).map(|dev| short_attrs(&dev.attributes)).unwrap_or_default();
-            let links = view.get(&d.id).map(|dev| links_list(dev)).filter(|l| !l.is_empty());
+            let links = view.get(&d.id).map(links_list).filter(|l| !l.is_empty());
             let numa = d
                 .topology
                 .as_ref()
@@ -240,10 +240,8 @@ async fn watch_changes(kubelet: Arc<Kubelet>, resource: String) {
 
 /// NUMA nodes and total link score of a set, as the host's default ranks it.
 fn set_score(view: &crate::registry::View, ids: &[String]) -> (Vec<String>, u64) {
-    let mut nodes: Vec<String> = ids
-        .iter()
-        .map(|id| view.get(id).and_then(|d| d.numa_node).map_or("none".into(), |n| n.to_string()))
-        .collect();
+    let mut nodes: Vec<String> =
+        ids.iter().map(|id| view.get(id).and_then(|d| d.numa_node).map_or("none".into(), |n| n.to_string())).collect();
     nodes.sort();
     nodes.dedup();
     let score_of = |a: &str, b: &str| -> u64 {
@@ -292,7 +290,9 @@ async fn preferred_report(kubelet: &Kubelet, r: &Resource) -> String {
         if hook { "  (the driver's preferred_allocation hook, repaired by the host)" } else { "" }
     );
     // The best-linked pairs, for comparison: fewer NUMA nodes come first, then links.
-    let mut pairs: Vec<(usize, std::cmp::Reverse<u64>, Vec<String>, Vec<String>)> = Vec::new();
+    // (NUMA node count, link score best first, the pair, its NUMA nodes)
+    type Pair = (usize, std::cmp::Reverse<u64>, Vec<String>, Vec<String>);
+    let mut pairs: Vec<Pair> = Vec::new();
     for (i, a) in available.iter().enumerate() {
         for b in &available[i + 1..] {
             let ids = vec![a.clone(), b.clone()];
@@ -392,7 +392,11 @@ async fn pod_end_report(
             );
         }
         Ok(Err(reason)) => {
-            let _ = writeln!(s, "  release([{id}]) failed after {} ms; Unhealthy, the host retries: {reason}", took.as_millis());
+            let _ = writeln!(
+                s,
+                "  release([{id}]) failed after {} ms; Unhealthy, the host retries: {reason}",
+                took.as_millis()
+            );
         }
         Err(_) => {
             let _ = writeln!(s, "  release([{id}]) still running after {deadline:?}");

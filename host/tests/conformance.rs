@@ -58,14 +58,21 @@ fn the_rust_example_conforms() {
 
 #[test]
 fn the_fpga_driver_conforms_on_the_simulated_node() {
-    assert_conforms(&module("fpga"), &[format!("sysfs_root={}", sim("fpga/sys")), format!("devfs_root={}", sim("fpga/dev"))]);
+    assert_conforms(
+        &module("fpga"),
+        &[format!("sysfs_root={}", sim("fpga/sys")), format!("devfs_root={}", sim("fpga/dev"))],
+    );
 }
 
 #[test]
 fn the_tpu_driver_conforms_and_survives_overlapping_calls() {
     let report = assert_conforms(
         &module("tpu"),
-        &[format!("sysfs_root={}", sim("tpu/sys")), format!("devfs_root={}", sim("tpu/dev")), "allocation=boxes".into()],
+        &[
+            format!("sysfs_root={}", sim("tpu/sys")),
+            format!("devfs_root={}", sim("tpu/dev")),
+            "allocation=boxes".into(),
+        ],
     );
     // The TPU driver claims DEVHOST_CAP_CONCURRENT: the overlapping calls ran.
     assert!(line(&report, "concurrent calls").starts_with("PASS"), "{report}");

@@ -59,7 +59,9 @@ fn a_link_to_an_id_the_scan_does_not_report_is_a_warning_naming_both() {
     let (code, out, err) = devhost(&["list", "--config", &m]);
     assert_eq!(code, 0, "{err}");
     assert!(
-        err.contains(r#"driver emitted bad data: device "nc-0": link to "nc-99", which this scan does not report, is ignored"#),
+        err.contains(
+            r#"driver emitted bad data: device "nc-0": link to "nc-99", which this scan does not report, is ignored"#
+        ),
         "{err}"
     );
     // The link is still shown as reported, so the operator sees the typo.

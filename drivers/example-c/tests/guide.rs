@@ -121,8 +121,7 @@ fn every_c_snippet_of_the_guide_compiles_with_the_strict_flags() {
             continue;
         }
         let name = format!("snippet_line_{line}.c");
-        let refs: Vec<String> =
-            static_functions(snippet).iter().map(|f| format!("(void (*)(void)){f}")).collect();
+        let refs: Vec<String> = static_functions(snippet).iter().map(|f| format!("(void (*)(void)){f}")).collect();
         let mut unit = format!("{prelude}\n{stand_ins}\n#line {line} \"driver-guide.md\"\n{snippet}\n");
         if !refs.is_empty() {
             // What the descriptor would do: use every hook, so none is an unused static.

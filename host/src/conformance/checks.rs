@@ -85,7 +85,7 @@ fn is_semver(v: &str) -> bool {
 
 async fn create(r: &mut Report, module: &Module, options: &[(String, String)]) -> Option<Arc<Instance>> {
     let started = Instant::now();
-    match Instance::create("conformance", module.clone(), options, DEADLINE).await {
+    match Instance::create("conformance", *module, options, DEADLINE).await {
         Ok(inst) => {
             r.add("create", Verdict::Pass, format!("{} option(s), {}", options.len(), ms(started.elapsed())));
             Some(inst)
@@ -117,7 +117,11 @@ async fn scans(r: &mut Report, inst: &Instance) -> Vec<Device> {
             } else if a.devices.is_empty() {
                 r.add("scan", Verdict::Warn, "no devices: the checks that need one are skipped");
             } else {
-                r.add("scan", Verdict::Pass, format!("{} device(s), twice the same IDs, {}", a.devices.len(), ms(took)));
+                r.add(
+                    "scan",
+                    Verdict::Pass,
+                    format!("{} device(s), twice the same IDs, {}", a.devices.len(), ms(took)),
+                );
             }
             a.devices
         }
@@ -167,7 +171,12 @@ fn links(r: &mut Report, devices: &[Device]) {
             if !known.contains(other.as_str()) {
                 unknown.push(format!("{} -> {other:?}", d.id));
             } else if score(other, &d.id) != Some(*s) {
-                one_sided.push(format!("{} -> {other} ({s}) but {other} -> {} ({:?})", d.id, d.id, score(other, &d.id)));
+                one_sided.push(format!(
+                    "{} -> {other} ({s}) but {other} -> {} ({:?})",
+                    d.id,
+                    d.id,
+                    score(other, &d.id)
+                ));
             }
         }
     }
@@ -238,7 +247,9 @@ async fn hooks(r: &mut Report, inst: &Instance, devices: &[Device]) {
             Ok(Some(ids)) if !ids.starts_with(&first) || ids.iter().any(|i| !all.contains(i)) => r.add(
                 "preferred_allocation",
                 Verdict::Warn,
-                format!("proposed {ids:?} for must_include {first:?} of {all:?}: the host repairs it and logs a warning"),
+                format!(
+                    "proposed {ids:?} for must_include {first:?} of {all:?}: the host repairs it and logs a warning"
+                ),
             ),
             Ok(_) => r.add("preferred_allocation", Verdict::Pass, format!("answered in {}", ms(took))),
             Err(e) => r.add("preferred_allocation", Verdict::Fail, e.to_string()),
@@ -259,7 +270,8 @@ async fn hooks(r: &mut Report, inst: &Instance, devices: &[Device]) {
         let once = inst.release(first.clone()).await;
         let took = t.elapsed();
         let again = inst.release(first.clone()).await;
-        let refused = |e: &CallError| matches!(e, CallError::Status { code, .. } if *code != devhost_abi::DEVHOST_ERR_NOT_FOUND);
+        let refused =
+            |e: &CallError| matches!(e, CallError::Status { code, .. } if *code != devhost_abi::DEVHOST_ERR_NOT_FOUND);
         match (once, again) {
             (Err(e), _) if refused(&e) => r.add("release after the pod ends", Verdict::Fail, e.to_string()),
             (_, Err(e)) if refused(&e) => {
@@ -268,7 +280,11 @@ async fn hooks(r: &mut Report, inst: &Instance, devices: &[Device]) {
             (Err(e), _) | (_, Err(e)) if !matches!(e, CallError::Status { .. }) => {
                 r.add("release after the pod ends", Verdict::Fail, e.to_string())
             }
-            _ => r.add("release after the pod ends", Verdict::Pass, format!("{} for {first:?}, and repeatable", ms(took))),
+            _ => r.add(
+                "release after the pod ends",
+                Verdict::Pass,
+                format!("{} for {first:?}, and repeatable", ms(took)),
+            ),
         }
     }
 }
@@ -279,7 +295,7 @@ async fn hooks(r: &mut Report, inst: &Instance, devices: &[Device]) {
 async fn storm(r: &mut Report, module: &Module, options: &[(String, String)]) {
     const THREADS: usize = 8;
     const RINGS: usize = 2_000;
-    let inst = match Instance::create("conformance-storm", module.clone(), options, DEADLINE).await {
+    let inst = match Instance::create("conformance-storm", *module, options, DEADLINE).await {
         Ok(i) => i,
         Err(e) => return r.add("devices_changed storm", Verdict::Fail, e.to_string()),
     };
@@ -304,7 +320,8 @@ async fn storm(r: &mut Report, module: &Module, options: &[(String, String)]) {
         }
         rescans += 1;
         match inst.scan().await {
-            Ok(o) if before.as_ref().is_ok_and(|b| *b == o.devices.iter().map(|d| d.id.clone()).collect::<Vec<_>>()) => {}
+            Ok(o)
+                if before.as_ref().is_ok_and(|b| *b == o.devices.iter().map(|d| d.id.clone()).collect::<Vec<_>>()) => {}
             Ok(o) => {
                 verdict = Err(format!("a rescan reported {} device(s), not the {:?} before", o.devices.len(), before));
                 break;
@@ -348,7 +365,7 @@ fn footprint() -> (i64, i64, i64) {
 }
 
 async fn cycle(module: &Module, options: &[(String, String)], watch: bool) -> Result<(), CallError> {
-    let inst = Instance::create("conformance-cycle", module.clone(), options, DEADLINE).await?;
+    let inst = Instance::create("conformance-cycle", *module, options, DEADLINE).await?;
     let result = async {
         if watch {
             inst.watch_start().await?;
@@ -394,7 +411,8 @@ async fn cycles(r: &mut Report, path: &Path, options: &[(String, String)]) {
         settle().await;
         after = footprint();
     }
-    let growth = BTreeMap::from([("fds", after.0 - before.0), ("threads", after.1 - before.1), ("rss_kib", after.2 - before.2)]);
+    let growth =
+        BTreeMap::from([("fds", after.0 - before.0), ("threads", after.1 - before.1), ("rss_kib", after.2 - before.2)]);
     let detail = format!(
         "{CYCLES} cycles{} in {}: fds {:+}, threads {:+}, memory {:+} KiB",
         if watch { " with watch_start" } else { "" },
@@ -403,7 +421,8 @@ async fn cycles(r: &mut Report, path: &Path, options: &[(String, String)]) {
         growth["threads"],
         growth["rss_kib"]
     );
-    if growth["fds"] > MAX_FD_GROWTH || growth["threads"] > MAX_THREAD_GROWTH || growth["rss_kib"] > MAX_RSS_GROWTH_KIB {
+    if growth["fds"] > MAX_FD_GROWTH || growth["threads"] > MAX_THREAD_GROWTH || growth["rss_kib"] > MAX_RSS_GROWTH_KIB
+    {
         r.add(CHECK, Verdict::Fail, format!("{detail} (allowed: fds +{MAX_FD_GROWTH}, threads +{MAX_THREAD_GROWTH}, memory +{MAX_RSS_GROWTH_KIB} KiB)"));
     } else if growth["rss_kib"] > WARN_RSS_GROWTH_KIB {
         let per_cycle = growth["rss_kib"] as f64 / CYCLES as f64;

@@ -57,7 +57,9 @@ pub(super) async fn kubelet_checks(r: &mut Report, module: &Path, options: &[(St
     let seen: Vec<String> = kubelet.devices(RESOURCE).unwrap_or_default().into_iter().map(|d| d.id).collect();
     match listed {
         Err(e) => r.add(LISTED, Verdict::Fail, format!("{RESOURCE}: {e}")),
-        Ok(()) if seen != wanted => r.add(LISTED, Verdict::Fail, format!("ListAndWatch sent {seen:?}, the scan {wanted:?}")),
+        Ok(()) if seen != wanted => {
+            r.add(LISTED, Verdict::Fail, format!("ListAndWatch sent {seen:?}, the scan {wanted:?}"))
+        }
         Ok(()) => r.add(LISTED, Verdict::Pass, format!("registered; ListAndWatch sent {} device(s)", seen.len())),
     }
     match wanted.first() {
@@ -66,9 +68,7 @@ pub(super) async fn kubelet_checks(r: &mut Report, module: &Path, options: &[(St
             let unknown = kubelet.allocate(RESOURCE, vec![vec!["no-such-device-0".into()]]).await;
             let twice = kubelet.allocate(RESOURCE, vec![vec![id.clone(), id.clone()]]).await;
             let good = kubelet.allocate(RESOURCE, vec![vec![id.clone()]]).await;
-            let invalid = |res: &Result<_, tonic::Status>| {
-                matches!(res, Err(s) if s.code() == tonic::Code::InvalidArgument || s.code() == tonic::Code::NotFound)
-            };
+            let invalid = |res: &Result<_, tonic::Status>| matches!(res, Err(s) if s.code() == tonic::Code::InvalidArgument || s.code() == tonic::Code::NotFound);
             if !invalid(&unknown) {
                 r.add(REFUSED, Verdict::Fail, format!("Allocate([no-such-device-0]) was not refused: {unknown:?}"));
             } else if !invalid(&twice) {
@@ -76,7 +76,11 @@ pub(super) async fn kubelet_checks(r: &mut Report, module: &Path, options: &[(St
             } else if let Err(e) = good {
                 r.add(REFUSED, Verdict::Fail, format!("Allocate([{id}]) after the refusals failed: {}", e.message()));
             } else {
-                r.add(REFUSED, Verdict::Pass, format!("both refused with INVALID_ARGUMENT; Allocate([{id}]) then answered"));
+                r.add(
+                    REFUSED,
+                    Verdict::Pass,
+                    format!("both refused with INVALID_ARGUMENT; Allocate([{id}]) then answered"),
+                );
             }
         }
     }
@@ -97,8 +101,11 @@ impl Drop for Scratch {
 fn tempfile_dir() -> Result<Scratch, String> {
     use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(0);
-    let dir = std::env::temp_dir()
-        .join(format!("devhost-conformance-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
+    let dir = std::env::temp_dir().join(format!(
+        "devhost-conformance-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     Ok(Scratch(dir))
 }

@@ -70,7 +70,10 @@ fn round(m: &Module, inst: Shared, expected: &[String], first: &[String]) -> Res
         // SAFETY: as above.
         let status = unsafe { f(inst.0, all.as_ptr(), all.len(), v.as_ptr(), v.len(), v.len() as u32, ctx.as_raw()) };
         if status != abi::DEVHOST_OK {
-            return Err(format!("preferred_allocation returned {status}: {}", ctx.into_state().error.unwrap_or_default()));
+            return Err(format!(
+                "preferred_allocation returned {status}: {}",
+                ctx.into_state().error.unwrap_or_default()
+            ));
         }
     }
     Ok(())
