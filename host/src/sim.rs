@@ -108,7 +108,7 @@ fn device_table(resources: &[Arc<Resource>], kubelet: &Kubelet) -> String {
         }
         for d in listed {
             let attrs = view.get(&d.id).map(|dev| short_attrs(&dev.attributes)).unwrap_or_default();
-            let links = view.get(&d.id).map(links_list).filter(|l| !l.is_empty());
+            let links = view.get(&d.id).map(links_list).filter(|l| !l.is_empty()).map(|l| trim(l, 48));
             let numa = d
                 .topology
                 .as_ref()
@@ -157,11 +157,12 @@ pub fn links_text(d: &crate::device::Device) -> Option<String> {
 
 /// The attributes worth a glance, trimmed so the table stays readable.
 fn short_attrs(attrs: &BTreeMap<String, String>) -> String {
-    let mut s: String = attrs.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ");
-    if s.chars().count() > 90 {
-        s = s.chars().take(87).collect::<String>() + "...";
-    }
-    s
+    trim(attrs.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" "), 90)
+}
+
+/// `s` cut to `max` characters, with `...` when it was longer (`devhost list` shows it all).
+fn trim(s: String, max: usize) -> String {
+    if s.chars().count() > max { s.chars().take(max - 3).collect::<String>() + "..." } else { s }
 }
 
 /// Allocates one healthy device and prints what the container gets; the
