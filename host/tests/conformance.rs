@@ -95,6 +95,24 @@ fn the_nvidia_driver_conforms_against_the_fake_nvml() {
     assert!(line(&report, "links").starts_with("PASS"), "{report}");
 }
 
+#[test]
+fn the_guides_complete_c_driver_conforms() {
+    // The one-file driver of docs/driver-guide.md §1.1, as a vendor copies it.
+    let guide = std::fs::read_to_string(repo_root().join("docs/driver-guide.md")).unwrap();
+    let driver = guide
+        .split("```c\n")
+        .skip(1)
+        .filter_map(|block| block.split("```").next())
+        .find(|block| block.contains("devhost_driver_entry_v1(void) {"))
+        .expect("the guide has a complete C driver");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("acme.c"), driver).unwrap();
+    let so = dir.path().join("libdevhost_acme.so");
+    compile_c(&dir.path().join("acme.c"), &so, &abi_include());
+    let report = assert_conforms(&so, &["count=4".into()]);
+    assert!(line(&report, "create/destroy x100").starts_with("PASS"), "{report}");
+}
+
 /// Builds tests/fixtures/nonconforming_driver.c with one fault switched on.
 fn nonconforming(dir: &Path, fault: Option<&str>) -> std::path::PathBuf {
     let out = dir.join(format!("libnc_{}.so", fault.unwrap_or("none").to_lowercase()));
