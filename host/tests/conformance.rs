@@ -138,6 +138,7 @@ fn each_broken_rule_fails_its_own_check_and_the_exit_code() {
         ("CONFLICT", "edits between devices", "conflicts with"),
         ("LEAK_FD", "create/destroy x100", "fds +"),
         ("BAD_ATTRIBUTE", "IDs and attributes", "\"serial number\""),
+        ("RACY", "concurrent calls", "an overlapping scan reported"),
     ] {
         let (code, report) = conformance(&nonconforming(dir.path(), Some(fault)), &[]);
         assert_eq!(code, 1, "{fault}: exit code\n{report}");

@@ -96,25 +96,42 @@ pub(super) fn concurrent(r: &mut Report, m: Module, options: &[(String, String)]
         return r.add(CHECK, Verdict::Fail, format!("create returned {status}: {}", state.error.unwrap_or_default()));
     }
     let inst = Shared(inst);
-    let expected: Vec<String> = devices.iter().map(|d| d.id.clone()).collect();
-    let first: Vec<String> = expected.iter().take(1).cloned().collect();
+    let expected: Arc<Vec<String>> = Arc::new(devices.iter().map(|d| d.id.clone()).collect());
+    let first: Arc<Vec<String>> = Arc::new(expected.iter().take(1).cloned().collect());
     let start = Arc::new(Barrier::new(THREADS));
-    let results: Vec<Result<(), String>> = std::thread::scope(|s| {
-        let workers: Vec<_> = (0..THREADS)
-            .map(|_| {
-                let (start, expected, first) = (start.clone(), &expected, &first);
-                s.spawn(move || {
-                    start.wait();
-                    (0..ROUNDS).try_for_each(|_| round(&m, inst, expected, first))
-                })
-            })
-            .collect();
-        workers.into_iter().map(|w| w.join().unwrap_or_else(|_| Err("a calling thread panicked".into()))).collect()
-    });
+    let (done, results) = std::sync::mpsc::channel::<Result<(), String>>();
+    for _ in 0..THREADS {
+        let (start, expected, first, done) = (start.clone(), expected.clone(), first.clone(), done.clone());
+        std::thread::spawn(move || {
+            start.wait();
+            let _ = done.send((0..ROUNDS).try_for_each(|_| round(&m, inst, &expected, &first)));
+        });
+    }
+    drop(done);
+    // A driver that deadlocks under overlapping calls must not hang the battery.
+    let limit = super::DEADLINE * 6;
+    let until = std::time::Instant::now() + limit;
+    let mut failures = Vec::new();
+    for _ in 0..THREADS {
+        match results.recv_timeout(until.saturating_duration_since(std::time::Instant::now())) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => failures.push(e),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => failures.push("a calling thread panicked".into()),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                // The instance and its host side stay behind with the stuck threads.
+                std::mem::forget(host);
+                return r.add(
+                    CHECK,
+                    Verdict::Fail,
+                    format!("overlapping calls did not return within {limit:?}: a deadlock?"),
+                );
+            }
+        }
+    }
     // SAFETY: every thread has returned; no other call runs on the instance.
     unsafe { m.teardown(inst.0) };
     drop(host);
-    match results.into_iter().find_map(Result::err) {
+    match failures.into_iter().next() {
         None => r.add(
             CHECK,
             Verdict::Pass,
