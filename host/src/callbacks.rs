@@ -74,11 +74,31 @@ impl CallCtx {
 
     pub fn into_state(self) -> CallState {
         let mut st = self.state.into_inner().unwrap_or_else(|poison| poison.into_inner());
+        if self.kind == CallKind::Scan {
+            unknown_links(&mut st);
+        }
         if st.suppressed > 0 {
             let n = std::mem::take(&mut st.suppressed);
             st.problems.push(format!("... and {n} more problem(s) in the same call"));
         }
         st
+    }
+}
+
+/// A link to an ID the scan does not report (a misspelt ID, a device that
+/// was dropped) counts for nothing in preferred allocation: say so, once per
+/// link, instead of ignoring it silently.
+fn unknown_links(st: &mut CallState) {
+    let known: HashSet<&str> = st.devices.iter().map(|d| d.id.as_str()).collect();
+    let unknown: Vec<String> = st
+        .devices
+        .iter()
+        .flat_map(|d| d.links.iter().map(move |(other, _)| (d, other)))
+        .filter(|(_, other)| !known.contains(other.as_str()))
+        .map(|(d, other)| format!("device {:?}: link to {other:?}, which this scan does not report, is ignored", d.id))
+        .collect();
+    for p in unknown {
+        st.problem(p);
     }
 }
 

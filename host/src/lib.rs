@@ -10,10 +10,12 @@
 //! [`release`] (who holds a device; cleaning it when let go),
 //! [`preferred`] (topology-aware allocation), [`isolation`] (drivers in
 //! worker processes) and [`lock`] (one daemon per kubelet folder). [`sim`]
-//! runs it all against the kubelet emulator.
+//! runs it all against the kubelet emulator, and [`conformance`] runs a
+//! vendor's module through a battery before it ships.
 
 pub mod callbacks;
 pub mod cdi;
+pub mod conformance;
 pub mod device;
 pub mod endpoint;
 pub mod instance;

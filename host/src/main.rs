@@ -66,6 +66,14 @@ enum Command {
         #[arg(long)]
         keep_running: bool,
     },
+    /// Run the conformance battery on one driver module; non-zero exit when a check fails.
+    Conformance {
+        #[arg(long)]
+        module: PathBuf,
+        /// The driver's options, as KEY=VALUE.
+        #[arg(long, num_args = 1.., value_name = "KEY=VALUE")]
+        options: Vec<String>,
+    },
     /// List the driver modules in a folder without enabling anything.
     Drivers {
         #[arg(long, default_value = devhost::manifest::DEFAULT_DRIVER_DIR)]
@@ -105,7 +113,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     ALLOW_UNTRUSTED.store(cli.allow_untrusted_modules, std::sync::atomic::Ordering::Relaxed);
     LOG_JSON.store(matches!(cli.log_format, LogFormat::Json), std::sync::atomic::Ordering::Relaxed);
-    init_logs(cli.log_format, matches!(cli.command, Command::Sim { .. } | Command::Demo { .. }));
+    init_logs(
+        cli.log_format,
+        matches!(cli.command, Command::Sim { .. } | Command::Demo { .. } | Command::Conformance { .. }),
+    );
     let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -119,6 +130,7 @@ fn main() -> ExitCode {
             Command::List { config, json } => list(&config, json).await,
             Command::Check { config } => check(&config).await,
             Command::Drivers { dir } => drivers(&dir),
+            Command::Conformance { module, options } => devhost::conformance::main(&module, &options).await,
             Command::Sim { config, keep_running } => sim(&config, keep_running).await,
             Command::Demo { config, keep_running } => match config.or_else(demo_config) {
                 Some(c) => sim(&c, keep_running).await,
@@ -386,7 +398,8 @@ async fn list(config: &Path, json: bool) -> ExitCode {
             }
             for d in &view.devices {
                 let numa = d.numa_node.map(|n| n.to_string()).unwrap_or_else(|| "-".into());
-                let attrs: Vec<String> = d.attributes.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                let mut attrs: Vec<String> = d.attributes.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                attrs.extend(devhost::sim::links_text(d));
                 let health = if d.healthy { "Healthy" } else { "Unhealthy" };
                 println!("  {:<40} {:<9} numa={:<2} {}", d.id, health, numa, attrs.join(" "));
             }

@@ -274,6 +274,7 @@ pub fn resource_json(info: ResourceInfo<'_>, devices: &[Device], tracker: Option
             "health": health(d.healthy),
             "numa_node": d.numa_node,
             "attributes": d.attributes,
+            "links": d.links.iter().map(|(id, score)| json!({ "id": id, "score": score })).collect::<Vec<_>>(),
             "history": transitions.iter().map(transition_json).collect::<Vec<_>>(),
         });
         if !d.healthy

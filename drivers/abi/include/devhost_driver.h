@@ -28,16 +28,30 @@
  *    DEVHOST_ERR_INTERNAL.
  *  - Unwinding: nothing may unwind across this boundary (no C++ exceptions, no
  *    Rust panics). The Rust SDK catches panics and returns DEVHOST_ERR_PANIC.
- *  - Threading: by default the host makes at most one call at a time into an
- *    instance, always from a thread it owns for that instance (never from an
- *    async runtime thread). With DEVHOST_CAP_CONCURRENT the host may call
- *    `scan`, `allocate`, `preferred_allocation`, `pre_start` and `release`
- *    concurrently from several threads. `create`, `destroy`, `watch_start` and `watch_stop`
- *    are never concurrent with any other call on the same instance.
- *    `host->log` may be called from any thread from the start of `create`
- *    until `destroy` returns; `host->devices_changed` from any thread from
- *    `create` returning OK until `destroy` returns. Both are cheap and never
- *    block on the driver.
+ *  - Threading: this table is the whole contract (docs/driver-abi.md §11 has
+ *    the same table with the reasons). "Host thread" is a thread the host
+ *    owns for the instance, never an async runtime thread.
+ *
+ *    call                       thread        overlaps with      when
+ *    create                     host thread   nothing            first
+ *    watch_start                host thread   nothing            once, after create, before
+ *                                                                any other call (daemon, sim)
+ *    scan, allocate,            host thread   each other only    after create and watch_start
+ *    preferred_allocation,                    with DEVHOST_CAP_
+ *    pre_start, release                       CONCURRENT
+ *    watch_stop                 host thread   nothing            once, before destroy, also
+ *                                                                when watch_start never ran
+ *    destroy                    host thread   nothing            last, exactly once
+ *    host->log                  any thread    anything           from the start of create
+ *                                                                until destroy returns
+ *    host->devices_changed      any thread    anything           from create returning OK
+ *                                                                until destroy returns
+ *    set_error, device_*,       the thread    -                  until the call that got the
+ *    add_*, prefer_device       of the call                      devhost_call * returns
+ *
+ *    Without DEVHOST_CAP_CONCURRENT the host makes at most one call at a
+ *    time into an instance. log and devices_changed are cheap, never block
+ *    and never call back into the driver.
  *  - Emitter failures are not fatal: when a callback refuses something (an
  *    invalid device ID, a bad path), the host has already logged it and
  *    dropped that item; the driver should carry on with the rest of the
@@ -118,8 +132,9 @@ typedef uint32_t devhost_log_level;
 
 /* Capability bits in devhost_driver_desc.capabilities. Unknown bits are ignored. */
 typedef uint64_t devhost_caps;
-/* The instance is thread-safe: scan/allocate/preferred_allocation/pre_start
- * may be called concurrently from several host threads. */
+/* The instance is thread-safe: scan, allocate, preferred_allocation,
+ * pre_start and release may be called concurrently from several host
+ * threads (the threading table at the top of this file). */
 #define DEVHOST_CAP_CONCURRENT (1ull << 0)
 
 /* ---- shared types -------------------------------------------------------- */
@@ -153,7 +168,8 @@ typedef struct devhost_host_api {
     /* Pass to log and devices_changed. Identifies this driver instance. */
     void *host_ctx;
 
-    /* Log a message through the host's logger (any thread, any time). */
+    /* Log a message through the host's logger. Any thread, from the start
+     * of create until destroy returns. */
     void (*log)(void *host_ctx, devhost_log_level level, devhost_str message);
     /* Tell the host that devices or their health may have changed. The host
      * re-runs scan soon after on its own thread; bursts are coalesced. Safe
@@ -240,8 +256,8 @@ typedef struct devhost_driver_desc {
     devhost_status (*pre_start)(void *instance, const devhost_str *device_ids, size_t count,
                                 devhost_call *call);
     /* Optional. Start the driver's own event threads (which then call
-     * devices_changed). Called once after create, before the first scan
-     * is served. On failure the host logs the message and relies on its
+     * devices_changed). Called once after create, before any other call
+     * (scan included); not called by `devhost list` and `check`. On failure the host logs the message and relies on its
      * own rescans (the manifest's poll_interval). */
     devhost_status (*watch_start)(void *instance, devhost_call *call);
     /* Optional. Stop those threads; called before destroy. */

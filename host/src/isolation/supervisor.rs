@@ -291,8 +291,11 @@ fn supervise(
                     let _ = tx.send(Err(e));
                     return;
                 }
-                tracing::error!(driver = %s.name, "driver {}: worker process restart failed, next try in {backoff:?}: {e}", s.name);
-                s.set_link(Link::Down(e.to_string()));
+                // The error names the driver already; say it once.
+                let text = e.to_string();
+                let reason = text.strip_prefix(&format!("driver {}: ", s.name)).unwrap_or(&text).to_string();
+                tracing::error!(driver = %s.name, "driver {}: worker process restart failed, next try in {backoff:?}: {reason}", s.name);
+                s.set_link(Link::Down(reason));
             }
         }
         if stop_within(&events, backoff) {
@@ -414,9 +417,28 @@ fn start(s: &Arc<Shared>, spec: &Spec) -> Result<Started, (Option<Child>, CallEr
     let result = greet(s, spec, &host_end, generation, child.id());
     match result {
         Ok((conn, info)) => Ok((child, conn, info)),
+        // A worker that died on its own (in create, say) says how, as a
+        // crash after start-up does; one the host gives up on is killed.
+        Err(CallError::Unavailable { driver, reason }) if own_exit(&mut child).is_some() => {
+            let status = reap(&mut child);
+            Err((None, CallError::Unavailable { driver, reason: format!("{reason} ({status})") }))
+        }
         Err(e) => {
             let _ = child.kill();
             Err((Some(child), e))
+        }
+    }
+}
+
+/// Whether the worker ended by itself, waiting briefly: its end of the
+/// channel closes a moment before the kernel reports the exit.
+fn own_exit(child: &mut Child) -> Option<std::process::ExitStatus> {
+    let until = Instant::now() + Duration::from_millis(500);
+    loop {
+        match child.try_wait() {
+            Ok(Some(st)) => return Some(st),
+            Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(5)),
+            _ => return None,
         }
     }
 }

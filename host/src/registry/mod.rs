@@ -360,6 +360,12 @@ impl Registry {
                 tracing::debug!(driver = %inst.name, devices = out.devices.len(), "scanned");
                 Ok(out.devices)
             }
+            // An isolated driver's worker is down: not a scan failure, and
+            // the supervisor logs how the worker ended, once.
+            Err(e @ crate::instance::CallError::Unavailable { .. }) => {
+                tracing::debug!(driver = %inst.name, "no scan while the worker process is down: {e}");
+                Err(e.to_string())
+            }
             Err(e) => {
                 tracing::error!(driver = %inst.name, "scan failed, its devices are reported Unhealthy: {e}");
                 Err(e.to_string())
