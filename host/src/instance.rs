@@ -9,7 +9,7 @@ use crate::callbacks::{self, CallCtx, CallKind, CallState, HostCtx};
 use crate::device::{Device, Edits};
 use crate::isolation::protocol::Request;
 use crate::isolation::supervisor::{Spec, Worker};
-use crate::loader::{Module, ModuleInfo};
+use crate::loader::{Module, ModuleInfo, Source};
 use crate::manifest::{DriverConfig, Isolation};
 use devhost_abi as abi;
 use std::ffi::c_void;
@@ -217,15 +217,19 @@ impl Instance {
         Ok(inst)
     }
 
-    /// Starts a worker process for the driver `cfg` describes; the worker
-    /// loads `module` itself (its code is never mapped into the host) and
-    /// runs `create`. Fails as `create` does when the first worker cannot
-    /// load the module or `create` fails in it; later crashes restart it.
+    /// Starts a worker process for the driver `cfg` describes. The host
+    /// reads `module` once into a sealed private copy and checks trust and
+    /// pin on those bytes; the worker loads that copy (its code is never
+    /// mapped into the host), every restart the same one, and runs
+    /// `create`. Fails as `create` does when the first worker cannot load
+    /// the module or `create` fails in it; later crashes restart it.
     pub async fn create_isolated(
         cfg: &DriverConfig,
         module: &std::path::Path,
         allow_untrusted: bool,
     ) -> Result<Arc<Instance>, CallError> {
+        let image = crate::loader::open_trusted(module, cfg.sha256.as_deref(), allow_untrusted, &cfg.name)
+            .map_err(|reason| CallError::Unavailable { driver: cfg.name.clone(), reason })?;
         let keep = match &cfg.isolation {
             Isolation::Process { keep_capabilities } => keep_capabilities.as_slice(),
             Isolation::InProcess => &[],
@@ -239,8 +243,7 @@ impl Instance {
             // The manifest already refused unknown names.
             keep_caps: keep.iter().filter_map(|c| crate::isolation::capability_number(c)).collect(),
             program: crate::isolation::worker_program(),
-            sha256: cfg.sha256.clone(),
-            allow_untrusted,
+            image,
         };
         let (worker, info) = Worker::start(spec, changed.clone()).await?;
         Ok(Arc::new(Instance {
@@ -251,6 +254,14 @@ impl Instance {
             backend: Backend::Process(worker),
             last_scan_problems: Mutex::new(Vec::new()),
         }))
+    }
+
+    /// The module file this instance's code was read from, as it was then.
+    pub fn source(&self) -> &Source {
+        match &self.backend {
+            Backend::InProcess(l) => l.module.source,
+            Backend::Process(w) => w.source(),
+        }
     }
 
     /// The PID of an isolated instance's current worker process.

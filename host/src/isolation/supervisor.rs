@@ -9,10 +9,10 @@
 use super::conn::{Conn, read_loop};
 use super::privileges;
 use super::protocol::{self, Message, Request};
-use super::worker::{ENV_FD, ENV_KEEP_CAPS, ENV_PARENT};
+use super::worker::{ENV_FD, ENV_KEEP_CAPS, ENV_MODULE_FD, ENV_PARENT};
 use crate::callbacks::CallState;
 use crate::instance::{CallError, status_error};
-use crate::loader::ModuleInfo;
+use crate::loader::{Image, ModuleInfo, Source};
 use devhost_abi as abi;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -48,10 +48,10 @@ pub struct Spec {
     pub timeout: Duration,
     pub keep_caps: Vec<u32>,
     pub program: PathBuf,
-    /// The manifest's pin, checked again before every (re)start: the
-    /// worker loads the file afresh each time.
-    pub sha256: Option<String>,
-    pub allow_untrusted: bool,
+    /// The module's bytes, checked when they were read: every (re)started
+    /// worker inherits this sealed copy and loads it, so what the file on
+    /// disk becomes meanwhile changes nothing until the next reload.
+    pub image: Image,
 }
 
 pub(super) enum Event {
@@ -65,6 +65,7 @@ pub(super) enum Event {
 /// The handle an `Instance` holds; dropping it stops the worker.
 pub struct Worker {
     shared: Arc<Shared>,
+    source: Source,
 }
 
 impl Drop for Worker {
@@ -152,6 +153,7 @@ impl Worker {
         });
         let (first_tx, first_rx) = oneshot::channel();
         let sup = shared.clone();
+        let source = spec.image.source.clone();
         // The worker's parent-death signal follows this thread, which lives
         // as long as the instance.
         std::thread::Builder::new()
@@ -159,7 +161,7 @@ impl Worker {
             .spawn(move || supervise(sup, spec, rx, first_tx))
             .map_err(|e| shared.unavailable(format!("cannot start its supervisor thread: {e}")))?;
         match first_rx.await {
-            Ok(Ok(info)) => Ok((Worker { shared }, info)),
+            Ok(Ok(info)) => Ok((Worker { shared, source }, info)),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(shared.unavailable("its supervisor thread ended")),
         }
@@ -213,6 +215,11 @@ impl Worker {
     /// True while no worker serves calls (crashed, restarting or stopped).
     pub fn down(&self) -> bool {
         self.shared.conn().is_err()
+    }
+
+    /// The module file the worker's copy was read from.
+    pub fn source(&self) -> &Source {
+        &self.source
     }
 
     pub fn pid(&self) -> Option<u32> {
@@ -382,10 +389,9 @@ type Started = (Child, Arc<Conn>, ModuleInfo);
 /// Spawns a worker, reads its greeting, and runs create (and watch_start).
 fn start(s: &Arc<Shared>, spec: &Spec) -> Result<Started, (Option<Child>, CallError)> {
     let fail = |e: String| (None, s.unavailable(e));
-    crate::loader::enforce_trust(&spec.module, spec.sha256.as_deref(), spec.allow_untrusted, &spec.name)
-        .map_err(fail)?;
     let (host_end, worker_end) = UnixStream::pair().map_err(|e| fail(format!("cannot create a socket pair: {e}")))?;
     let fd = worker_end.as_raw_fd();
+    let module_fd = spec.image.fd();
     let keep: Vec<String> = spec.keep_caps.iter().map(u32::to_string).collect();
     let mut cmd = Command::new(&spec.program);
     // `ps` shows the binary's name rather than /proc/self/exe.
@@ -398,6 +404,7 @@ fn start(s: &Arc<Shared>, spec: &Spec) -> Result<Started, (Option<Child>, CallEr
         .arg(&spec.name)
         .arg(&spec.module)
         .env(ENV_FD, fd.to_string())
+        .env(ENV_MODULE_FD, module_fd.to_string())
         .env(ENV_PARENT, std::process::id().to_string())
         .env(ENV_KEEP_CAPS, keep.join(","))
         .stdin(Stdio::null())
@@ -405,7 +412,7 @@ fn start(s: &Arc<Shared>, spec: &Spec) -> Result<Started, (Option<Child>, CallEr
         // order; the parent-death signal covers the host's own death.
         .process_group(0);
     // SAFETY: in_child makes only async-signal-safe calls (prctl, fcntl).
-    unsafe { cmd.pre_exec(move || privileges::in_child(fd)) };
+    unsafe { cmd.pre_exec(move || privileges::in_child(&[fd, module_fd])) };
     let mut child =
         cmd.spawn().map_err(|e| fail(format!("cannot start its worker process {}: {e}", spec.program.display())))?;
     // Ours must go, or the channel would never report the worker's end.

@@ -78,29 +78,40 @@ pub struct Registry {
 /// How long a (re)load waits for first scans before serving without them.
 const START_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Finds a driver's module, checks that it can be trusted, and loads it;
-/// the same file is loaded once.
+/// Finds a driver's module, reads it into a private copy, checks that those
+/// bytes can be trusted, and loads them; the same bytes are loaded once.
 fn resolve(
     cfg: &DriverConfig,
     allow_untrusted: bool,
     cache: &mut HashMap<PathBuf, Result<Module, String>>,
 ) -> Result<Module, String> {
-    let path = trusted_path(cfg, allow_untrusted)?;
+    let path = module_path(cfg)?;
     cache
         .entry(path.clone())
-        .or_insert_with(|| loader::load(&path).map_err(|e| format!("driver {}: {e}", cfg.name)))
+        .or_insert_with(|| {
+            let image = loader::open_trusted(&path, cfg.sha256.as_deref(), allow_untrusted, &cfg.name)
+                .map_err(|e| format!("driver {}: {e}", cfg.name))?;
+            loader::load_image(&image).map_err(|e| format!("driver {}: {e}", cfg.name))
+        })
         .clone()
 }
 
-/// The module file a driver instance uses, once it passed the trust checks.
-fn trusted_path(cfg: &DriverConfig, allow_untrusted: bool) -> Result<PathBuf, String> {
+/// The module file a driver instance uses: the first candidate that exists.
+fn module_path(cfg: &DriverConfig) -> Result<PathBuf, String> {
     let Some(path) = cfg.module_candidates.iter().find(|p| p.exists()) else {
         let tried: Vec<String> = cfg.module_candidates.iter().map(|p| p.display().to_string()).collect();
         return Err(format!("driver {}: no module file found (tried {})", cfg.name, tried.join(", ")));
     };
-    loader::enforce_trust(path, cfg.sha256.as_deref(), allow_untrusted, &cfg.name)
-        .map_err(|e| format!("driver {}: {e}", cfg.name))?;
     Ok(path.clone())
+}
+
+/// Whether a running instance's module file now holds other bytes (or
+/// another candidate file would be picked): a reload then loads it anew.
+fn module_changed(cfg: &DriverConfig, inst: &Instance) -> Option<PathBuf> {
+    let path = module_path(cfg).ok()?;
+    let source = inst.source();
+    let moved = std::fs::canonicalize(&path).ok().is_some_and(|real| real != source.path);
+    (moved || source.changed_on_disk()).then_some(path)
 }
 
 fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
@@ -156,22 +167,28 @@ impl Registry {
         let mut creating = tokio::task::JoinSet::new();
         for (name, cfg) in &manifest.drivers {
             match old.remove(name) {
-                // A driver disabled by a panic comes back on reload.
-                Some(e) if e.config == *cfg && matches!(&e.slot, Slot::Ready(i) if i.isolated() || !i.poisoned()) => {
+                // A driver disabled by a panic comes back on reload, and so
+                // does one whose module file now holds other bytes.
+                Some(e)
+                    if e.config == *cfg
+                        && matches!(&e.slot, Slot::Ready(i) if (i.isolated() || !i.poisoned())
+                            && module_changed(cfg, i).is_none()) =>
+                {
                     if let Slot::Ready(i) = &e.slot {
                         kept_drivers.push(i.clone());
-                    }
-                    if let Some(path) = cfg.module_candidates.iter().find(|p| p.exists())
-                        && loader::replaced(path)
-                    {
-                        tracing::warn!(driver = %name, module = %path.display(),
-                            "the module file changed on disk; the loaded version keeps running until devhost restarts");
                     }
                     next.insert(name.clone(), e);
                     continue;
                 }
                 // Replaced only once its successor is up (below).
                 Some(e) => {
+                    if let Slot::Ready(i) = &e.slot
+                        && e.config == *cfg
+                        && let Some(path) = module_changed(cfg, i)
+                    {
+                        tracing::info!(driver = %name, module = %path.display(),
+                            "the module file changed on disk; loading the new file (the running instance serves until it is up)");
+                    }
                     replacing.insert(name.clone(), e);
                 }
                 None => {}
@@ -179,7 +196,7 @@ impl Registry {
             // An isolated driver's module is loaded by its worker process only.
             let isolated = matches!(cfg.isolation, Isolation::Process { .. });
             let resolved = if isolated {
-                trusted_path(cfg, manifest.allow_untrusted_modules).map(Err)
+                module_path(cfg).map(Err)
             } else {
                 resolve(cfg, manifest.allow_untrusted_modules, &mut cache).map(Ok)
             };
