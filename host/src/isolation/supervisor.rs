@@ -11,7 +11,7 @@ use super::privileges;
 use super::protocol::{self, Message, Request};
 use super::worker::{ENV_FD, ENV_KEEP_CAPS, ENV_MODULE_FD, ENV_PARENT};
 use crate::callbacks::CallState;
-use crate::instance::{CallError, status_error};
+use crate::instance::{CallError, CreateRetry, CreateState, status_error};
 use crate::loader::{Image, ModuleInfo, Source};
 use devhost_abi as abi;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -27,8 +27,9 @@ use tokio::sync::{Notify, oneshot};
 
 /// Restart delays: doubled after each failure, from MIN up to MAX, and back
 /// to MIN once a worker has stayed up for STABLE.
-const BACKOFF_MIN: Duration = Duration::from_millis(100);
-const BACKOFF_MAX: Duration = Duration::from_secs(10);
+/// In-process create retries use the same delays.
+pub const BACKOFF_MIN: Duration = Duration::from_millis(100);
+pub const BACKOFF_MAX: Duration = Duration::from_secs(10);
 const STABLE: Duration = Duration::from_secs(30);
 /// Deadlines a worker may miss in a row (or stay stuck for) before it is killed.
 pub const MAX_MISSES: u32 = 3;
@@ -86,6 +87,8 @@ pub(super) struct Shared {
     misses: AtomicU32,
     /// Whether the host started the driver's watch, so a restart does too.
     watching: AtomicBool,
+    /// Set while no worker's create has succeeded yet and more are tried.
+    creating: CreateState,
 }
 
 enum Link {
@@ -138,8 +141,10 @@ pub(super) use crate::callbacks::emit_log;
 
 impl Worker {
     /// Starts the supervisor thread and waits until the first worker has
-    /// loaded the module and `create` succeeded in it.
-    pub async fn start(spec: Spec, changed: Arc<Notify>) -> Result<(Worker, ModuleInfo), CallError> {
+    /// loaded the module and `create` succeeded in it. With `retry`, a
+    /// first worker that loaded the module but failed in create is enough:
+    /// the supervisor keeps starting workers until one's create succeeds.
+    pub async fn start(spec: Spec, changed: Arc<Notify>, retry: bool) -> Result<(Worker, ModuleInfo), CallError> {
         let (tx, rx) = mpsc::channel();
         let shared = Arc::new(Shared {
             name: spec.name.clone(),
@@ -150,6 +155,7 @@ impl Worker {
             events: tx,
             misses: AtomicU32::new(0),
             watching: AtomicBool::new(false),
+            creating: Arc::default(),
         });
         let (first_tx, first_rx) = oneshot::channel();
         let sup = shared.clone();
@@ -158,7 +164,7 @@ impl Worker {
         // as long as the instance.
         std::thread::Builder::new()
             .name(format!("sup-{}", spec.name))
-            .spawn(move || supervise(sup, spec, rx, first_tx))
+            .spawn(move || supervise(sup, spec, rx, first_tx, retry))
             .map_err(|e| shared.unavailable(format!("cannot start its supervisor thread: {e}")))?;
         match first_rx.await {
             Ok(Ok(info)) => Ok((Worker { shared, source }, info)),
@@ -217,6 +223,11 @@ impl Worker {
         self.shared.conn().is_err()
     }
 
+    /// Whether no worker's create has succeeded yet (and more are tried).
+    pub fn create_retry(&self) -> Option<CreateRetry> {
+        lock(&self.shared.creating).clone()
+    }
+
     /// The module file the worker's copy was read from.
     pub fn source(&self) -> &Source {
         &self.source
@@ -245,6 +256,7 @@ fn supervise(
     spec: Spec,
     events: mpsc::Receiver<Event>,
     first: oneshot::Sender<Result<ModuleInfo, CallError>>,
+    retry: bool,
 ) {
     let mut first = Some(first);
     let mut backoff = BACKOFF_MIN;
@@ -254,9 +266,15 @@ fn supervise(
             Ok((mut child, conn, info)) => {
                 s.set_link(Link::Up(conn.clone()));
                 s.misses.store(0, Ordering::Relaxed);
-                match first.take() {
-                    Some(tx) => drop(tx.send(Ok(info))),
-                    None => {
+                let retried = lock(&s.creating).take();
+                match (first.take(), retried) {
+                    (Some(tx), _) => drop(tx.send(Ok(info))),
+                    (None, Some(r)) => {
+                        tracing::info!(driver = %s.name, pid = conn.pid, attempts = r.attempts,
+                            "driver {}: create succeeded after {} failed attempt(s)", s.name, r.attempts);
+                        s.changed.notify_one();
+                    }
+                    (None, None) => {
                         tracing::info!(driver = %s.name, pid = conn.pid, "worker process restarted");
                         s.changed.notify_one();
                     }
@@ -289,17 +307,32 @@ fn supervise(
                     backoff = BACKOFF_MIN;
                 }
             }
-            Err((child, e)) => {
-                if let Some(mut c) = child {
+            Err(failed) => {
+                let (e, info) = (failed.error, failed.info);
+                if let Some(mut c) = failed.child {
                     reap(&mut c);
                 }
-                if let Some(tx) = first.take() {
-                    *lock(&s.link) = Link::Stopped;
-                    let _ = tx.send(Err(e));
-                    return;
+                let creating = lock(&s.creating).is_some();
+                match (first.take(), info) {
+                    (Some(tx), Some(info)) if retry => {
+                        note_failed_create(&s, &e, backoff);
+                        s.set_link(Link::Down(e.to_string()));
+                        let _ = tx.send(Ok(info));
+                    }
+                    (Some(tx), _) => {
+                        *lock(&s.link) = Link::Stopped;
+                        let _ = tx.send(Err(e));
+                        return;
+                    }
+                    (None, _) if creating => {
+                        note_failed_create(&s, &e, backoff);
+                        s.set_link(Link::Down(e.to_string()));
+                    }
+                    (None, _) => {
+                        tracing::error!(driver = %s.name, "driver {}: worker process restart failed, next try in {backoff:?}: {e}", s.name);
+                        s.set_link(Link::Down(e.to_string()));
+                    }
                 }
-                tracing::error!(driver = %s.name, "driver {}: worker process restart failed, next try in {backoff:?}: {e}", s.name);
-                s.set_link(Link::Down(e.to_string()));
             }
         }
         if stop_within(&events, backoff) {
@@ -308,6 +341,17 @@ fn supervise(
         }
         backoff = (backoff * 2).min(BACKOFF_MAX);
     }
+}
+
+/// Records a failed first create and when the next worker starts.
+fn note_failed_create(s: &Shared, e: &CallError, backoff: Duration) {
+    let mut c = lock(&s.creating);
+    let attempts = c.as_ref().map_or(0, |r| r.attempts) + 1;
+    tracing::error!(driver = %s.name, attempts,
+        "driver {}: create failed, its resources have no devices until it succeeds (next attempt in {backoff:?}): {e}", s.name);
+    *c = Some(CreateRetry { attempts, last_error: e.to_string(), next_attempt: Instant::now() + backoff });
+    drop(c);
+    s.changed.notify_one();
 }
 
 /// Waits out a backoff delay; true when asked to stop meanwhile.
@@ -386,9 +430,17 @@ fn signal_name(sig: i32) -> &'static str {
 
 type Started = (Child, Arc<Conn>, ModuleInfo);
 
+/// A worker that did not come up: its process (if one started), why, and
+/// what the module declared when it got as far as loading it.
+struct Failed {
+    child: Option<Child>,
+    error: CallError,
+    info: Option<ModuleInfo>,
+}
+
 /// Spawns a worker, reads its greeting, and runs create (and watch_start).
-fn start(s: &Arc<Shared>, spec: &Spec) -> Result<Started, (Option<Child>, CallError)> {
-    let fail = |e: String| (None, s.unavailable(e));
+fn start(s: &Arc<Shared>, spec: &Spec) -> Result<Started, Failed> {
+    let fail = |e: String| Failed { child: None, error: s.unavailable(e), info: None };
     let (host_end, worker_end) = UnixStream::pair().map_err(|e| fail(format!("cannot create a socket pair: {e}")))?;
     let fd = worker_end.as_raw_fd();
     let module_fd = spec.image.fd();
@@ -418,12 +470,16 @@ fn start(s: &Arc<Shared>, spec: &Spec) -> Result<Started, (Option<Child>, CallEr
     // Ours must go, or the channel would never report the worker's end.
     drop(worker_end);
     let generation = GENERATION.fetch_add(1, Ordering::Relaxed);
-    let result = greet(s, spec, &host_end, generation, child.id());
+    let mut info = None;
+    let result = greet(s, spec, &host_end, generation, child.id(), &mut info);
     match result {
-        Ok((conn, info)) => Ok((child, conn, info)),
-        Err(e) => {
+        Ok(conn) => match info {
+            Some(info) => Ok((child, conn, info)),
+            None => Err(Failed { child: Some(child), error: s.unavailable("worker sent no greeting"), info: None }),
+        },
+        Err(error) => {
             let _ = child.kill();
-            Err((Some(child), e))
+            Err(Failed { child: Some(child), error, info })
         }
     }
 }
@@ -434,7 +490,8 @@ fn greet(
     stream: &UnixStream,
     generation: u64,
     pid: u32,
-) -> Result<(Arc<Conn>, ModuleInfo), CallError> {
+    greeted: &mut Option<ModuleInfo>,
+) -> Result<Arc<Conn>, CallError> {
     let io = |what: &str, e: std::io::Error| s.unavailable(format!("worker process (pid {pid}): {what}: {e}"));
     stream.set_read_timeout(Some(spec.timeout)).map_err(|e| io("set_read_timeout", e))?;
     stream.set_write_timeout(Some(WRITE_TIMEOUT)).map_err(|e| io("set_write_timeout", e))?;
@@ -463,6 +520,8 @@ fn greet(
             Err(e) => return Err(s.unavailable(format!("worker process (pid {pid}) sent a {e}"))),
         }
     };
+    let watch = info.watch;
+    *greeted = Some(info);
     stream.set_read_timeout(None).map_err(|e| io("set_read_timeout", e))?;
     let out = stream.try_clone().map_err(|e| io("clone the channel", e))?;
     let conn = Arc::new(Conn::new(generation, pid, out));
@@ -481,7 +540,7 @@ fn greet(
     if status != abi::DEVHOST_OK {
         return Err(status_error(&s.name, "create", status, state));
     }
-    if info.watch && s.watching.load(Ordering::Acquire) {
+    if watch && s.watching.load(Ordering::Acquire) {
         match conn.call_blocking(s, "watch_start", &Request::WatchStart) {
             Ok((abi::DEVHOST_OK, _)) => {}
             Ok((status, state)) => {
@@ -491,7 +550,7 @@ fn greet(
             Err(e) => return Err(e),
         }
     }
-    Ok((conn, info))
+    Ok(conn)
 }
 
 fn log_problems(driver: &str, call: &str, state: &CallState) {

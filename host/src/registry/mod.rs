@@ -200,15 +200,26 @@ impl Registry {
             } else {
                 resolve(cfg, manifest.allow_untrusted_modules, &mut cache).map(Ok)
             };
+            // A failed create is retried by the daemon, unless a running
+            // instance would be replaced: that one keeps serving instead.
+            let retry = self.watching && !replacing.get(name).is_some_and(|e| serving(&e.slot));
             let (name, cfg, allow_untrusted) = (name.clone(), cfg.clone(), manifest.allow_untrusted_modules);
+            let inspect = !self.watching;
             creating.spawn(async move {
+                let explain = |e: crate::instance::CallError| {
+                    if inspect && e.is_create_failure() {
+                        format!("{e} (`devhost run` retries a failed create with backoff; see /status)")
+                    } else {
+                        e.to_string()
+                    }
+                };
                 let created = match resolved {
                     Err(e) => Err(e),
-                    Ok(Ok(module)) => {
-                        Instance::create(&name, module, &cfg.options, cfg.call_timeout).await.map_err(|e| e.to_string())
-                    }
+                    Ok(Ok(module)) => Instance::create_with(&name, module, &cfg.options, cfg.call_timeout, retry)
+                        .await
+                        .map_err(explain),
                     Ok(Err(path)) => {
-                        Instance::create_isolated(&cfg, &path, allow_untrusted).await.map_err(|e| e.to_string())
+                        Instance::create_isolated_with(&cfg, &path, allow_untrusted, retry).await.map_err(explain)
                     }
                 };
                 let slot = match created {
@@ -225,7 +236,7 @@ impl Registry {
             match (&slot, previous) {
                 // A changed driver that cannot start keeps the running one: a
                 // reload never trades working devices for an error.
-                (Slot::Failed(e), Some(prev)) if matches!(prev.slot, Slot::Ready(_)) => {
+                (Slot::Failed(e), Some(prev)) if serving(&prev.slot) => {
                     self.services.metrics.module_load_failure(&name);
                     tracing::error!(driver = %name, "new settings cannot be applied, the previous instance keeps serving: {e}");
                     if let Slot::Ready(i) = &prev.slot {
@@ -260,8 +271,16 @@ impl Registry {
             }
             next.insert(name, DriverEntry { config: cfg, slot, stop: watch::channel(false).0 });
         }
-        for (_, e) in old {
+        for (name, e) in old {
+            self.services.metrics.forget_driver(&name);
             retire(e);
+        }
+        for (name, e) in &next {
+            let retry = match &e.slot {
+                Slot::Ready(i) => i.create_retry(),
+                Slot::Failed(_) => None,
+            };
+            self.services.metrics.set_create_retry(name, retry.as_ref());
         }
 
         let old_resources = std::mem::take(&mut *write(&self.resources));
@@ -368,8 +387,14 @@ impl Registry {
         read(&self.drivers).iter().map(|(k, e)| (k.clone(), e.slot.clone())).collect()
     }
 
-    /// Scans one instance and publishes the result to its resources.
+    /// Scans one instance and publishes the result to its resources. An
+    /// instance whose create is still being retried has nothing to scan.
     pub async fn rescan(&self, inst: &Arc<Instance>) {
+        let retry = inst.create_retry();
+        self.services.metrics.set_create_retry(&inst.name, retry.as_ref());
+        if retry.is_some() {
+            return;
+        }
         let result = inst.scan().await;
         self.services.metrics.driver_call(&inst.name, "scan", metrics::call_outcome(&result));
         let devices = match result {
@@ -539,6 +564,9 @@ impl Registry {
                     device_list_strategy: r.config.device_list_strategy.as_str(),
                 };
                 let mut v = status::resource_json(info, &view.devices, tracked.then_some(&r.status));
+                if let Some(retry) = r.driver.as_ref().and_then(|d| d.create_retry()) {
+                    v["create"] = status::create_retry_json(&retry, std::time::Instant::now());
+                }
                 if tracked {
                     self.add_holders(&mut v, r);
                 }
@@ -582,6 +610,11 @@ impl Registry {
             .map(|r| r.config.name.clone())
             .collect()
     }
+}
+
+/// Whether a slot holds an instance that serves (created, not retrying).
+fn serving(slot: &Slot) -> bool {
+    matches!(slot, Slot::Ready(i) if i.create_retry().is_none())
 }
 
 /// Stops a driver's rescan task and its instance.
