@@ -564,8 +564,14 @@ impl Registry {
                     device_list_strategy: r.config.device_list_strategy.as_str(),
                 };
                 let mut v = status::resource_json(info, &view.devices, tracked.then_some(&r.status));
-                if let Some(retry) = r.driver.as_ref().and_then(|d| d.create_retry()) {
-                    v["create"] = status::create_retry_json(&retry, std::time::Instant::now());
+                if let Some(d) = &r.driver {
+                    v["isolation"] = serde_json::json!(if d.isolated() { "process" } else { "in-process" });
+                    if let Some(pid) = d.worker_pid() {
+                        v["worker_pid"] = serde_json::json!(pid);
+                    }
+                    if let Some(retry) = d.create_retry() {
+                        v["create"] = status::create_retry_json(&retry, std::time::Instant::now());
+                    }
                 }
                 if tracked {
                     self.add_holders(&mut v, r);
