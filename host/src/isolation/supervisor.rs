@@ -308,8 +308,8 @@ fn supervise(
                 }
             }
             Err(failed) => {
-                let (e, info) = (failed.error, failed.info);
-                if let Some(mut c) = failed.child {
+                let Failed { child, error: e, info } = *failed;
+                if let Some(mut c) = child {
                     reap(&mut c);
                 }
                 let creating = lock(&s.creating).is_some();
@@ -439,8 +439,8 @@ struct Failed {
 }
 
 /// Spawns a worker, reads its greeting, and runs create (and watch_start).
-fn start(s: &Arc<Shared>, spec: &Spec) -> Result<Started, Failed> {
-    let fail = |e: String| Failed { child: None, error: s.unavailable(e), info: None };
+fn start(s: &Arc<Shared>, spec: &Spec) -> Result<Started, Box<Failed>> {
+    let fail = |e: String| Box::new(Failed { child: None, error: s.unavailable(e), info: None });
     let (host_end, worker_end) = UnixStream::pair().map_err(|e| fail(format!("cannot create a socket pair: {e}")))?;
     let fd = worker_end.as_raw_fd();
     let module_fd = spec.image.fd();
@@ -475,11 +475,15 @@ fn start(s: &Arc<Shared>, spec: &Spec) -> Result<Started, Failed> {
     match result {
         Ok(conn) => match info {
             Some(info) => Ok((child, conn, info)),
-            None => Err(Failed { child: Some(child), error: s.unavailable("worker sent no greeting"), info: None }),
+            None => Err(Box::new(Failed {
+                child: Some(child),
+                error: s.unavailable("worker sent no greeting"),
+                info: None,
+            })),
         },
         Err(error) => {
             let _ = child.kill();
-            Err(Failed { child: Some(child), error, info })
+            Err(Box::new(Failed { child: Some(child), error, info }))
         }
     }
 }
