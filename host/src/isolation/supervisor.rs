@@ -315,8 +315,7 @@ fn supervise(
                 let creating = lock(&s.creating).is_some();
                 match (first.take(), info) {
                     (Some(tx), Some(info)) if retry => {
-                        note_failed_create(&s, &e, backoff);
-                        s.set_link(Link::Down(e.to_string()));
+                        s.set_link(Link::Down(note_failed_create(&s, &e, backoff)));
                         let _ = tx.send(Ok(info));
                     }
                     (Some(tx), _) => {
@@ -325,8 +324,7 @@ fn supervise(
                         return;
                     }
                     (None, _) if creating => {
-                        note_failed_create(&s, &e, backoff);
-                        s.set_link(Link::Down(e.to_string()));
+                        s.set_link(Link::Down(note_failed_create(&s, &e, backoff)));
                     }
                     (None, _) => {
                         tracing::error!(driver = %s.name, "driver {}: worker process restart failed, next try in {backoff:?}: {e}", s.name);
@@ -343,8 +341,9 @@ fn supervise(
     }
 }
 
-/// Records a failed first create and when the next worker starts.
-fn note_failed_create(s: &Shared, e: &CallError, backoff: Duration) {
+/// Records a failed first create and when the next worker starts; returns
+/// why calls are refused meanwhile.
+fn note_failed_create(s: &Shared, e: &CallError, backoff: Duration) -> String {
     let mut c = lock(&s.creating);
     let attempts = c.as_ref().map_or(0, |r| r.attempts) + 1;
     tracing::error!(driver = %s.name, attempts,
@@ -352,6 +351,9 @@ fn note_failed_create(s: &Shared, e: &CallError, backoff: Duration) {
     *c = Some(CreateRetry { attempts, last_error: e.to_string(), next_attempt: Instant::now() + backoff });
     drop(c);
     s.changed.notify_one();
+    let text = e.to_string();
+    let own = text.strip_prefix(&format!("driver {}: ", s.name)).unwrap_or(&text);
+    format!("create has not succeeded yet ({attempts} failed attempt(s)): {own}")
 }
 
 /// Waits out a backoff delay; true when asked to stop meanwhile.
