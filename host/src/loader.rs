@@ -26,7 +26,7 @@ pub struct Module {
 }
 
 /// Why a module could not be loaded. Every message names the file.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum LoadError {
     #[error("{path}: module file not found")]
     Missing { path: PathBuf },
@@ -166,17 +166,18 @@ fn memfd(path: &Path) -> std::io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// Modules mapped into this process, by source file and hash: the same
-/// bytes are mapped once, as `dlopen` of one path always did.
-static LOADED: std::sync::Mutex<Vec<Module>> = std::sync::Mutex::new(Vec::new());
+/// What loading each (file, content) into this process gave: the same
+/// bytes are mapped once, as `dlopen` of one path always did, and a module
+/// that mapped but failed its checks is not mapped again on every reload.
+type Loaded = Vec<((PathBuf, String), Result<Module, LoadError>)>;
+static LOADED: std::sync::Mutex<Loaded> = std::sync::Mutex::new(Vec::new());
 
 /// Loads an image into this process (once per file and content).
 pub fn load_image(image: &Image) -> Result<Module, LoadError> {
+    let key = (image.source.path.clone(), image.source.sha256.clone());
     let mut loaded = LOADED.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(m) =
-        loaded.iter().find(|m| m.source.path == image.source.path && m.source.sha256 == image.source.sha256)
-    {
-        return Ok(*m);
+    if let Some((_, done)) = loaded.iter().find(|(k, _)| *k == key) {
+        return done.clone();
     }
     // A descriptor of its own that stays open for good: glibc knows a
     // loaded object by its name, so /proc/self/fd/N must never name
@@ -184,9 +185,17 @@ pub fn load_image(image: &Image) -> Result<Module, LoadError> {
     let dup =
         image.fd.try_clone().map_err(|e| LoadError::Copy { path: image.source.path.clone(), detail: e.to_string() })?;
     let source: &'static Source = Box::leak(Box::new(image.source.clone()));
-    let m = load_fd(dup.into_raw_fd(), &image.source.path, source)?;
-    loaded.push(m);
-    Ok(m)
+    let fd = dup.into_raw_fd();
+    let result = load_fd(fd, &image.source.path, source);
+    if let Err(LoadError::Dlopen { .. }) = result {
+        // Nothing was mapped: the descriptor may go, and the next reload
+        // tries again (a missing dependency may have been installed).
+        // SAFETY: fd is ours (from into_raw_fd) and nothing else uses it.
+        drop(unsafe { OwnedFd::from_raw_fd(fd) });
+        return result;
+    }
+    loaded.push((key, result.clone()));
+    result
 }
 
 /// Loads the sealed copy open as `fd` (kept open for good); messages name
