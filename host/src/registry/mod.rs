@@ -193,7 +193,8 @@ impl Registry {
                 }
                 None => {}
             }
-            // An isolated driver's module is loaded by its worker process only.
+            // An isolated driver's module is read and checked by the host
+            // (create_isolated) and mapped by its worker process only.
             let isolated = matches!(cfg.isolation, Isolation::Process { .. });
             let resolved = if isolated {
                 module_path(cfg).map(Err)
