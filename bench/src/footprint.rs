@@ -1,6 +1,7 @@
 //! Figure 5: what devhost costs on every node while nothing happens: resident
 //! memory and CPU time over an idle window, next to the null plugin measured
-//! over the same window.
+//! over the same window. Memory is the host process plus each driver worker
+//! process (every driver runs in one unless it opts into `in-process`).
 
 use crate::demo::Demo;
 use crate::node::{self, Artifacts, Node, Proc, ProcStat, proc_stat};
@@ -62,6 +63,9 @@ pub async fn run(art: &Artifacts, demo: &Demo, idle: Duration, report: &mut Repo
 
     let (d0, n0) = (proc_stat(daemon.pid())?, proc_stat(null.pid())?);
     let threads0 = node::threads(daemon.pid());
+    let workers = node::workers_of(daemon.pid());
+    let worker_rss = |pid: u32| proc_stat(pid).map(|s| s.rss_kib).unwrap_or(0);
+    let mut w_max: Vec<u64> = workers.iter().map(|&w| worker_rss(w)).collect();
     let (mut d_max, mut n_max) = (d0.rss_kib, n0.rss_kib);
     let t = Instant::now();
     while t.elapsed() < idle {
@@ -69,7 +73,11 @@ pub async fn run(art: &Artifacts, demo: &Demo, idle: Duration, report: &mut Repo
         tokio::time::sleep(left.min(Duration::from_secs(1))).await;
         d_max = d_max.max(proc_stat(daemon.pid())?.rss_kib);
         n_max = n_max.max(proc_stat(null.pid())?.rss_kib);
+        for (m, &w) in w_max.iter_mut().zip(&workers) {
+            *m = (*m).max(worker_rss(w));
+        }
     }
+    let worker_top = w_max.iter().copied().max().unwrap_or(0);
     let secs = t.elapsed().as_secs_f64();
     let (d1, n1) = (proc_stat(daemon.pid())?, proc_stat(null.pid())?);
     let busy = busy_threads(&threads0, &node::threads(daemon.pid()), secs);
@@ -84,6 +92,14 @@ pub async fn run(art: &Artifacts, demo: &Demo, idle: Duration, report: &mut Repo
         ratio(d.rss_max_kib as f64, n.rss_max_kib as f64),
         "≤ 15 MiB",
         Some(d.rss_max_kib <= 15 * 1024),
+    );
+    report.row(
+        &format!("5. Idle RSS per driver worker, {} ({} workers, largest)", demo.title, workers.len()),
+        mib(worker_top),
+        format!("all workers {}", mib(w_max.iter().sum())),
+        "–".to_string(),
+        "≤ 6 MiB each",
+        Some(worker_top <= 6 * 1024),
     );
     report.row(
         &format!("5. Idle CPU, {} (utime+stime over {secs:.0} s)", demo.title),

@@ -141,7 +141,7 @@ pub async fn run(art: &Artifacts, report: &mut Report) -> Result<Floor> {
     let manifest = node.write_manifest(
         "devhost.toml",
         &format!(
-            "[driver.c]\nmodule = \"{}\"\noptions = {{ count = {DEVICES}, numa_nodes = 2 }}\n\n\
+            "[driver.c]\nmodule = \"{}\"\nisolation = \"in-process\"\noptions = {{ count = {DEVICES}, numa_nodes = 2 }}\n\n\
              [[resource]]\nname = \"{RESOURCE}\"\ndriver = \"c\"\n",
             art.module("example_c").display()
         ),

@@ -219,6 +219,24 @@ pub fn proc_stat(pid: u32) -> Result<ProcStat> {
 }
 
 /// Each thread of a process: (tid, name, on-CPU nanoseconds from schedstat).
+/// The driver worker processes (`isolation = "process"`, the default) of
+/// the devhost process `parent`.
+pub fn workers_of(parent: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let mut out = Vec::new();
+    for entry in dir.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        let ppid = stat.rsplit_once(')').and_then(|(_, r)| r.split_whitespace().nth(1)?.parse::<u32>().ok());
+        if ppid == Some(parent) && String::from_utf8_lossy(&cmdline).contains("__driver-worker") {
+            out.push(pid);
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
 pub fn threads(pid: u32) -> Vec<(u32, String, u64)> {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
     let mut out = Vec::new();

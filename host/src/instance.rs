@@ -9,7 +9,7 @@ use crate::callbacks::{self, CallCtx, CallKind, CallState, HostCtx};
 use crate::device::{Device, Edits};
 use crate::isolation::protocol::Request;
 use crate::isolation::supervisor::{Spec, Worker};
-use crate::loader::{Module, ModuleInfo};
+use crate::loader::{Module, ModuleInfo, Source};
 use crate::manifest::{DriverConfig, Isolation};
 use devhost_abi as abi;
 use std::ffi::c_void;
@@ -38,6 +38,18 @@ pub enum CallError {
 }
 
 impl CallError {
+    /// Whether the driver's `create` itself failed (an error, a deadline,
+    /// a worker that died in it), as opposed to its module not loading:
+    /// the daemon retries these.
+    pub fn is_create_failure(&self) -> bool {
+        match self {
+            CallError::Status { call, .. } | CallError::Timeout { call, .. } => *call == "create",
+            // The channel's own text for a worker lost in a call (isolation::conn).
+            CallError::Unavailable { reason, .. } => reason.ends_with("during create"),
+            _ => false,
+        }
+    }
+
     /// The gRPC status a kubelet call gets for this error.
     pub fn to_status(&self) -> tonic::Status {
         use tonic::Code;
@@ -92,6 +104,19 @@ fn status_name(code: abi::devhost_status) -> &'static str {
 
 type Job = Box<dyn FnOnce(*mut c_void) + Send>;
 
+/// A driver whose `create` failed and is being retried, with the capped
+/// backoff of worker restarts (`devhost list`, `/status`, metrics).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CreateRetry {
+    /// Failed attempts so far.
+    pub attempts: u32,
+    pub last_error: String,
+    pub next_attempt: Instant,
+}
+
+/// The retry state one instance shares with whatever retries its create.
+pub(crate) type CreateState = Arc<Mutex<Option<CreateRetry>>>;
+
 /// Host-owned memory the driver points into for the instance's lifetime.
 struct HostSide {
     ctx: HostCtx,
@@ -116,6 +141,10 @@ pub struct Instance {
     timeout: Duration,
     backend: Backend,
     last_scan_problems: Mutex<Vec<String>>,
+    /// Set while a failed create is being retried.
+    creating: CreateState,
+    /// The host asked for watch_start while create was still failing.
+    watch_wanted: AtomicBool,
 }
 
 /// Where the driver's code runs.
@@ -151,6 +180,19 @@ impl Instance {
         module: Module,
         options: &[(String, String)],
         timeout: Duration,
+    ) -> Result<Arc<Instance>, CallError> {
+        Self::create_with(name, module, options, timeout, false).await
+    }
+
+    /// As [`Instance::create`]; with `retry`, a failed create (not a panic)
+    /// still gives an instance, which calls create again with capped
+    /// backoff until it succeeds, refusing every other call meanwhile.
+    pub async fn create_with(
+        name: &str,
+        module: Module,
+        options: &[(String, String)],
+        timeout: Duration,
+        retry: bool,
     ) -> Result<Arc<Instance>, CallError> {
         let (tx, rx) = mpsc::channel::<Job>();
         let changed = Arc::new(Notify::new());
@@ -202,30 +244,90 @@ impl Instance {
             timeout,
             backend: Backend::InProcess(Local { module, jobs: Mutex::new(Some(tx)), poisoned, busy }),
             last_scan_problems: Mutex::new(Vec::new()),
+            creating: Arc::default(),
+            watch_wanted: AtomicBool::new(false),
         });
         let opts: Vec<(String, String)> = options.to_vec();
-        let create_ptr = ptr;
-        let (status, state) = inst
+        match inst.create_once(module, opts.clone(), ptr.clone()).await {
+            Ok(()) => Ok(inst),
+            Err(e) if retry && !inst.poisoned() => {
+                let backoff = crate::isolation::supervisor::BACKOFF_MIN;
+                inst.note_failed_create(&e, backoff);
+                let weak = Arc::downgrade(&inst);
+                tokio::spawn(retry_create(weak, module, opts, ptr, backoff));
+                Ok(inst)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// One in-process create on the worker thread. An instance that exists
+    /// already (a create that returned after its deadline) is kept.
+    async fn create_once(
+        &self,
+        module: Module,
+        opts: Vec<(String, String)>,
+        ptr: Arc<AtomicPtr<c_void>>,
+    ) -> Result<(), CallError> {
+        let (status, state) = self
             .run("create", move |_, api| {
+                if !ptr.load(Ordering::Acquire).is_null() {
+                    return (abi::DEVHOST_OK, CallState::default());
+                }
                 // SAFETY: the API table lives as long as this worker thread.
                 let (status, state, out) = unsafe { module.create_instance(api, &opts) };
-                create_ptr.store(out, Ordering::Release);
+                ptr.store(out, Ordering::Release);
                 (status, state)
             })
             .await?;
-        inst.check("create", status, state)?;
-        Ok(inst)
+        self.check("create", status, state).map(drop)
     }
 
-    /// Starts a worker process for the driver `cfg` describes; the worker
-    /// loads `module` itself (its code is never mapped into the host) and
-    /// runs `create`. Fails as `create` does when the first worker cannot
-    /// load the module or `create` fails in it; later crashes restart it.
+    /// Records a failed create attempt and when the next one runs.
+    fn note_failed_create(&self, e: &CallError, backoff: Duration) {
+        let mut c = self.creating.lock().unwrap_or_else(|p| p.into_inner());
+        let attempts = c.as_ref().map_or(0, |r| r.attempts) + 1;
+        tracing::error!(driver = %self.name, attempts,
+            "driver {}: create failed, its resources have no devices until it succeeds (next attempt in {backoff:?}): {e}", self.name);
+        *c = Some(CreateRetry { attempts, last_error: e.to_string(), next_attempt: Instant::now() + backoff });
+        drop(c);
+        self.changed.notify_one();
+    }
+
+    /// Whether `create` failed and is being retried: how often, why, and when next.
+    pub fn create_retry(&self) -> Option<CreateRetry> {
+        match &self.backend {
+            Backend::InProcess(_) => self.creating.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            Backend::Process(w) => w.create_retry(),
+        }
+    }
+
+    /// Starts a worker process for the driver `cfg` describes. The host
+    /// reads `module` once into a sealed private copy and checks trust and
+    /// pin on those bytes; the worker loads that copy (its code is never
+    /// mapped into the host), every restart the same one, and runs
+    /// `create`. Fails as `create` does when the first worker cannot load
+    /// the module or `create` fails in it; later crashes restart it.
     pub async fn create_isolated(
         cfg: &DriverConfig,
         module: &std::path::Path,
         allow_untrusted: bool,
     ) -> Result<Arc<Instance>, CallError> {
+        Self::create_isolated_with(cfg, module, allow_untrusted, false).await
+    }
+
+    /// As [`Instance::create_isolated`]; with `retry`, a first worker that
+    /// loaded the module but whose create failed (an error, a crash, a
+    /// hang) still gives an instance, whose supervisor keeps starting
+    /// workers with the restart backoff until create succeeds.
+    pub async fn create_isolated_with(
+        cfg: &DriverConfig,
+        module: &std::path::Path,
+        allow_untrusted: bool,
+        retry: bool,
+    ) -> Result<Arc<Instance>, CallError> {
+        let image = crate::loader::open_trusted(module, cfg.sha256.as_deref(), allow_untrusted, &cfg.name)
+            .map_err(|reason| CallError::Unavailable { driver: cfg.name.clone(), reason })?;
         let keep = match &cfg.isolation {
             Isolation::Process { keep_capabilities } => keep_capabilities.as_slice(),
             Isolation::InProcess => &[],
@@ -239,10 +341,9 @@ impl Instance {
             // The manifest already refused unknown names.
             keep_caps: keep.iter().filter_map(|c| crate::isolation::capability_number(c)).collect(),
             program: crate::isolation::worker_program(),
-            sha256: cfg.sha256.clone(),
-            allow_untrusted,
+            image,
         };
-        let (worker, info) = Worker::start(spec, changed.clone()).await?;
+        let (worker, info) = Worker::start(spec, changed.clone(), retry).await?;
         Ok(Arc::new(Instance {
             name: cfg.name.clone(),
             module: info,
@@ -250,7 +351,17 @@ impl Instance {
             timeout: cfg.call_timeout,
             backend: Backend::Process(worker),
             last_scan_problems: Mutex::new(Vec::new()),
+            creating: Arc::default(),
+            watch_wanted: AtomicBool::new(false),
         }))
+    }
+
+    /// The module file this instance's code was read from, as it was then.
+    pub fn source(&self) -> &Source {
+        match &self.backend {
+            Backend::InProcess(l) => l.module.source,
+            Backend::Process(w) => w.source(),
+        }
     }
 
     /// The PID of an isolated instance's current worker process.
@@ -272,6 +383,11 @@ impl Instance {
         };
         if local.poisoned.load(Ordering::Acquire) {
             return Err(CallError::Poisoned { driver: self.name.clone() });
+        }
+        if call != "create"
+            && let Some(r) = self.create_retry()
+        {
+            return Err(self.not_created(&r));
         }
         if let Some((hung_call, since)) = self.hung() {
             return Err(CallError::Hung { driver: self.name.clone(), call: hung_call, secs: since.as_secs() });
@@ -304,6 +420,18 @@ impl Instance {
                 self.changed.notify_one();
                 Err(CallError::Timeout { driver: self.name.clone(), call, timeout: self.timeout })
             }
+        }
+    }
+
+    /// The error of a call refused because create has not succeeded yet.
+    fn not_created(&self, r: &CreateRetry) -> CallError {
+        let next = r.next_attempt.saturating_duration_since(Instant::now()).as_secs_f32();
+        CallError::Unavailable {
+            driver: self.name.clone(),
+            reason: format!(
+                "create has not succeeded yet ({} failed attempt(s), next in {next:.1} s): {}",
+                r.attempts, r.last_error
+            ),
         }
     }
 
@@ -388,6 +516,14 @@ impl Instance {
 
     pub async fn watch_start(&self) -> Result<(), CallError> {
         if !self.module.watch {
+            return Ok(());
+        }
+        if self.create_retry().is_some() {
+            // Started once create succeeds (by the retry, or the new worker).
+            self.watch_wanted.store(true, Ordering::Release);
+            if let Backend::Process(w) = &self.backend {
+                w.watching();
+            }
             return Ok(());
         }
         let (status, state) = match &self.backend {
@@ -513,6 +649,48 @@ impl Instance {
                 }
             }
             Backend::Process(w) => w.stop(),
+        }
+    }
+}
+
+/// Calls an in-process driver's create again, with the capped backoff of
+/// worker restarts, until it succeeds, the instance is stopped or dropped,
+/// or the driver panics (then it stays disabled until a reload).
+async fn retry_create(
+    weak: std::sync::Weak<Instance>,
+    module: Module,
+    opts: Vec<(String, String)>,
+    ptr: Arc<AtomicPtr<c_void>>,
+    mut backoff: Duration,
+) {
+    use crate::isolation::supervisor::BACKOFF_MAX;
+    loop {
+        tokio::time::sleep(backoff).await;
+        let Some(inst) = weak.upgrade() else { return };
+        match inst.create_once(module, opts.clone(), ptr.clone()).await {
+            Ok(()) => {
+                let attempts = inst.create_retry().map_or(0, |r| r.attempts);
+                *inst.creating.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                tracing::info!(driver = %inst.name, attempts, "driver {}: create succeeded after {attempts} failed attempt(s)", inst.name);
+                if inst.watch_wanted.load(Ordering::Acquire)
+                    && let Err(e) = inst.watch_start().await
+                {
+                    tracing::error!(driver = %inst.name, "watch_start failed; relying on rescans: {e}");
+                }
+                inst.changed.notify_one();
+                return;
+            }
+            Err(CallError::WorkerGone { .. }) => return,
+            Err(e) if inst.poisoned() => {
+                *inst.creating.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                tracing::error!(driver = %inst.name, "driver {}: create panicked; no more attempts until a reload: {e}", inst.name);
+                inst.changed.notify_one();
+                return;
+            }
+            Err(e) => {
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+                inst.note_failed_create(&e, backoff);
+            }
         }
     }
 }

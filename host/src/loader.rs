@@ -1,10 +1,15 @@
-//! Module loading: `dlopen` a driver `.so`, resolve its versioned entry
-//! symbol and check the descriptor before anything else is called.
-//! Modules are never unloaded: the library handle is leaked on purpose,
-//! because driver threads and thread-local destructors may outlive any call.
+//! Module loading: read a driver `.so` once into a private, sealed copy
+//! ([`Image`], a memfd), check ownership, mode and the sha256 pin on exactly
+//! those bytes, `dlopen` the copy, resolve its versioned entry symbol and
+//! check the descriptor before anything else is called. The original file
+//! can then be overwritten, truncated or replaced without touching the code
+//! that runs. Modules are never unloaded: the library handle is leaked on
+//! purpose, because driver threads and thread-local destructors may outlive
+//! any call.
 
 use devhost_abi as abi;
 use std::ffi::CStr;
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 
 /// A validated driver module.
@@ -16,10 +21,12 @@ pub struct Module {
     pub name: &'static str,
     pub version: &'static str,
     pub description: &'static str,
+    /// The file the bytes were read from, as it was then.
+    pub source: &'static Source,
 }
 
 /// Why a module could not be loaded. Every message names the file.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum LoadError {
     #[error("{path}: module file not found")]
     Missing { path: PathBuf },
@@ -39,30 +46,169 @@ pub enum LoadError {
     TooSmall { path: PathBuf, found: u32, min: usize },
     #[error("{path}: required function `{field}` is NULL in the driver descriptor")]
     MissingFunction { path: PathBuf, field: &'static str },
-    #[error(
-        "{path}: the file changed after devhost loaded it; modules are never unloaded, so restart devhost to use the new file"
-    )]
-    Replaced { path: PathBuf },
+    #[error("{path}: cannot read the module file: {detail}")]
+    Read { path: PathBuf, detail: String },
+    #[error("{path}: cannot make a private copy of the module (memfd_create): {detail}")]
+    Copy { path: PathBuf, detail: String },
     #[error("{path}: driver {field} is NULL or not valid UTF-8")]
     BadString { path: PathBuf, field: &'static str },
 }
 
-/// Loads and validates the module at `path`.
+/// Loads and validates the module at `path` (a private copy of its bytes),
+/// without the trust checks: see [`open_trusted`] for those.
 pub fn load(path: &Path) -> Result<Module, LoadError> {
-    let p = || path.to_path_buf();
     if !path.exists() {
-        return Err(LoadError::Missing { path: p() });
+        return Err(LoadError::Missing { path: path.to_path_buf() });
     }
-    // dlopen returns the copy already mapped for a path it has loaded, even
-    // when a new file sits there now: say so rather than run stale code.
-    if replaced(path) {
-        return Err(LoadError::Replaced { path: p() });
+    let image = Image::read(path)?;
+    load_image(&image)
+}
+
+/// The file behind a module: where it was read from, what it was then
+/// (identity and SHA-256), to tell on a reload whether it changed since.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Source {
+    /// The file as named (symbolic links resolved).
+    pub path: PathBuf,
+    /// Lower-case hex SHA-256 of the bytes that were loaded.
+    pub sha256: String,
+    id: FileId,
+}
+
+impl Source {
+    /// A worker process's view: the host read the file and kept its facts.
+    pub(crate) fn inherited(path: &Path) -> Source {
+        Source { path: path.to_path_buf(), sha256: String::new(), id: (0, 0, 0, 0, 0) }
     }
+
+    /// Whether the file at `path` now holds other bytes than those loaded
+    /// (overwritten in place, replaced by a rename, or removed). A file
+    /// that was only touched keeps its hash and counts as unchanged.
+    pub fn changed_on_disk(&self) -> bool {
+        if file_id(&self.path) == Some(self.id) {
+            return false;
+        }
+        sha256_file(&self.path).map_or(true, |now| now != self.sha256)
+    }
+}
+
+/// A module's bytes, read once from its file into a sealed memfd that no
+/// one can write: what is checked is exactly what is loaded, in this
+/// process or in an isolated worker that inherits the descriptor.
+#[derive(Debug)]
+pub struct Image {
+    pub source: Source,
+    fd: OwnedFd,
+    /// Trust problems of the file, found while reading it.
+    problems: Vec<TrustError>,
+}
+
+impl Image {
+    /// Reads the file at `path` and notes (without refusing) what makes it
+    /// untrusted; the pin is compared with the bytes read.
+    pub fn read(path: &Path) -> Result<Image, LoadError> {
+        Self::read_pinned(path, None)
+    }
+
+    fn read_pinned(path: &Path, pin: Option<&str>) -> Result<Image, LoadError> {
+        use sha2::Digest;
+        use std::io::{Read, Write};
+        use std::os::unix::fs::MetadataExt;
+        let read_err = |e: std::io::Error| LoadError::Read { path: path.to_path_buf(), detail: e.to_string() };
+        let real = std::fs::canonicalize(path).map_err(read_err)?;
+        let mut file = std::fs::File::open(&real).map_err(read_err)?;
+        // The descriptor's own metadata: the file whose bytes are read.
+        let meta = file.metadata().map_err(read_err)?;
+        let mut problems = file_problems(&real, &meta);
+        let mut bytes = Vec::with_capacity(meta.len() as usize);
+        file.read_to_end(&mut bytes).map_err(read_err)?;
+        let sha256: String = sha2::Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
+        if let Some(expected) = pin
+            && !sha256.eq_ignore_ascii_case(expected)
+        {
+            problems.push(TrustError::Sha256 {
+                path: real.clone(),
+                expected: expected.to_string(),
+                found: sha256.clone(),
+            });
+        }
+        let copy_err = |e: std::io::Error| LoadError::Copy { path: real.clone(), detail: e.to_string() };
+        let fd = memfd(&real).map_err(copy_err)?;
+        let mut out = std::fs::File::from(fd);
+        out.write_all(&bytes).map_err(copy_err)?;
+        let fd = OwnedFd::from(out);
+        let seals = libc::F_SEAL_WRITE | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        // SAFETY: fcntl on a descriptor we own.
+        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } == -1 {
+            return Err(copy_err(std::io::Error::last_os_error()));
+        }
+        let id = (meta.dev(), meta.ino(), meta.mtime(), meta.mtime_nsec(), meta.size());
+        Ok(Image { source: Source { path: real, sha256, id }, fd, problems })
+    }
+
+    /// The sealed copy, for a worker process to inherit.
+    pub fn fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+/// An anonymous, sealable, close-on-exec memory file named after the module
+/// (the name shows in /proc/PID/maps as `/memfd:NAME (deleted)`).
+fn memfd(path: &Path) -> std::io::Result<OwnedFd> {
+    let base = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = std::ffi::CString::new(format!("devhost:{base}").replace('\0', "")).unwrap_or_default();
+    // SAFETY: name is a valid C string; the flags are plain bits.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    if fd == -1 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: memfd_create returned a fresh descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// What loading each (file, content) into this process gave: the same
+/// bytes are mapped once, as `dlopen` of one path always did, and a module
+/// that mapped but failed its checks is not mapped again on every reload.
+type Loaded = Vec<((PathBuf, String), Result<Module, LoadError>)>;
+static LOADED: std::sync::Mutex<Loaded> = std::sync::Mutex::new(Vec::new());
+
+/// Loads an image into this process (once per file and content).
+pub fn load_image(image: &Image) -> Result<Module, LoadError> {
+    let key = (image.source.path.clone(), image.source.sha256.clone());
+    let mut loaded = LOADED.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, done)) = loaded.iter().find(|(k, _)| *k == key) {
+        return done.clone();
+    }
+    // A descriptor of its own that stays open for good: glibc knows a
+    // loaded object by its name, so /proc/self/fd/N must never name
+    // another file while this one is mapped.
+    let dup =
+        image.fd.try_clone().map_err(|e| LoadError::Copy { path: image.source.path.clone(), detail: e.to_string() })?;
+    let source: &'static Source = Box::leak(Box::new(image.source.clone()));
+    let fd = dup.into_raw_fd();
+    let result = load_fd(fd, &image.source.path, source);
+    if let Err(LoadError::Dlopen { .. }) = result {
+        // Nothing was mapped: the descriptor may go, and the next reload
+        // tries again (a missing dependency may have been installed).
+        // SAFETY: fd is ours (from into_raw_fd) and nothing else uses it.
+        drop(unsafe { OwnedFd::from_raw_fd(fd) });
+        return result;
+    }
+    loaded.push((key, result.clone()));
+    result
+}
+
+/// Loads the sealed copy open as `fd` (kept open for good); messages name
+/// `path`, the file it was read from. A worker process loads its module so.
+pub fn load_fd(fd: RawFd, path: &Path, source: &'static Source) -> Result<Module, LoadError> {
+    let p = || path.to_path_buf();
+    let proc_path = PathBuf::from(format!("/proc/self/fd/{fd}"));
     let flags = libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_LOCAL;
     // SAFETY: loading a module runs its initialisers; loading driver code is
     // this daemon's job, and the trust checks happen before this call.
-    let lib = unsafe { libloading::os::unix::Library::open(Some(path), flags) }
-        .map_err(|e| LoadError::Dlopen { path: p(), detail: dl_detail(&e) })?;
+    let lib = unsafe { libloading::os::unix::Library::open(Some(&proc_path), flags) }.map_err(|e| {
+        LoadError::Dlopen { path: p(), detail: dl_detail(&e).replace(&proc_path.display().to_string(), "module") }
+    })?;
     // SAFETY: the symbol's type is fixed by the ABI for this name.
     let entry: abi::EntryFn = match unsafe { lib.get::<abi::EntryFn>(b"devhost_driver_entry_v1\0") } {
         Ok(sym) => *sym,
@@ -70,7 +216,6 @@ pub fn load(path: &Path) -> Result<Module, LoadError> {
     };
     // Never dlclose: see the module docs.
     std::mem::forget(lib);
-    remember(path);
     // SAFETY: the entry point takes no arguments and returns a static descriptor.
     let raw = unsafe { entry() };
     if raw.is_null() {
@@ -108,35 +253,16 @@ pub fn load(path: &Path) -> Result<Module, LoadError> {
     } else {
         static_str(desc.description).ok_or(LoadError::BadString { path: p(), field: "description" })?
     };
-    Ok(Module { desc, declared: size as usize, name, version, description })
+    Ok(Module { desc, declared: size as usize, name, version, description, source })
 }
 
-/// What identifies the file behind a path: a replaced file has a new inode
-/// or a new modification time.
+/// What identifies the file behind a path: a replaced or rewritten file
+/// has a new inode, modification time or size.
 type FileId = (u64, u64, i64, i64, u64);
 
 fn file_id(path: &Path) -> Option<FileId> {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino(), m.mtime(), m.mtime_nsec(), m.size()))
-}
-
-/// Files this process has mapped, by canonical path.
-static LOADED: std::sync::Mutex<Vec<(PathBuf, FileId)>> = std::sync::Mutex::new(Vec::new());
-
-fn remember(path: &Path) {
-    let (Ok(real), Some(id)) = (std::fs::canonicalize(path), file_id(path)) else { return };
-    let mut loaded = LOADED.lock().unwrap_or_else(|p| p.into_inner());
-    if !loaded.iter().any(|(p, _)| *p == real) {
-        loaded.push((real, id));
-    }
-}
-
-/// Whether the module at `path` was loaded before and the file has changed
-/// since (a new version dropped in while the daemon runs).
-pub fn replaced(path: &Path) -> bool {
-    let Ok(real) = std::fs::canonicalize(path) else { return false };
-    let now = file_id(path);
-    LOADED.lock().unwrap_or_else(|p| p.into_inner()).iter().any(|(p, id)| *p == real && Some(*id) != now)
 }
 
 /// libloading 0.9 keeps the dlerror text in the error's source.
@@ -331,20 +457,38 @@ pub enum TrustError {
 /// Checks that a module file, and the folder holding it, can only have
 /// been written by root (or the user the daemon runs as), and that its
 /// SHA-256 matches the manifest's pin if there is one. Symbolic links are
-/// followed: the file that `dlopen` would map is the one checked.
+/// followed: the file that would be loaded is the one checked.
 pub fn check_trust(path: &Path, sha256_pin: Option<&str>) -> Result<(), Vec<TrustError>> {
+    let image = inspect(path, sha256_pin).map_err(|e| vec![e])?;
+    if image.problems.is_empty() { Ok(()) } else { Err(image.problems) }
+}
+
+fn inspect(path: &Path, sha256_pin: Option<&str>) -> Result<Image, TrustError> {
+    Image::read_pinned(path, sha256_pin).map_err(|e| {
+        let detail = match e {
+            LoadError::Read { detail, .. } | LoadError::Copy { detail, .. } => detail,
+            other => other.to_string(),
+        };
+        TrustError::Inspect { path: path.to_path_buf(), detail }
+    })
+}
+
+/// What makes the module file `real` (whose open descriptor gave `meta`)
+/// untrusted: its own mode and owner, then its folder's and the folders'
+/// above it.
+fn file_problems(real: &Path, meta: &std::fs::Metadata) -> Vec<TrustError> {
     use std::os::unix::fs::MetadataExt;
-    let inspect = |p: &Path, e: std::io::Error| TrustError::Inspect { path: p.to_path_buf(), detail: e.to_string() };
-    let real = std::fs::canonicalize(path).map_err(|e| vec![inspect(path, e)])?;
     // SAFETY: geteuid has no preconditions and cannot fail.
     let euid = unsafe { libc::geteuid() };
     let mut problems = Vec::new();
     let folder = real.parent().unwrap_or(Path::new("/")).to_path_buf();
-    for (p, what) in [(&real, "module file"), (&folder, "its folder")] {
-        let meta = match std::fs::metadata(p) {
+    let folder_meta = std::fs::metadata(&folder);
+    let checked = [(real.to_path_buf(), "module file", Ok(meta.clone())), (folder.clone(), "its folder", folder_meta)];
+    for (p, what, meta) in checked {
+        let meta = match meta {
             Ok(m) => m,
             Err(e) => {
-                problems.push(inspect(p, e));
+                problems.push(TrustError::Inspect { path: p, detail: e.to_string() });
                 continue;
             }
         };
@@ -382,30 +526,36 @@ pub fn check_trust(path: &Path, sha256_pin: Option<&str>) -> Result<(), Vec<Trus
             });
         }
     }
-    if let Some(expected) = sha256_pin {
-        match sha256_file(&real) {
-            Ok(found) if found.eq_ignore_ascii_case(expected) => {}
-            Ok(found) => {
-                problems.push(TrustError::Sha256 { path: real.clone(), expected: expected.to_string(), found })
-            }
-            Err(e) => problems.push(inspect(&real, e)),
-        }
-    }
-    if problems.is_empty() { Ok(()) } else { Err(problems) }
+    problems
 }
 
 /// Applies the trust policy to a module file: Ok when it is trusted, or
 /// when the operator relaxed the checks (then logged loudly); an error text
 /// otherwise. A sha256 pin is an explicit operator request and never relaxed.
 pub fn enforce_trust(path: &Path, sha256_pin: Option<&str>, allow_untrusted: bool, driver: &str) -> Result<(), String> {
-    let Err(problems) = check_trust(path, sha256_pin) else { return Ok(()) };
-    let text: Vec<String> = problems.iter().map(|p| p.to_string()).collect();
-    let pinned = problems.iter().any(|p| matches!(p, TrustError::Sha256 { .. }));
+    open_trusted(path, sha256_pin, allow_untrusted, driver).map(drop)
+}
+
+/// Reads a module file once into a private sealed copy and applies the
+/// trust policy (see [`enforce_trust`]) to exactly the bytes read: the
+/// returned [`Image`] is what gets loaded, whatever happens to the file.
+pub fn open_trusted(
+    path: &Path,
+    sha256_pin: Option<&str>,
+    allow_untrusted: bool,
+    driver: &str,
+) -> Result<Image, String> {
+    let image = inspect(path, sha256_pin).map_err(|e| format!("untrusted module: {e}"))?;
+    if image.problems.is_empty() {
+        return Ok(image);
+    }
+    let text: Vec<String> = image.problems.iter().map(|p| p.to_string()).collect();
+    let pinned = image.problems.iter().any(|p| matches!(p, TrustError::Sha256 { .. }));
     if !allow_untrusted || pinned {
         return Err(format!("untrusted module: {}", text.join("; ")));
     }
     tracing::warn!(driver, "LOADING AN UNTRUSTED MODULE (allow_untrusted_modules is set): {}", text.join("; "));
-    Ok(())
+    Ok(image)
 }
 
 /// The SHA-256 of a file as lower-case hex.

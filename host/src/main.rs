@@ -513,12 +513,13 @@ fn drivers(dir: &Path) -> ExitCode {
         }
         match devhost::loader::load(&p) {
             Ok(m) => println!(
-                "{file}: {} {} (ABI {}) [{}]{}",
+                "{file}: {} {} (ABI {}) [{}]{}\n    sha256 {} (the bytes loaded; `sha256 = ...` in [driver.X] pins them)",
                 m.name,
                 m.version,
                 m.abi_version(),
                 m.capabilities().join(", "),
-                if m.description.is_empty() { String::new() } else { format!(" — {}", m.description) }
+                if m.description.is_empty() { String::new() } else { format!(" — {}", m.description) },
+                m.source.sha256
             ),
             Err(e) => println!("{file}: cannot be loaded: {e}"),
         }

@@ -75,6 +75,8 @@ pub struct Metrics {
     kubelet_restarts: Counter,
     driver_calls: Family<CallLabels, Counter>,
     module_load_failures: Family<DriverLabels, Counter>,
+    create_retrying: Family<DriverLabels, Gauge>,
+    create_failed_attempts: Family<DriverLabels, Gauge>,
 }
 
 fn resource(name: &str) -> ResourceLabels {
@@ -100,6 +102,8 @@ impl Metrics {
         let kubelet_restarts = Counter::default();
         let driver_calls = Family::<CallLabels, Counter>::default();
         let module_load_failures = Family::<DriverLabels, Counter>::default();
+        let create_retrying = Family::<DriverLabels, Gauge>::default();
+        let create_failed_attempts = Family::<DriverLabels, Gauge>::default();
         // Counter names get their `_total` and histograms their unit from the encoder.
         registry.register("devices", "Devices advertised per resource and health", devices.clone());
         registry.register("allocations", "Allocate container requests per resource and outcome", allocations.clone());
@@ -130,6 +134,16 @@ impl Metrics {
             "Driver modules that could not be loaded or instantiated",
             module_load_failures.clone(),
         );
+        registry.register(
+            "driver_create_retrying",
+            "1 while the driver's create has failed and is retried with backoff",
+            create_retrying.clone(),
+        );
+        registry.register(
+            "driver_create_failed_attempts",
+            "Failed create attempts of the driver since it last started (0 once create succeeded)",
+            create_failed_attempts.clone(),
+        );
         let build = Info::new(vec![("version".to_string(), env!("CARGO_PKG_VERSION").to_string())]);
         registry.register("build", "The devhost build", build);
         Metrics {
@@ -142,7 +156,24 @@ impl Metrics {
             kubelet_restarts,
             driver_calls,
             module_load_failures,
+            create_retrying,
+            create_failed_attempts,
         }
+    }
+
+    /// Sets a driver's create-retry series (both exist, at 0, from the
+    /// driver's first load on).
+    pub fn set_create_retry(&self, driver: &str, retry: Option<&crate::instance::CreateRetry>) {
+        let labels = DriverLabels { driver: driver.to_string() };
+        self.create_retrying.get_or_create(&labels).set(i64::from(retry.is_some()));
+        self.create_failed_attempts.get_or_create(&labels).set(retry.map_or(0, |r| i64::from(r.attempts)));
+    }
+
+    /// Drops a driver's create-retry series (it left the manifest).
+    pub fn forget_driver(&self, driver: &str) {
+        let labels = DriverLabels { driver: driver.to_string() };
+        self.create_retrying.remove(&labels);
+        self.create_failed_attempts.remove(&labels);
     }
 
     /// Sets a resource's advertised device counts (replicas count as devices).

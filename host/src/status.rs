@@ -344,3 +344,16 @@ pub fn status_json(at: SystemTime, resources: Vec<Value>) -> Value {
 
 #[cfg(test)]
 mod tests;
+
+/// A driver's failing `create` as the status view shows it: being retried,
+/// how many attempts failed, the last error and when the next one runs.
+pub fn create_retry_json(r: &crate::instance::CreateRetry, now: std::time::Instant) -> Value {
+    let next = r.next_attempt.saturating_duration_since(now);
+    json!({
+        "state": "retrying",
+        "attempts": r.attempts,
+        "last_error": r.last_error,
+        "next_attempt_in_ms": next.as_millis() as u64,
+        "next_attempt_at": rfc3339(std::time::SystemTime::now() + next),
+    })
+}

@@ -38,7 +38,7 @@ fn example_c(dir: &Path) -> PathBuf {
 
 fn manifest(so: &Path) -> String {
     format!(
-        "[driver.local]\nmodule = \"{so}\"\noptions = {{ count = 8 }}\n\
+        "[driver.local]\nmodule = \"{so}\"\nisolation = \"in-process\"\noptions = {{ count = 8 }}\n\
          [driver.isolated]\nmodule = \"{so}\"\nisolation = \"process\"\noptions = {{ count = 8 }}\n\
          [[resource]]\nname = \"example.com/local\"\ndriver = \"local\"\n\
          [[resource]]\nname = \"example.com/isolated\"\ndriver = \"isolated\"\n",

@@ -1,7 +1,8 @@
 //! Process isolation through the real daemon and the kubelet emulator: a
 //! driver that segfaults or aborts in its worker process, next to a healthy
-//! in-process driver. The healthy resource answers every Allocate while the
-//! other crashes; the crashed resource goes Unhealthy, then comes back.
+//! driver (in process, or isolated as every driver is by default). The
+//! healthy resource answers every Allocate while the other crashes; the
+//! crashed resource goes Unhealthy, then comes back.
 
 mod common;
 use common::*;
@@ -9,17 +10,30 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-fn manifest(node: &Node, crashy: &Path, hook: &str, how: &str) -> (PathBuf, PathBuf) {
+/// Where the drivers run: the healthy one in process and the crashing one
+/// isolated, both said explicitly, or neither key written (the default).
+#[derive(Clone, Copy, PartialEq)]
+enum Placement {
+    Explicit,
+    Default,
+}
+
+fn manifest(node: &Node, crashy: &Path, hook: &str, how: &str, placement: Placement) -> (PathBuf, PathBuf) {
     let arm = node.path().join("arm");
+    let (ok_isolation, crashy_isolation) = match placement {
+        Placement::Explicit => ("isolation = \"in-process\"", "isolation = \"process\""),
+        Placement::Default => ("", ""),
+    };
     let m = node.write_manifest(&format!(
         r#"
 [driver.ok]
 module = "{ok}"
+{ok_isolation}
 options = {{ count = 2 }}
 
 [driver.crashy]
 module = "{crashy}"
-isolation = "process"
+{crashy_isolation}
 poll_interval = "100ms"
 options = {{ crash_in = "{hook}", how = "{how}", arm_file = "{arm}" }}
 
@@ -42,11 +56,11 @@ fn all_health(health: &'static str) -> impl Fn(&[kubelet_emu::Device]) -> bool {
     move |d| d.len() == 2 && d.iter().all(|x| x.health == health)
 }
 
-async fn crash_next_to_a_healthy_driver(hook: &str, how: &str) {
+async fn crash_next_to_a_healthy_driver(hook: &str, how: &str, placement: Placement) {
     let node = Node::new();
     let so = node.path().join("libcrashy.so");
     compile_c(&repo_root().join("tests/fixtures/crash_driver.c"), &so, &abi_include());
-    let (m, arm) = manifest(&node, &so, hook, how);
+    let (m, arm) = manifest(&node, &so, hook, how, placement);
     let kubelet = Kubelet::start(&node.kubelet_dir()).unwrap();
     let daemon = Daemon::start(&m, &node.kubelet_dir());
     kubelet.wait_devices("example.com/ok", WAIT, |d| d.len() == 2).await.unwrap();
@@ -86,17 +100,17 @@ async fn crash_next_to_a_healthy_driver(hook: &str, how: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn segfault_in_allocate_next_to_a_healthy_driver() {
-    crash_next_to_a_healthy_driver("allocate", "segv").await;
+    crash_next_to_a_healthy_driver("allocate", "segv", Placement::Explicit).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn segfault_in_scan_next_to_a_healthy_driver() {
-    crash_next_to_a_healthy_driver("scan", "segv").await;
+    crash_next_to_a_healthy_driver("scan", "segv", Placement::Explicit).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abort_in_allocate_next_to_a_healthy_driver() {
-    crash_next_to_a_healthy_driver("allocate", "abort").await;
+    crash_next_to_a_healthy_driver("allocate", "abort", Placement::Explicit).await;
 }
 
 /// Children of `parent` started as driver workers.
@@ -132,7 +146,7 @@ async fn workers_die_with_the_host() {
     let node = Node::new();
     let so = node.path().join("libcrashy.so");
     compile_c(&repo_root().join("tests/fixtures/crash_driver.c"), &so, &abi_include());
-    let (m, _) = manifest(&node, &so, "none", "none");
+    let (m, _) = manifest(&node, &so, "none", "none", Placement::Explicit);
     let kubelet = Kubelet::start(&node.kubelet_dir()).unwrap();
     let mut daemon = Daemon::start(&m, &node.kubelet_dir());
     kubelet.wait_devices("example.com/crashy", WAIT, all_health("Healthy")).await.unwrap();
@@ -145,4 +159,49 @@ async fn workers_die_with_the_host() {
         assert!(start.elapsed() < WAIT, "worker {} outlived its host", workers[0]);
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_an_isolation_key_a_crash_costs_only_its_own_resource() {
+    crash_next_to_a_healthy_driver("allocate", "segv", Placement::Default).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_an_isolation_key_every_driver_runs_in_a_worker_process() {
+    let node = Node::new();
+    let so = node.path().join("libcrashy.so");
+    compile_c(&repo_root().join("tests/fixtures/crash_driver.c"), &so, &abi_include());
+    let addr = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let (m, _) = manifest(&node, &so, "none", "none", Placement::Default);
+    let text = std::fs::read_to_string(&m).unwrap();
+    assert!(!text.contains("isolation"), "{text}");
+    std::fs::write(&m, format!("metrics_addr = \"{addr}\"\n{text}")).unwrap();
+    let kubelet = Kubelet::start(&node.kubelet_dir()).unwrap();
+    let daemon = Daemon::start(&m, &node.kubelet_dir());
+    kubelet.wait_devices("example.com/ok", WAIT, |d| d.len() == 2).await.unwrap();
+    kubelet.wait_devices("example.com/crashy", WAIT, all_health("Healthy")).await.unwrap();
+    let status = loop {
+        if let Ok(r) = devhost::metrics::get(addr, "/status", &[]).await {
+            break r.body;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    let mut pids = Vec::new();
+    for r in status["resources"].as_array().unwrap() {
+        assert_eq!(r["isolation"], "process", "{r}");
+        let pid = r["worker_pid"].as_u64().unwrap_or_else(|| panic!("no worker_pid in {r}")) as u32;
+        assert_ne!(pid, daemon.child.id(), "{r}");
+        pids.push(pid);
+    }
+    pids.sort_unstable();
+    assert_eq!(pids, {
+        let mut w = workers_of(daemon.child.id());
+        w.sort_unstable();
+        w
+    });
+    assert_eq!(pids.len(), 2, "one worker per driver");
 }

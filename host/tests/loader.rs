@@ -158,6 +158,8 @@ fn drivers_command_lists_good_and_bad_modules() {
     assert_eq!(code, 0);
     assert!(out.contains("libdevhost_example_c.so: example-c") && out.contains("(ABI 1.1)"), "{out}");
     assert!(out.contains("allocate, pre_start, watch, release"), "{out}");
+    let sha = devhost::loader::sha256_file(&module("example_c")).unwrap();
+    assert!(out.contains(&format!("    sha256 {sha} (the bytes loaded")), "{out}");
     assert!(
         out.contains(
             "libdevhost_testdrv.so: testdrv 0.0.1 (ABI 1.1) [allocate, preferred_allocation, pre_start, watch]"

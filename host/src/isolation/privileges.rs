@@ -73,12 +73,15 @@ fn prctl(option: libc::c_int, arg: libc::c_ulong) -> io::Result<()> {
 }
 
 /// In the child between fork and exec: only async-signal-safe calls.
-/// The channel must survive exec, and the child must not outlive the host.
-pub fn in_child(channel: RawFd) -> io::Result<()> {
+/// The channel and the module's sealed copy must survive exec, and the
+/// child must not outlive the host.
+pub fn in_child(inherit: &[RawFd]) -> io::Result<()> {
     prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong)?;
-    // SAFETY: fcntl on a descriptor this child inherited.
-    if unsafe { libc::fcntl(channel, libc::F_SETFD, 0) } == -1 {
-        return Err(errno());
+    for &fd in inherit {
+        // SAFETY: fcntl on a descriptor this child inherited.
+        if unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } == -1 {
+            return Err(errno());
+        }
     }
     Ok(())
 }
@@ -92,24 +95,35 @@ pub struct Hardened {
 /// In the worker, before the module is loaded. `parent` is the host's PID as
 /// the host saw it: if the host died before the death signal was armed, the
 /// worker has been re-parented and must not run on.
-pub fn harden(parent: libc::pid_t, channel: RawFd, keep: &[u32]) -> Result<Hardened, String> {
+pub fn harden(parent: libc::pid_t, channel: RawFd, module: RawFd, keep: &[u32]) -> Result<Hardened, String> {
     // SAFETY: getppid has no preconditions.
     if unsafe { libc::getppid() } != parent {
         return Err(format!("the host (pid {parent}) exited before the worker started"));
     }
-    close_other_fds(channel);
-    // SAFETY: fcntl on our own channel: a program the driver executes must not inherit it.
-    if unsafe { libc::fcntl(channel, libc::F_SETFD, libc::FD_CLOEXEC) } == -1 {
-        return Err(format!("cannot mark the host channel close-on-exec: {}", errno()));
+    close_other_fds(&[channel, module]);
+    for (fd, what) in [(channel, "the host channel"), (module, "the module copy")] {
+        // SAFETY: fcntl on our own descriptor: a program the driver executes must not inherit it.
+        if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } == -1 {
+            return Err(format!("cannot mark {what} close-on-exec: {}", errno()));
+        }
     }
     prctl(libc::PR_SET_NO_NEW_PRIVS, 1).map_err(|e| format!("cannot set no_new_privs: {e}"))?;
     drop_capabilities(keep)
 }
 
-/// Leaves 0, 1, 2 and the channel open: descriptors the host opened without
+/// Leaves 0, 1, 2 and `keep` open: descriptors the host opened without
 /// close-on-exec (some C libraries do) are none of the driver's business.
-fn close_other_fds(channel: RawFd) {
-    let ranges = [(3, channel - 1), (channel + 1, RawFd::MAX)];
+fn close_other_fds(keep: &[RawFd]) {
+    let mut keep: Vec<RawFd> = keep.iter().copied().filter(|&fd| fd > 2).collect();
+    keep.sort_unstable();
+    keep.dedup();
+    let mut ranges = Vec::new();
+    let mut next = 3;
+    for &fd in &keep {
+        ranges.push((next, fd - 1));
+        next = fd + 1;
+    }
+    ranges.push((next, RawFd::MAX));
     for (first, last) in ranges.into_iter().filter(|(a, b)| a <= b) {
         // SAFETY: closes descriptors of this fresh process that nothing in it uses yet.
         let rc = unsafe { libc::syscall(libc::SYS_close_range, first as libc::c_uint, last as libc::c_uint, 0) };

@@ -9,10 +9,10 @@
 use super::conn::{Conn, read_loop};
 use super::privileges;
 use super::protocol::{self, Message, Request};
-use super::worker::{ENV_FD, ENV_KEEP_CAPS, ENV_PARENT};
+use super::worker::{ENV_FD, ENV_KEEP_CAPS, ENV_MODULE_FD, ENV_PARENT};
 use crate::callbacks::CallState;
-use crate::instance::{CallError, status_error};
-use crate::loader::ModuleInfo;
+use crate::instance::{CallError, CreateRetry, CreateState, status_error};
+use crate::loader::{Image, ModuleInfo, Source};
 use devhost_abi as abi;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -27,8 +27,9 @@ use tokio::sync::{Notify, oneshot};
 
 /// Restart delays: doubled after each failure, from MIN up to MAX, and back
 /// to MIN once a worker has stayed up for STABLE.
-const BACKOFF_MIN: Duration = Duration::from_millis(100);
-const BACKOFF_MAX: Duration = Duration::from_secs(10);
+/// In-process create retries use the same delays.
+pub const BACKOFF_MIN: Duration = Duration::from_millis(100);
+pub const BACKOFF_MAX: Duration = Duration::from_secs(10);
 const STABLE: Duration = Duration::from_secs(30);
 /// Deadlines a worker may miss in a row (or stay stuck for) before it is killed.
 pub const MAX_MISSES: u32 = 3;
@@ -48,10 +49,10 @@ pub struct Spec {
     pub timeout: Duration,
     pub keep_caps: Vec<u32>,
     pub program: PathBuf,
-    /// The manifest's pin, checked again before every (re)start: the
-    /// worker loads the file afresh each time.
-    pub sha256: Option<String>,
-    pub allow_untrusted: bool,
+    /// The module's bytes, checked when they were read: every (re)started
+    /// worker inherits this sealed copy and loads it, so what the file on
+    /// disk becomes meanwhile changes nothing until the next reload.
+    pub image: Image,
 }
 
 pub(super) enum Event {
@@ -65,6 +66,7 @@ pub(super) enum Event {
 /// The handle an `Instance` holds; dropping it stops the worker.
 pub struct Worker {
     shared: Arc<Shared>,
+    source: Source,
 }
 
 impl Drop for Worker {
@@ -85,6 +87,8 @@ pub(super) struct Shared {
     misses: AtomicU32,
     /// Whether the host started the driver's watch, so a restart does too.
     watching: AtomicBool,
+    /// Set while no worker's create has succeeded yet and more are tried.
+    creating: CreateState,
 }
 
 enum Link {
@@ -137,8 +141,10 @@ pub(super) use crate::callbacks::emit_log;
 
 impl Worker {
     /// Starts the supervisor thread and waits until the first worker has
-    /// loaded the module and `create` succeeded in it.
-    pub async fn start(spec: Spec, changed: Arc<Notify>) -> Result<(Worker, ModuleInfo), CallError> {
+    /// loaded the module and `create` succeeded in it. With `retry`, a
+    /// first worker that loaded the module but failed in create is enough:
+    /// the supervisor keeps starting workers until one's create succeeds.
+    pub async fn start(spec: Spec, changed: Arc<Notify>, retry: bool) -> Result<(Worker, ModuleInfo), CallError> {
         let (tx, rx) = mpsc::channel();
         let shared = Arc::new(Shared {
             name: spec.name.clone(),
@@ -149,17 +155,19 @@ impl Worker {
             events: tx,
             misses: AtomicU32::new(0),
             watching: AtomicBool::new(false),
+            creating: Arc::default(),
         });
         let (first_tx, first_rx) = oneshot::channel();
         let sup = shared.clone();
+        let source = spec.image.source.clone();
         // The worker's parent-death signal follows this thread, which lives
         // as long as the instance.
         std::thread::Builder::new()
             .name(format!("sup-{}", spec.name))
-            .spawn(move || supervise(sup, spec, rx, first_tx))
+            .spawn(move || supervise(sup, spec, rx, first_tx, retry))
             .map_err(|e| shared.unavailable(format!("cannot start its supervisor thread: {e}")))?;
         match first_rx.await {
-            Ok(Ok(info)) => Ok((Worker { shared }, info)),
+            Ok(Ok(info)) => Ok((Worker { shared, source }, info)),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(shared.unavailable("its supervisor thread ended")),
         }
@@ -215,6 +223,16 @@ impl Worker {
         self.shared.conn().is_err()
     }
 
+    /// Whether no worker's create has succeeded yet (and more are tried).
+    pub fn create_retry(&self) -> Option<CreateRetry> {
+        lock(&self.shared.creating).clone()
+    }
+
+    /// The module file the worker's copy was read from.
+    pub fn source(&self) -> &Source {
+        &self.source
+    }
+
     pub fn pid(&self) -> Option<u32> {
         self.shared.conn().ok().map(|c| c.pid)
     }
@@ -238,6 +256,7 @@ fn supervise(
     spec: Spec,
     events: mpsc::Receiver<Event>,
     first: oneshot::Sender<Result<ModuleInfo, CallError>>,
+    retry: bool,
 ) {
     let mut first = Some(first);
     let mut backoff = BACKOFF_MIN;
@@ -247,9 +266,15 @@ fn supervise(
             Ok((mut child, conn, info)) => {
                 s.set_link(Link::Up(conn.clone()));
                 s.misses.store(0, Ordering::Relaxed);
-                match first.take() {
-                    Some(tx) => drop(tx.send(Ok(info))),
-                    None => {
+                let retried = lock(&s.creating).take();
+                match (first.take(), retried) {
+                    (Some(tx), _) => drop(tx.send(Ok(info))),
+                    (None, Some(r)) => {
+                        tracing::info!(driver = %s.name, pid = conn.pid, attempts = r.attempts,
+                            "driver {}: create succeeded after {} failed attempt(s)", s.name, r.attempts);
+                        s.changed.notify_one();
+                    }
+                    (None, None) => {
                         tracing::info!(driver = %s.name, pid = conn.pid, "worker process restarted");
                         s.changed.notify_one();
                     }
@@ -282,20 +307,33 @@ fn supervise(
                     backoff = BACKOFF_MIN;
                 }
             }
-            Err((child, e)) => {
+            Err(failed) => {
+                let Failed { child, error: e, info } = *failed;
                 if let Some(mut c) = child {
                     reap(&mut c);
                 }
-                if let Some(tx) = first.take() {
-                    *lock(&s.link) = Link::Stopped;
-                    let _ = tx.send(Err(e));
-                    return;
+                let creating = lock(&s.creating).is_some();
+                match (first.take(), info) {
+                    (Some(tx), Some(info)) if retry => {
+                        s.set_link(Link::Down(note_failed_create(&s, &e, backoff)));
+                        let _ = tx.send(Ok(info));
+                    }
+                    (Some(tx), _) => {
+                        *lock(&s.link) = Link::Stopped;
+                        let _ = tx.send(Err(e));
+                        return;
+                    }
+                    (None, _) if creating => {
+                        s.set_link(Link::Down(note_failed_create(&s, &e, backoff)));
+                    }
+                    (None, _) => {
+                        // The error names the driver already; say it once.
+                        let text = e.to_string();
+                        let reason = text.strip_prefix(&format!("driver {}: ", s.name)).unwrap_or(&text).to_string();
+                        tracing::error!(driver = %s.name, "driver {}: worker process restart failed, next try in {backoff:?}: {reason}", s.name);
+                        s.set_link(Link::Down(reason));
+                    }
                 }
-                // The error names the driver already; say it once.
-                let text = e.to_string();
-                let reason = text.strip_prefix(&format!("driver {}: ", s.name)).unwrap_or(&text).to_string();
-                tracing::error!(driver = %s.name, "driver {}: worker process restart failed, next try in {backoff:?}: {reason}", s.name);
-                s.set_link(Link::Down(reason));
             }
         }
         if stop_within(&events, backoff) {
@@ -304,6 +342,22 @@ fn supervise(
         }
         backoff = (backoff * 2).min(BACKOFF_MAX);
     }
+}
+
+/// Records a failed first create and when the next worker starts; returns
+/// why calls are refused meanwhile.
+fn note_failed_create(s: &Shared, e: &CallError, backoff: Duration) -> String {
+    // The error names the driver already; say it once.
+    let text = e.to_string();
+    let own = text.strip_prefix(&format!("driver {}: ", s.name)).unwrap_or(&text).to_string();
+    let mut c = lock(&s.creating);
+    let attempts = c.as_ref().map_or(0, |r| r.attempts) + 1;
+    tracing::error!(driver = %s.name, attempts,
+        "driver {}: create failed, its resources have no devices until it succeeds (next attempt in {backoff:?}): {own}", s.name);
+    *c = Some(CreateRetry { attempts, last_error: own.clone(), next_attempt: Instant::now() + backoff });
+    drop(c);
+    s.changed.notify_one();
+    format!("create has not succeeded yet ({attempts} failed attempt(s)): {own}")
 }
 
 /// Waits out a backoff delay; true when asked to stop meanwhile.
@@ -382,13 +436,20 @@ fn signal_name(sig: i32) -> &'static str {
 
 type Started = (Child, Arc<Conn>, ModuleInfo);
 
+/// A worker that did not come up: its process (if one started), why, and
+/// what the module declared when it got as far as loading it.
+struct Failed {
+    child: Option<Child>,
+    error: CallError,
+    info: Option<ModuleInfo>,
+}
+
 /// Spawns a worker, reads its greeting, and runs create (and watch_start).
-fn start(s: &Arc<Shared>, spec: &Spec) -> Result<Started, (Option<Child>, CallError)> {
-    let fail = |e: String| (None, s.unavailable(e));
-    crate::loader::enforce_trust(&spec.module, spec.sha256.as_deref(), spec.allow_untrusted, &spec.name)
-        .map_err(fail)?;
+fn start(s: &Arc<Shared>, spec: &Spec) -> Result<Started, Box<Failed>> {
+    let fail = |e: String| Box::new(Failed { child: None, error: s.unavailable(e), info: None });
     let (host_end, worker_end) = UnixStream::pair().map_err(|e| fail(format!("cannot create a socket pair: {e}")))?;
     let fd = worker_end.as_raw_fd();
+    let module_fd = spec.image.fd();
     let keep: Vec<String> = spec.keep_caps.iter().map(u32::to_string).collect();
     let mut cmd = Command::new(&spec.program);
     // `ps` shows the binary's name rather than /proc/self/exe.
@@ -401,6 +462,7 @@ fn start(s: &Arc<Shared>, spec: &Spec) -> Result<Started, (Option<Child>, CallEr
         .arg(&spec.name)
         .arg(&spec.module)
         .env(ENV_FD, fd.to_string())
+        .env(ENV_MODULE_FD, module_fd.to_string())
         .env(ENV_PARENT, std::process::id().to_string())
         .env(ENV_KEEP_CAPS, keep.join(","))
         .stdin(Stdio::null())
@@ -408,24 +470,33 @@ fn start(s: &Arc<Shared>, spec: &Spec) -> Result<Started, (Option<Child>, CallEr
         // order; the parent-death signal covers the host's own death.
         .process_group(0);
     // SAFETY: in_child makes only async-signal-safe calls (prctl, fcntl).
-    unsafe { cmd.pre_exec(move || privileges::in_child(fd)) };
+    unsafe { cmd.pre_exec(move || privileges::in_child(&[fd, module_fd])) };
     let mut child =
         cmd.spawn().map_err(|e| fail(format!("cannot start its worker process {}: {e}", spec.program.display())))?;
     // Ours must go, or the channel would never report the worker's end.
     drop(worker_end);
     let generation = GENERATION.fetch_add(1, Ordering::Relaxed);
-    let result = greet(s, spec, &host_end, generation, child.id());
+    let mut info = None;
+    let result = greet(s, spec, &host_end, generation, child.id(), &mut info);
     match result {
-        Ok((conn, info)) => Ok((child, conn, info)),
+        Ok(conn) => match info {
+            Some(info) => Ok((child, conn, info)),
+            None => Err(Box::new(Failed {
+                child: Some(child),
+                error: s.unavailable("worker sent no greeting"),
+                info: None,
+            })),
+        },
         // A worker that died on its own (in create, say) says how, as a
         // crash after start-up does; one the host gives up on is killed.
         Err(CallError::Unavailable { driver, reason }) if own_exit(&mut child).is_some() => {
             let status = reap(&mut child);
-            Err((None, CallError::Unavailable { driver, reason: format!("{reason} ({status})") }))
+            let error = CallError::Unavailable { driver, reason: format!("{reason} ({status})") };
+            Err(Box::new(Failed { child: None, error, info }))
         }
-        Err(e) => {
+        Err(error) => {
             let _ = child.kill();
-            Err((Some(child), e))
+            Err(Box::new(Failed { child: Some(child), error, info }))
         }
     }
 }
@@ -449,7 +520,8 @@ fn greet(
     stream: &UnixStream,
     generation: u64,
     pid: u32,
-) -> Result<(Arc<Conn>, ModuleInfo), CallError> {
+    greeted: &mut Option<ModuleInfo>,
+) -> Result<Arc<Conn>, CallError> {
     let io = |what: &str, e: std::io::Error| s.unavailable(format!("worker process (pid {pid}): {what}: {e}"));
     stream.set_read_timeout(Some(spec.timeout)).map_err(|e| io("set_read_timeout", e))?;
     stream.set_write_timeout(Some(WRITE_TIMEOUT)).map_err(|e| io("set_write_timeout", e))?;
@@ -478,6 +550,8 @@ fn greet(
             Err(e) => return Err(s.unavailable(format!("worker process (pid {pid}) sent a {e}"))),
         }
     };
+    let watch = info.watch;
+    *greeted = Some(info);
     stream.set_read_timeout(None).map_err(|e| io("set_read_timeout", e))?;
     let out = stream.try_clone().map_err(|e| io("clone the channel", e))?;
     let conn = Arc::new(Conn::new(generation, pid, out));
@@ -496,7 +570,7 @@ fn greet(
     if status != abi::DEVHOST_OK {
         return Err(status_error(&s.name, "create", status, state));
     }
-    if info.watch && s.watching.load(Ordering::Acquire) {
+    if watch && s.watching.load(Ordering::Acquire) {
         match conn.call_blocking(s, "watch_start", &Request::WatchStart) {
             Ok((abi::DEVHOST_OK, _)) => {}
             Ok((status, state)) => {
@@ -506,7 +580,7 @@ fn greet(
             Err(e) => return Err(e),
         }
     }
-    Ok((conn, info))
+    Ok(conn)
 }
 
 fn log_problems(driver: &str, call: &str, state: &CallState) {

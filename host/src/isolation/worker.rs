@@ -1,5 +1,6 @@
 //! The worker process of an isolated driver (`devhost __driver-worker NAME
-//! MODULE`). It lowers its privileges, loads the module, then serves the
+//! MODULE`). It lowers its privileges, loads the sealed copy of the module
+//! the host checked (an inherited memfd; MODULE only names it), then serves the
 //! host's requests one at a time on its main thread, as the in-process
 //! worker thread does, through the same callbacks. It has no async runtime
 //! and no logger: driver log lines and change notifications travel to the
@@ -23,6 +24,8 @@ use std::time::Duration;
 pub const ENV_FD: &str = "DEVHOST_WORKER_FD";
 pub const ENV_PARENT: &str = "DEVHOST_WORKER_PARENT";
 pub const ENV_KEEP_CAPS: &str = "DEVHOST_WORKER_KEEP_CAPS";
+/// The sealed copy of the module's bytes the host checked (a memfd).
+pub const ENV_MODULE_FD: &str = "DEVHOST_WORKER_MODULE_FD";
 
 /// A host that stops reading for this long is wedged; the worker gives up.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -68,7 +71,9 @@ fn run(name: &str, path: &Path) -> Result<(), String> {
         .filter(|s| !s.is_empty())
         .map(|s| s.parse().map_err(|_| format!("{ENV_KEEP_CAPS}: {s:?} is not a capability number")))
         .collect::<Result<_, _>>()?;
-    let hardened = privileges::harden(parent, fd, &keep)?;
+    let module_fd: RawFd =
+        env(ENV_MODULE_FD)?.parse().map_err(|_| format!("{ENV_MODULE_FD} is not a descriptor number"))?;
+    let hardened = privileges::harden(parent, fd, module_fd, &keep)?;
     // SAFETY: the host passed this descriptor for our exclusive use, and
     // harden left it open.
     let stream = unsafe { UnixStream::from_raw_fd(fd) };
@@ -85,7 +90,9 @@ fn run(name: &str, path: &Path) -> Result<(), String> {
             if hardened.bounding_dropped { "reduced" } else { "unchanged (no CAP_SETPCAP)" },
         ),
     ));
-    let module = match loader::load(path) {
+    // The host read and checked the file; this copy is what it checked.
+    let source: &'static loader::Source = Box::leak(Box::new(loader::Source::inherited(path)));
+    let module = match loader::load_fd(module_fd, path, source) {
         Ok(m) => m,
         Err(e) => {
             outbox.send(&protocol::load_failed(&e.to_string()));

@@ -240,8 +240,9 @@ impl Builder<'_> {
     /// `isolation` and `keep_capabilities`: capability names are checked here so that a typo is
     /// an error at its line, not a worker that silently keeps nothing.
     fn isolation(&mut self, raw: &RawDriver, section: &str) -> Isolation {
+        // Containment by default: in-process is an explicit opt-in.
         let process = match &raw.isolation {
-            None => false,
+            None => true,
             Some(mode) => match mode.get_ref().as_str() {
                 "in-process" => false,
                 "process" => true,
@@ -348,7 +349,7 @@ impl Builder<'_> {
                     call_timeout: self.default_timeout,
                     implicit: true,
                     sha256: None,
-                    isolation: Isolation::InProcess,
+                    isolation: Isolation::default(),
                 };
                 self.drivers.insert(driver.clone(), config);
             }

@@ -91,14 +91,21 @@ pub struct DriverConfig {
 }
 
 /// Where a driver instance's code runs (`isolation` in `[driver.X]`).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Isolation {
-    /// In the host process, on a worker thread of its own (`"in-process"`, the default).
-    #[default]
+    /// In the host process, on a worker thread of its own (`"in-process"`, an explicit opt-in:
+    /// a crash in the driver's code ends the whole daemon).
     InProcess,
-    /// In a worker process of its own (`"process"`), which keeps only these capabilities
-    /// (names as in capabilities(7), e.g. `CAP_SYS_ADMIN`; none by default).
+    /// In a worker process of its own (`"process"`, the default), which keeps only these
+    /// capabilities (names as in capabilities(7), e.g. `CAP_SYS_ADMIN`; none by default).
     Process { keep_capabilities: Vec<String> },
+}
+
+impl Default for Isolation {
+    /// Containment by default: a fault in vendor code costs that driver a restart.
+    fn default() -> Self {
+        Isolation::Process { keep_capabilities: Vec::new() }
+    }
 }
 
 /// One extended resource advertised to the kubelet.

@@ -78,29 +78,40 @@ pub struct Registry {
 /// How long a (re)load waits for first scans before serving without them.
 const START_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Finds a driver's module, checks that it can be trusted, and loads it;
-/// the same file is loaded once.
+/// Finds a driver's module, reads it into a private copy, checks that those
+/// bytes can be trusted, and loads them; the same bytes are loaded once.
 fn resolve(
     cfg: &DriverConfig,
     allow_untrusted: bool,
     cache: &mut HashMap<PathBuf, Result<Module, String>>,
 ) -> Result<Module, String> {
-    let path = trusted_path(cfg, allow_untrusted)?;
+    let path = module_path(cfg)?;
     cache
         .entry(path.clone())
-        .or_insert_with(|| loader::load(&path).map_err(|e| format!("driver {}: {e}", cfg.name)))
+        .or_insert_with(|| {
+            let image = loader::open_trusted(&path, cfg.sha256.as_deref(), allow_untrusted, &cfg.name)
+                .map_err(|e| format!("driver {}: {e}", cfg.name))?;
+            loader::load_image(&image).map_err(|e| format!("driver {}: {e}", cfg.name))
+        })
         .clone()
 }
 
-/// The module file a driver instance uses, once it passed the trust checks.
-fn trusted_path(cfg: &DriverConfig, allow_untrusted: bool) -> Result<PathBuf, String> {
+/// The module file a driver instance uses: the first candidate that exists.
+fn module_path(cfg: &DriverConfig) -> Result<PathBuf, String> {
     let Some(path) = cfg.module_candidates.iter().find(|p| p.exists()) else {
         let tried: Vec<String> = cfg.module_candidates.iter().map(|p| p.display().to_string()).collect();
         return Err(format!("driver {}: no module file found (tried {})", cfg.name, tried.join(", ")));
     };
-    loader::enforce_trust(path, cfg.sha256.as_deref(), allow_untrusted, &cfg.name)
-        .map_err(|e| format!("driver {}: {e}", cfg.name))?;
     Ok(path.clone())
+}
+
+/// Whether a running instance's module file now holds other bytes (or
+/// another candidate file would be picked): a reload then loads it anew.
+fn module_changed(cfg: &DriverConfig, inst: &Instance) -> Option<PathBuf> {
+    let path = module_path(cfg).ok()?;
+    let source = inst.source();
+    let moved = std::fs::canonicalize(&path).ok().is_some_and(|real| real != source.path);
+    (moved || source.changed_on_disk()).then_some(path)
 }
 
 fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
@@ -156,42 +167,60 @@ impl Registry {
         let mut creating = tokio::task::JoinSet::new();
         for (name, cfg) in &manifest.drivers {
             match old.remove(name) {
-                // A driver disabled by a panic comes back on reload.
-                Some(e) if e.config == *cfg && matches!(&e.slot, Slot::Ready(i) if i.isolated() || !i.poisoned()) => {
+                // A driver disabled by a panic comes back on reload, and so
+                // does one whose module file now holds other bytes.
+                Some(e)
+                    if e.config == *cfg
+                        && matches!(&e.slot, Slot::Ready(i) if (i.isolated() || !i.poisoned())
+                            && module_changed(cfg, i).is_none()) =>
+                {
                     if let Slot::Ready(i) = &e.slot {
                         kept_drivers.push(i.clone());
-                    }
-                    if let Some(path) = cfg.module_candidates.iter().find(|p| p.exists())
-                        && loader::replaced(path)
-                    {
-                        tracing::warn!(driver = %name, module = %path.display(),
-                            "the module file changed on disk; the loaded version keeps running until devhost restarts");
                     }
                     next.insert(name.clone(), e);
                     continue;
                 }
                 // Replaced only once its successor is up (below).
                 Some(e) => {
+                    if let Slot::Ready(i) = &e.slot
+                        && e.config == *cfg
+                        && let Some(path) = module_changed(cfg, i)
+                    {
+                        tracing::info!(driver = %name, module = %path.display(),
+                            "the module file changed on disk; loading the new file (the running instance serves until it is up)");
+                    }
                     replacing.insert(name.clone(), e);
                 }
                 None => {}
             }
-            // An isolated driver's module is loaded by its worker process only.
+            // An isolated driver's module is read and checked by the host
+            // (create_isolated) and mapped by its worker process only.
             let isolated = matches!(cfg.isolation, Isolation::Process { .. });
             let resolved = if isolated {
-                trusted_path(cfg, manifest.allow_untrusted_modules).map(Err)
+                module_path(cfg).map(Err)
             } else {
                 resolve(cfg, manifest.allow_untrusted_modules, &mut cache).map(Ok)
             };
+            // A failed create is retried by the daemon, unless a running
+            // instance would be replaced: that one keeps serving instead.
+            let retry = self.watching && !replacing.get(name).is_some_and(|e| serving(&e.slot));
             let (name, cfg, allow_untrusted) = (name.clone(), cfg.clone(), manifest.allow_untrusted_modules);
+            let inspect = !self.watching;
             creating.spawn(async move {
+                let explain = |e: crate::instance::CallError| {
+                    if inspect && e.is_create_failure() {
+                        format!("{e} (`devhost run` retries a failed create with backoff; see /status)")
+                    } else {
+                        e.to_string()
+                    }
+                };
                 let created = match resolved {
                     Err(e) => Err(e),
-                    Ok(Ok(module)) => {
-                        Instance::create(&name, module, &cfg.options, cfg.call_timeout).await.map_err(|e| e.to_string())
-                    }
+                    Ok(Ok(module)) => Instance::create_with(&name, module, &cfg.options, cfg.call_timeout, retry)
+                        .await
+                        .map_err(explain),
                     Ok(Err(path)) => {
-                        Instance::create_isolated(&cfg, &path, allow_untrusted).await.map_err(|e| e.to_string())
+                        Instance::create_isolated_with(&cfg, &path, allow_untrusted, retry).await.map_err(explain)
                     }
                 };
                 let slot = match created {
@@ -208,7 +237,7 @@ impl Registry {
             match (&slot, previous) {
                 // A changed driver that cannot start keeps the running one: a
                 // reload never trades working devices for an error.
-                (Slot::Failed(e), Some(prev)) if matches!(prev.slot, Slot::Ready(_)) => {
+                (Slot::Failed(e), Some(prev)) if serving(&prev.slot) => {
                     self.services.metrics.module_load_failure(&name);
                     tracing::error!(driver = %name, "new settings cannot be applied, the previous instance keeps serving: {e}");
                     if let Slot::Ready(i) = &prev.slot {
@@ -243,8 +272,16 @@ impl Registry {
             }
             next.insert(name, DriverEntry { config: cfg, slot, stop: watch::channel(false).0 });
         }
-        for (_, e) in old {
+        for (name, e) in old {
+            self.services.metrics.forget_driver(&name);
             retire(e);
+        }
+        for (name, e) in &next {
+            let retry = match &e.slot {
+                Slot::Ready(i) => i.create_retry(),
+                Slot::Failed(_) => None,
+            };
+            self.services.metrics.set_create_retry(name, retry.as_ref());
         }
 
         let old_resources = std::mem::take(&mut *write(&self.resources));
@@ -351,8 +388,14 @@ impl Registry {
         read(&self.drivers).iter().map(|(k, e)| (k.clone(), e.slot.clone())).collect()
     }
 
-    /// Scans one instance and publishes the result to its resources.
+    /// Scans one instance and publishes the result to its resources. An
+    /// instance whose create is still being retried has nothing to scan.
     pub async fn rescan(&self, inst: &Arc<Instance>) {
+        let retry = inst.create_retry();
+        self.services.metrics.set_create_retry(&inst.name, retry.as_ref());
+        if retry.is_some() {
+            return;
+        }
         let result = inst.scan().await;
         self.services.metrics.driver_call(&inst.name, "scan", metrics::call_outcome(&result));
         let devices = match result {
@@ -528,6 +571,15 @@ impl Registry {
                     device_list_strategy: r.config.device_list_strategy.as_str(),
                 };
                 let mut v = status::resource_json(info, &view.devices, tracked.then_some(&r.status));
+                if let Some(d) = &r.driver {
+                    v["isolation"] = serde_json::json!(if d.isolated() { "process" } else { "in-process" });
+                    if let Some(pid) = d.worker_pid() {
+                        v["worker_pid"] = serde_json::json!(pid);
+                    }
+                    if let Some(retry) = d.create_retry() {
+                        v["create"] = status::create_retry_json(&retry, std::time::Instant::now());
+                    }
+                }
                 if tracked {
                     self.add_holders(&mut v, r);
                 }
@@ -571,6 +623,11 @@ impl Registry {
             .map(|r| r.config.name.clone())
             .collect()
     }
+}
+
+/// Whether a slot holds an instance that serves (created, not retrying).
+fn serving(slot: &Slot) -> bool {
+    matches!(slot, Slot::Ready(i) if i.create_retry().is_none())
 }
 
 /// Stops a driver's rescan task and its instance.

@@ -3,7 +3,8 @@
 //! `panic_in` / `hang_in` name a call (create, scan, allocate, preferred,
 //! pre_start, watch_start; scans misbehave from the second on, and a scan
 //! hangs only once), `hang_ms` bounds a hang, `fail_create` makes
-//! create refuse with that message, `bad_ids` emits invalid and duplicate
+//! create refuse with that message, `fail_create_until` makes create fail
+//! (UNAVAILABLE, as a device not ready at boot) until that file exists, `bad_ids` emits invalid and duplicate
 //! IDs next to good ones, `propose` makes the preferred hook propose these
 //! comma-separated IDs verbatim.
 
@@ -41,6 +42,11 @@ fn misbehave_create(options: &Options) -> Result<()> {
     if let Some(msg) = options.get("fail_create") {
         return Err(Error::invalid_argument(msg.to_string()));
     }
+    if let Some(path) = options.get("fail_create_until")
+        && !std::path::Path::new(path).exists()
+    {
+        return Err(Error::unavailable(format!("device not ready: {path} does not exist yet")));
+    }
     Ok(())
 }
 
@@ -56,6 +62,7 @@ impl Driver for TestDriver {
             "hang_in",
             "hang_ms",
             "fail_create",
+            "fail_create_until",
             "bad_ids",
             "propose",
         ])?;

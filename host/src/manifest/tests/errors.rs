@@ -222,8 +222,8 @@ fn unknown_isolation_mode() {
 
 #[test]
 fn keep_capabilities_needs_process_isolation() {
-    let error = only_error("[driver.x]\nkeep_capabilities = [\"CAP_SYS_ADMIN\"]\n");
-    assert!(error.starts_with(&format!("{PATH}:2:21: driver.x.keep_capabilities: ")), "{error}");
+    let error = only_error("[driver.x]\nisolation = \"in-process\"\nkeep_capabilities = [\"CAP_SYS_ADMIN\"]\n");
+    assert!(error.starts_with(&format!("{PATH}:3:21: driver.x.keep_capabilities: ")), "{error}");
     assert!(error.contains("only applies with isolation = \"process\""), "{error}");
 }
 

@@ -244,10 +244,15 @@ fn unreadable_file_is_one_diagnostic_naming_the_file() {
 }
 
 #[test]
-fn isolation_defaults_to_in_process_and_process_keeps_listed_capabilities() {
+fn isolation_defaults_to_process_and_process_keeps_listed_capabilities() {
     let resource = "[[resource]]\nname = \"a.com/b\"\ndriver = \"x\"\n";
     let plain = parse(&format!("[driver.x]\n{resource}")).unwrap();
-    assert_eq!(plain.drivers["x"].isolation, Isolation::InProcess);
+    assert_eq!(plain.drivers["x"].isolation, Isolation::Process { keep_capabilities: vec![] });
+    let implicit = parse("[[resource]]\nname = \"a.com/b\"\ndriver = \"y\"\n").unwrap();
+    assert_eq!(implicit.drivers["y"].isolation, Isolation::Process { keep_capabilities: vec![] });
+    let kept = parse(&format!("[driver.x]\nkeep_capabilities = [\"CAP_SYS_ADMIN\"]\n{resource}")).unwrap();
+    let admin = vec!["CAP_SYS_ADMIN".to_string()];
+    assert_eq!(kept.drivers["x"].isolation, Isolation::Process { keep_capabilities: admin });
     let text = format!(
         "[driver.x]\nisolation = \"process\"\nkeep_capabilities = [\"CAP_SYS_ADMIN\", \"CAP_DAC_OVERRIDE\", \"CAP_SYS_ADMIN\"]\n{resource}"
     );
