@@ -1,0 +1,440 @@
+//! What kubelet input must pass before tonic decodes it, so that the memory an endpoint spends on
+//! requests is bounded by construction, whatever a client sends: connections per socket, HTTP/2
+//! streams and flow-control windows per connection, requests in flight per endpoint (and, for
+//! large ones, in the whole process), the 4 MiB message size the kubelet works with, and, for a
+//! large message, a count of its device IDs read from the wire, so that no message decodes into
+//! far more memory than it has bytes.
+
+use crate::registry::{Resource, Services};
+use http_body_util::BodyExt;
+use std::convert::Infallible;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, SemaphorePermit, mpsc};
+use tonic::Status;
+use tonic::body::Body;
+use tonic::codegen::{Bytes, http};
+use tonic::server::NamedService;
+use tonic::transport::server::Connected;
+use tower::ServiceExt;
+
+/// The largest request message accepted: the kubelet's own gRPC receive limit. Our device list
+/// reaches the kubelet only under it, so no request naming those devices is larger.
+pub const MAX_MESSAGE: usize = 4 << 20;
+/// The largest reply: ListAndWatch of 100,000 devices with long IDs stays under it. Replies are
+/// built from the registry's own data; the kubelet refuses any over 4 MiB on its side.
+pub const MAX_REPLY: usize = 64 << 20;
+/// Connections open on one endpoint's socket at once (the kubelet uses one); later ones wait in
+/// the socket's backlog until one closes.
+pub const MAX_CONNECTIONS: usize = 16;
+/// HTTP/2 streams open on one connection at once (the kubelet's ListAndWatch plus a call or two).
+pub const MAX_STREAMS: u32 = 8;
+/// HTTP/2 flow-control windows: how much request data a client may send before the endpoint
+/// reads it. The connection window bounds what one connection can park in memory; it is the sum
+/// of the stream windows, so that streams waiting for their turn never use up the window the
+/// stream being read needs.
+pub const STREAM_WINDOW: u32 = 32 << 10;
+pub const CONNECTION_WINDOW: u32 = MAX_STREAMS * STREAM_WINDOW;
+/// Request headers per stream (hyper's default, stated here because it is part of the bound).
+pub const MAX_HEADERS: u32 = 16 << 10;
+/// Requests of one endpoint being read, decoded or answered at once; more wait their turn.
+pub const MAX_IN_FLIGHT: usize = 2;
+/// A message larger than this is "large": it needs one of [`MAX_LARGE`] slots of the whole
+/// process, and its device IDs are counted before it is decoded.
+pub const LARGE: usize = 64 << 10;
+/// Large messages read, decoded or answered at once in the whole process.
+pub const MAX_LARGE: usize = 2;
+static LARGE_SLOTS: Semaphore = Semaphore::const_new(MAX_LARGE);
+/// How long a client may take to send a whole request (the kubelet needs milliseconds).
+pub const BODY_DEADLINE: Duration = Duration::from_secs(10);
+/// Container requests accepted in one Allocate or GetPreferredAllocation (the kubelet sends one).
+pub const MAX_CONTAINERS: usize = 256;
+/// The longest device ID a request may name: the host advertises IDs of at most 63 bytes (the
+/// API's limit) plus a replica suffix (`::1023`).
+pub const MAX_ID: usize = 63 + 6;
+/// The largest message of the calls whose request is `Empty` (ListAndWatch, GetDevicePluginOptions).
+const MAX_EMPTY: usize = 1 << 10;
+
+/// The DevicePlugin calls, as far as their requests differ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Call {
+    Allocate,
+    Preferred,
+    PreStart,
+    /// ListAndWatch and GetDevicePluginOptions: an `Empty` request.
+    Empty,
+}
+
+impl Call {
+    pub fn of(path: &str) -> Call {
+        match path.strip_prefix("/v1beta1.DevicePlugin/") {
+            Some("Allocate") => Call::Allocate,
+            Some("GetPreferredAllocation") => Call::Preferred,
+            Some("PreStartContainer") => Call::PreStart,
+            _ => Call::Empty,
+        }
+    }
+
+    fn limit(self) -> usize {
+        if self == Call::Empty { MAX_EMPTY } else { MAX_MESSAGE }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Call::Allocate => "Allocate",
+            Call::Preferred => "GetPreferredAllocation",
+            Call::PreStart => "PreStartContainer",
+            Call::Empty => "request",
+        }
+    }
+}
+
+/// What a request message holds, counted on the wire without decoding it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Census {
+    pub containers: usize,
+    /// Device IDs in all container requests (both lists of GetPreferredAllocation).
+    pub ids: usize,
+    /// Device IDs in the fullest container request.
+    pub most_in_one: usize,
+    /// Bytes of the longest device ID.
+    pub longest: usize,
+}
+
+/// One field of a protobuf message: its number and, for length-delimited ones, the bytes.
+enum Field<'a> {
+    Scalar,
+    Bytes(&'a [u8]),
+}
+
+fn varint(buf: &mut &[u8]) -> Option<u64> {
+    let mut v = 0u64;
+    for shift in (0..64).step_by(7) {
+        let (&b, rest) = buf.split_first()?;
+        *buf = rest;
+        v |= u64::from(b & 0x7f) << shift;
+        if b < 0x80 {
+            return Some(v);
+        }
+    }
+    None
+}
+
+/// The fields of one message, in wire order; an error for bytes that are not protobuf.
+fn fields(mut buf: &[u8]) -> impl Iterator<Item = Result<(u64, Field<'_>), String>> {
+    std::iter::from_fn(move || {
+        if buf.is_empty() {
+            return None;
+        }
+        let malformed = |what: &str| Some(Err(format!("malformed message ({what})")));
+        let Some(key) = varint(&mut buf) else { return malformed("truncated field key") };
+        let (number, wire) = (key >> 3, key & 7);
+        if number == 0 {
+            return malformed("field number 0");
+        }
+        let skip = match wire {
+            0 => return if varint(&mut buf).is_some() { Some(Ok((number, Field::Scalar))) } else { malformed("truncated varint") },
+            1 => 8,
+            5 => 4,
+            2 => {
+                let Some(len) = varint(&mut buf).and_then(|l| usize::try_from(l).ok()).filter(|&l| l <= buf.len())
+                else {
+                    return malformed("length past the end");
+                };
+                let (bytes, rest) = buf.split_at(len);
+                buf = rest;
+                return Some(Ok((number, Field::Bytes(bytes))));
+            }
+            _ => return malformed("unsupported wire type"),
+        };
+        if buf.len() < skip {
+            return malformed("truncated fixed-size field");
+        }
+        buf = &buf[skip..];
+        Some(Ok((number, Field::Scalar)))
+    })
+}
+
+/// Counts the container requests and device IDs of a request message of `call`.
+pub fn census(call: Call, msg: &[u8]) -> Result<Census, String> {
+    let mut c = Census::default();
+    for field in fields(msg) {
+        let (number, Field::Bytes(inner)) = field? else { continue };
+        if number != 1 {
+            continue;
+        }
+        match call {
+            Call::PreStart => {
+                c.ids += 1;
+                c.most_in_one = c.ids;
+                c.longest = c.longest.max(inner.len());
+            }
+            Call::Allocate | Call::Preferred => {
+                c.containers += 1;
+                let mut here = 0;
+                for field in fields(inner) {
+                    // Allocate: devices_ids = 1; GetPreferredAllocation: available = 1, must_include = 2.
+                    if let (1 | 2, Field::Bytes(id)) = field? {
+                        here += 1;
+                        c.longest = c.longest.max(id.len());
+                    }
+                }
+                c.ids += here;
+                c.most_in_one = c.most_in_one.max(here);
+            }
+            Call::Empty => {}
+        }
+    }
+    Ok(c)
+}
+
+/// Whether a request with `census` can be valid for a resource advertising `advertised` device
+/// IDs: each ID may be named once per call (twice in GetPreferredAllocation: available and
+/// must-include), so a request naming more cannot be, and is refused before it is decoded.
+pub fn admissible(call: Call, c: Census, advertised: usize) -> Result<(), String> {
+    let what = call.name();
+    if c.containers > MAX_CONTAINERS {
+        return Err(format!(
+            "{what} request has {} container requests, more than the {MAX_CONTAINERS} accepted (the kubelet sends one)",
+            c.containers
+        ));
+    }
+    if c.longest > MAX_ID {
+        return Err(format!(
+            "{what} request names a device ID of {} bytes; device IDs have at most {MAX_ID} bytes",
+            c.longest
+        ));
+    }
+    let (named, most) = match call {
+        Call::Preferred => (c.most_in_one, 2 * advertised),
+        _ => (c.ids, advertised),
+    };
+    if named > most {
+        return Err(format!(
+            "{what} request names {named} device IDs{}, more than the {advertised} device IDs the resource \
+             advertises could make valid; refused unread",
+            if call == Call::Preferred { " in one container request" } else { "" }
+        ));
+    }
+    Ok(())
+}
+
+/// The endpoint's gRPC service behind the limits of this module.
+#[derive(Clone)]
+pub struct Guard<S> {
+    inner: S,
+    resource: Arc<Resource>,
+    services: Arc<Services>,
+    in_flight: Arc<Semaphore>,
+}
+
+impl<S> Guard<S> {
+    pub fn new(inner: S, resource: Arc<Resource>, services: Arc<Services>) -> Guard<S> {
+        Guard { inner, resource, services, in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)) }
+    }
+}
+
+impl<S: NamedService> NamedService for Guard<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+type Reply = http::Response<Body>;
+
+impl<S> tower::Service<http::Request<Body>> for Guard<S>
+where
+    S: tower::Service<http::Request<Body>, Response = Reply, Error = Infallible> + Clone + Send + Sync + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = Reply;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Reply, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move {
+            let started = Instant::now();
+            let call = Call::of(req.uri().path());
+            let name = this.resource.config.name.as_str();
+            // Never closed; the error branch only keeps this free of panics.
+            let Ok(turn) = this.in_flight.clone().acquire_owned().await else {
+                return Ok(Status::unavailable(format!("resource {name}: endpoint is stopping")).into_http());
+            };
+            let (parts, body) = req.into_parts();
+            let read = tokio::time::timeout(BODY_DEADLINE, this.read(call, body, started)).await.unwrap_or_else(|_| {
+                Err(Status::deadline_exceeded(format!(
+                    "resource {name}: the {} request did not arrive within {BODY_DEADLINE:?}",
+                    call.name()
+                )))
+            });
+            let (body, large) = match read {
+                Ok(read) => read,
+                Err(status) => {
+                    if call == Call::Allocate {
+                        this.services.metrics.allocation(name, false, started.elapsed());
+                    }
+                    return Ok(status.into_http());
+                }
+            };
+            let req = http::Request::from_parts(parts, body);
+            if call == Call::Empty {
+                // A ListAndWatch stream lives long; its request is read already.
+                drop((turn, large));
+                return this.inner.oneshot(req).await;
+            }
+            let reply = this.inner.oneshot(req).await;
+            drop((turn, large));
+            reply
+        })
+    }
+}
+
+impl<S> Guard<S> {
+    /// Reads the one message of a unary request (under [`MAX_MESSAGE`], counted when large) and
+    /// gives it back as a body for tonic to decode, with the large-message slot it holds.
+    async fn read(
+        &self,
+        call: Call,
+        mut body: Body,
+        started: Instant,
+    ) -> Result<(Body, Option<SemaphorePermit<'static>>), Status> {
+        let name = self.resource.config.name.as_str();
+        let invalid = |what: String| Status::invalid_argument(format!("resource {name}: {what}"));
+        let mut buf: Vec<u8> = Vec::new();
+        let mut want = None;
+        let mut large = None;
+        while let Some(frame) = body.frame().await {
+            let Ok(data) = frame?.into_data() else { continue };
+            if want.is_some_and(|w| buf.len() + data.len() > w) {
+                return Err(invalid(format!("{} request holds more than one message", call.name())));
+            }
+            buf.extend_from_slice(&data);
+            if want.is_none() && buf.len() >= 5 {
+                if buf[0] != 0 {
+                    return Err(Status::unimplemented(format!("resource {name}: compressed messages are not accepted")));
+                }
+                let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+                if len > call.limit() {
+                    return Err(Status::resource_exhausted(format!(
+                        "resource {name}: {} message of {len} bytes is larger than the limit of {} bytes",
+                        call.name(),
+                        call.limit()
+                    )));
+                }
+                if len > LARGE {
+                    large = Some(LARGE_SLOTS.acquire().await.map_err(|_| Status::unavailable("shutting down"))?);
+                }
+                if buf.len() > 5 + len {
+                    return Err(invalid(format!("{} request holds more than one message", call.name())));
+                }
+                buf.reserve_exact(5 + len - buf.len());
+                want = Some(5 + len);
+            }
+        }
+        if want.is_some_and(|w| buf.len() < w) {
+            return Err(invalid(format!("{} request ended inside its message", call.name())));
+        }
+        if large.is_some() {
+            let counted = census(call, &buf[5..])
+                .and_then(|c| admissible(call, c, self.resource.snapshot().list.devices.len()).map(|()| c));
+            if let Err(why) = counted {
+                if call == Call::Allocate {
+                    let ids = census(call, &buf[5..]).map(|c| c.ids).unwrap_or(0);
+                    self.resource.status.refused_unread(ids, format!("resource {name}: {why}"), started.elapsed());
+                }
+                return Err(invalid(why));
+            }
+        }
+        Ok((Body::new(http_body_util::Full::new(Bytes::from(buf))), large))
+    }
+}
+
+/// A connection that holds one of its endpoint's [`MAX_CONNECTIONS`] slots while open.
+pub struct Connection {
+    io: UnixStream,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl Connected for Connection {
+    type ConnectInfo = <UnixStream as Connected>::ConnectInfo;
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.io.connect_info()
+    }
+}
+
+impl AsyncRead for Connection {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Connection {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// The connections accepted on `listener`, at most [`MAX_CONNECTIONS`] open at once. The accept
+/// task ends (closing the listener) when the server stops taking connections.
+pub fn incoming(listener: UnixListener, resource: String) -> tokio_stream::wrappers::ReceiverStream<io::Result<Connection>> {
+    let (tx, rx) = mpsc::channel(1);
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    tokio::spawn(async move {
+        let mut said = false;
+        loop {
+            if slots.available_permits() == 0 && !said {
+                tracing::warn!(resource, "{MAX_CONNECTIONS} connections are open on the endpoint's socket; further ones wait until one closes");
+                said = true;
+            }
+            let slot = tokio::select! {
+                slot = slots.clone().acquire_owned() => match slot { Ok(s) => s, Err(_) => return },
+                _ = tx.closed() => return,
+            };
+            let accepted = tokio::select! {
+                accepted = listener.accept() => accepted,
+                _ = tx.closed() => return,
+            };
+            match accepted {
+                Ok((io, _)) => {
+                    if tx.send(Ok(Connection { io, _slot: slot })).await.is_err() {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    // Out of file descriptors, most likely: pause rather than spin.
+                    tracing::debug!(resource, "accepting a connection failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+#[cfg(test)]
+mod tests;
