@@ -254,13 +254,27 @@ async fn hostile_allocate_requests_get_precise_errors() {
         assert_eq!(err.code(), tonic::Code::InvalidArgument, "{want}");
         assert!(err.message().contains(want), "wanted {want:?}, got {:?}", err.message());
     }
+    // Large requests are counted before they are decoded: more IDs than the resource advertises
+    // cannot be valid.
     let many: Vec<String> = (0..100_000).map(|i| format!("example-{}", i % 2)).collect();
     let err = c.allocate(req(vec![many])).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
-    assert!(err.message().contains("requested twice"), "{}", err.message());
+    assert!(err.message().contains("names 100000 device IDs, more than the 2"), "{}", err.message());
     let many: Vec<String> = (0..100_000).map(|i| format!("nope-{i}")).collect();
     let err = c.allocate(req(vec![many])).await.unwrap_err();
-    assert!(err.message().contains("unknown device ID \"nope-0\""), "{}", err.message());
+    assert!(err.message().contains("names 100000 device IDs"), "{}", err.message());
+    // A long unknown ID is quoted by its first bytes and its length, in a large request or not.
+    for len in [1_000, 3_000_000] {
+        let err = c.allocate(req(vec![vec!["q".repeat(len)]])).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(err.message().len() < 200, "{len}: {} bytes of error", err.message().len());
+        let want = if len > 64 << 10 { format!("device ID of {len} bytes") } else { format!("…({len} bytes)") };
+        assert!(err.message().contains(&want), "{}", err.message());
+    }
+    // A message over the kubelet's 4 MiB is refused before it is read.
+    let err = c.allocate(req(vec![vec!["q".repeat(5 << 20)]])).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{}", err.message());
+    assert!(err.message().contains("larger than the limit of 4194304 bytes"), "{}", err.message());
     // Nothing was allocated by the failed calls, and a good one still works.
     good_still_allocates(&kubelet).await;
 }
@@ -283,6 +297,8 @@ async fn hostile_preferred_allocation_requests_get_precise_errors() {
         (req(all.clone(), vec!["t-0".into()], 1), "must-include device \"t-0\" is not among the available devices"),
         (req(all.clone(), vec![], -1), "allocation_size -1 is negative"),
         (req(vec!["ghost".into()], vec![], 1), "unknown device ID \"ghost\""),
+        (req(vec!["g".repeat(500)], vec![], 1), "unknown device ID \"gggggggg"),
+        (req(all.clone(), vec!["m".repeat(500)], 1), "…(500 bytes) is not among the available devices"),
         (pb::PreferredAllocationRequest { container_requests: vec![] }, "no container requests"),
     ];
     for (r, want) in cases {
@@ -292,4 +308,31 @@ async fn hostile_preferred_allocation_requests_get_precise_errors() {
     }
     let ok = c.get_preferred_allocation(req(all, vec!["example-1".into()], 1)).await.unwrap().into_inner();
     assert_eq!(ok.container_responses[0].device_i_ds, ["example-1"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_device_id_in_two_container_requests_of_a_call_is_refused() {
+    let node = Node::new();
+    let (kubelet, _d) = start(&node, &format!("module = \"{}\"", module("testdrv").display())).await;
+    for containers in [
+        vec![vec!["example-0".to_string()], vec!["example-0".to_string()]],
+        vec![vec!["example-1".to_string()], vec!["example-0".to_string(), "example-1".to_string()]],
+    ] {
+        let err = kubelet.allocate("example.com/good", containers).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(err.message().contains("requested by container requests 0 and 1"), "{}", err.message());
+    }
+    // Distinct devices in distinct containers stay fine.
+    let r = kubelet.allocate("example.com/good", vec![vec!["example-0".into()], vec!["example-1".into()]]).await;
+    assert_eq!(r.unwrap().container_responses.len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_pre_start_container_is_refused() {
+    let node = Node::new();
+    let (kubelet, _d) = start(&node, &format!("module = \"{}\"", module("testdrv").display())).await;
+    let err = kubelet.pre_start("example.com/good", vec![]).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("PreStartContainer request has no device IDs"), "{}", err.message());
+    kubelet.pre_start("example.com/good", vec!["example-0".into()]).await.unwrap();
 }
