@@ -92,8 +92,11 @@ impl HealthHistory {
         let before: HashMap<&str, bool> = previous.iter().map(|d| (d.id.as_str(), d.healthy)).collect();
         let now: HashMap<&str, bool> = current.iter().map(|d| (d.id.as_str(), d.healthy)).collect();
         let unhealthy: Arc<str> = shortened_text(unhealthy_reason).into();
-        let (appeared, healthy_again, gone): (Arc<str>, Arc<str>, Arc<str>) =
-            ("reported by the driver".into(), "reported Healthy again".into(), "no longer reported by the driver".into());
+        let (appeared, healthy_again, gone): (Arc<str>, Arc<str>, Arc<str>) = (
+            "reported by the driver".into(),
+            "reported Healthy again".into(),
+            "no longer reported by the driver".into(),
+        );
         for d in current {
             let from = before.get(d.id.as_str()).map(|&h| health(h));
             if from == Some(health(d.healthy)) {

@@ -173,13 +173,14 @@ async fn large_and_concurrent_requests_keep_memory_far_below_the_daemonset_limit
             calls.push(tokio::spawn(async move {
                 let what = format!("round {round}, call {i}");
                 let r = match i % 4 {
-                    0 => c.allocate(pb::AllocateRequest {
-                        container_requests: vec![pb::ContainerAllocateRequest {
-                            devices_ids: (0..3_600).map(|k| format!("{k:01024}")).collect(),
-                        }],
-                    })
-                    .await
-                    .map(drop),
+                    0 => c
+                        .allocate(pb::AllocateRequest {
+                            container_requests: vec![pb::ContainerAllocateRequest {
+                                devices_ids: (0..3_600).map(|k| format!("{k:01024}")).collect(),
+                            }],
+                        })
+                        .await
+                        .map(drop),
                     1 => c.pre_start_container(pre_start_shape()).await.map(drop),
                     2 => c
                         .allocate(pb::AllocateRequest {

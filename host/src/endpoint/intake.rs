@@ -139,7 +139,13 @@ fn fields(mut buf: &[u8]) -> impl Iterator<Item = Result<(u64, Field<'_>), Strin
             return malformed("field number 0");
         }
         let skip = match wire {
-            0 => return if varint(&mut buf).is_some() { Some(Ok((number, Field::Scalar))) } else { malformed("truncated varint") },
+            0 => {
+                return if varint(&mut buf).is_some() {
+                    Some(Ok((number, Field::Scalar)))
+                } else {
+                    malformed("truncated varint")
+                };
+            }
             1 => 8,
             5 => 4,
             2 => {
@@ -270,17 +276,21 @@ where
                 return Ok(Status::unavailable(format!("resource {name}: endpoint is stopping")).into_http());
             };
             let (parts, body) = req.into_parts();
-            let read = tokio::time::timeout(BODY_DEADLINE, this.read(call, body, started)).await.unwrap_or_else(|_| {
-                Err(Status::deadline_exceeded(format!(
-                    "resource {name}: the {} request did not arrive within {BODY_DEADLINE:?}",
-                    call.name()
-                )))
+            let read = tokio::time::timeout(BODY_DEADLINE, this.read(call, body)).await.unwrap_or_else(|_| {
+                Err((
+                    Status::deadline_exceeded(format!(
+                        "resource {name}: the {} request did not arrive within {BODY_DEADLINE:?}",
+                        call.name()
+                    )),
+                    0,
+                ))
             });
             let (body, large) = match read {
                 Ok(read) => read,
-                Err(status) => {
+                Err((status, ids)) => {
                     if call == Call::Allocate {
                         this.services.metrics.allocation(name, false, started.elapsed());
+                        this.resource.status.refused_unread(ids, status.message().to_string(), started.elapsed());
                     }
                     return Ok(status.into_http());
                 }
@@ -300,12 +310,18 @@ where
 
 impl<S> Guard<S> {
     /// Reads the one message of a unary request (under [`MAX_MESSAGE`], counted when large) and
-    /// gives it back as a body for tonic to decode, with the large-message slot it holds.
-    async fn read(
+    /// gives it back as a body for tonic to decode, with the large-message slot it holds. A
+    /// refusal comes with the number of device IDs counted (0 when not counted).
+    async fn read(&self, call: Call, body: Body) -> Result<(Body, Option<SemaphorePermit<'static>>), (Status, usize)> {
+        let mut counted = 0;
+        self.read_counted(call, body, &mut counted).await.map_err(|status| (status, counted))
+    }
+
+    async fn read_counted(
         &self,
         call: Call,
         mut body: Body,
-        started: Instant,
+        counted: &mut usize,
     ) -> Result<(Body, Option<SemaphorePermit<'static>>), Status> {
         let name = self.resource.config.name.as_str();
         let invalid = |what: String| Status::invalid_argument(format!("resource {name}: {what}"));
@@ -320,7 +336,9 @@ impl<S> Guard<S> {
             buf.extend_from_slice(&data);
             if want.is_none() && buf.len() >= 5 {
                 if buf[0] != 0 {
-                    return Err(Status::unimplemented(format!("resource {name}: compressed messages are not accepted")));
+                    return Err(Status::unimplemented(format!(
+                        "resource {name}: compressed messages are not accepted"
+                    )));
                 }
                 let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
                 if len > call.limit() {
@@ -344,15 +362,9 @@ impl<S> Guard<S> {
             return Err(invalid(format!("{} request ended inside its message", call.name())));
         }
         if large.is_some() {
-            let counted = census(call, &buf[5..])
-                .and_then(|c| admissible(call, c, self.resource.snapshot().list.devices.len()).map(|()| c));
-            if let Err(why) = counted {
-                if call == Call::Allocate {
-                    let ids = census(call, &buf[5..]).map(|c| c.ids).unwrap_or(0);
-                    self.resource.status.refused_unread(ids, format!("resource {name}: {why}"), started.elapsed());
-                }
-                return Err(invalid(why));
-            }
+            let c = census(call, &buf[5..]).map_err(invalid)?;
+            *counted = c.ids;
+            admissible(call, c, self.resource.snapshot().list.devices.len()).map_err(invalid)?;
         }
         Ok((Body::new(http_body_util::Full::new(Bytes::from(buf))), large))
     }
@@ -401,14 +413,20 @@ impl AsyncWrite for Connection {
 
 /// The connections accepted on `listener`, at most [`MAX_CONNECTIONS`] open at once. The accept
 /// task ends (closing the listener) when the server stops taking connections.
-pub fn incoming(listener: UnixListener, resource: String) -> tokio_stream::wrappers::ReceiverStream<io::Result<Connection>> {
+pub fn incoming(
+    listener: UnixListener,
+    resource: String,
+) -> tokio_stream::wrappers::ReceiverStream<io::Result<Connection>> {
     let (tx, rx) = mpsc::channel(1);
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     tokio::spawn(async move {
         let mut said = false;
         loop {
             if slots.available_permits() == 0 && !said {
-                tracing::warn!(resource, "{MAX_CONNECTIONS} connections are open on the endpoint's socket; further ones wait until one closes");
+                tracing::warn!(
+                    resource,
+                    "{MAX_CONNECTIONS} connections are open on the endpoint's socket; further ones wait until one closes"
+                );
                 said = true;
             }
             let slot = tokio::select! {

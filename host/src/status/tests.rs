@@ -53,10 +53,8 @@ fn history_records_appearance_flips_and_removal_with_reasons() {
     h.observe(&[dev("a", true), dev("b", false)], &[dev("a", false), dev("b", false)], "scan failed: EIO", t(20));
     h.observe(&[dev("a", false), dev("b", false)], &[dev("a", true)], "unused", t(30));
     let a = h.transitions("a");
-    let got: Vec<(u64, &str, &str, &str)> = a
-        .iter()
-        .map(|x| (x.at.duration_since(UNIX_EPOCH).unwrap().as_secs(), x.from, x.to, &*x.reason))
-        .collect();
+    let got: Vec<(u64, &str, &str, &str)> =
+        a.iter().map(|x| (x.at.duration_since(UNIX_EPOCH).unwrap().as_secs(), x.from, x.to, &*x.reason)).collect();
     assert_eq!(
         got,
         [
