@@ -336,3 +336,33 @@ async fn an_empty_pre_start_container_is_refused() {
     assert!(err.message().contains("PreStartContainer request has no device IDs"), "{}", err.message());
     kubelet.pre_start("example.com/good", vec!["example-0".into()]).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_and_watch_streams_per_endpoint_are_capped_and_slots_come_back() {
+    let node = Node::new();
+    let (kubelet, _d) = start(&node, &format!("module = \"{}\"", module("testdrv").display())).await;
+    let path = kubelet.endpoint_path("example.com/good").unwrap();
+    let mut c = pb::device_plugin_client::DevicePluginClient::new(devhost_proto::connect_uds(&path).await.unwrap());
+    // The kubelet's own stream is one of the four.
+    let mut open = Vec::new();
+    for _ in 0..3 {
+        let mut s = c.list_and_watch(pb::Empty {}).await.unwrap().into_inner();
+        assert_eq!(s.message().await.unwrap().unwrap().devices.len(), 2);
+        open.push(s);
+    }
+    let err = c.list_and_watch(pb::Empty {}).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted);
+    assert!(err.message().contains("4 ListAndWatch streams are open already"), "{}", err.message());
+    drop(open.pop());
+    let again = tokio::time::timeout(WAIT, async {
+        loop {
+            match c.list_and_watch(pb::Empty {}).await {
+                Ok(s) => return s,
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+    });
+    assert!(again.await.is_ok(), "a closed stream gives its slot back");
+    assert!(kubelet.is_connected("example.com/good"), "the kubelet's stream is untouched");
+    good_still_allocates(&kubelet).await;
+}

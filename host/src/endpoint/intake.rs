@@ -1,7 +1,8 @@
 //! What kubelet input must pass before tonic decodes it, so that the memory an endpoint spends on
 //! requests is bounded by construction, whatever a client sends: connections per socket, HTTP/2
 //! streams and flow-control windows per connection, requests in flight per endpoint (and, for
-//! large ones, in the whole process), the 4 MiB message size the kubelet works with, and, for a
+//! large ones, in the whole process), ListAndWatch streams per endpoint (each sends its own copy
+//! of the device list), the 4 MiB message size the kubelet works with, and, for a
 //! large message, a count of its device IDs read from the wire, so that no message decodes into
 //! far more memory than it has bytes.
 
@@ -55,6 +56,9 @@ static LARGE_SLOTS: Semaphore = Semaphore::const_new(MAX_LARGE);
 pub const BODY_DEADLINE: Duration = Duration::from_secs(10);
 /// Container requests accepted in one Allocate or GetPreferredAllocation (the kubelet sends one).
 pub const MAX_CONTAINERS: usize = 256;
+/// ListAndWatch streams open on one endpoint at once (the kubelet keeps one): each sends its
+/// own copy of the device list, which for a large resource is megabytes.
+pub const MAX_WATCHERS: usize = 4;
 /// The longest device ID a request may name: the host advertises IDs of at most 63 bytes (the
 /// API's limit) plus a replica suffix (`::1023`).
 pub const MAX_ID: usize = 63 + 6;
@@ -67,7 +71,9 @@ pub enum Call {
     Allocate,
     Preferred,
     PreStart,
-    /// ListAndWatch and GetDevicePluginOptions: an `Empty` request.
+    /// ListAndWatch: an `Empty` request, answered by a long-lived stream.
+    Watch,
+    /// GetDevicePluginOptions (or a method we do not serve): an `Empty` request.
     Empty,
 }
 
@@ -77,12 +83,13 @@ impl Call {
             Some("Allocate") => Call::Allocate,
             Some("GetPreferredAllocation") => Call::Preferred,
             Some("PreStartContainer") => Call::PreStart,
+            Some("ListAndWatch") => Call::Watch,
             _ => Call::Empty,
         }
     }
 
     fn limit(self) -> usize {
-        if self == Call::Empty { MAX_EMPTY } else { MAX_MESSAGE }
+        if matches!(self, Call::Watch | Call::Empty) { MAX_EMPTY } else { MAX_MESSAGE }
     }
 
     fn name(self) -> &'static str {
@@ -90,6 +97,7 @@ impl Call {
             Call::Allocate => "Allocate",
             Call::Preferred => "GetPreferredAllocation",
             Call::PreStart => "PreStartContainer",
+            Call::Watch => "ListAndWatch",
             Call::Empty => "request",
         }
     }
@@ -194,7 +202,7 @@ pub fn census(call: Call, msg: &[u8]) -> Result<Census, String> {
                 c.ids += here;
                 c.most_in_one = c.most_in_one.max(here);
             }
-            Call::Empty => {}
+            Call::Watch | Call::Empty => {}
         }
     }
     Ok(c)
@@ -238,11 +246,18 @@ pub struct Guard<S> {
     resource: Arc<Resource>,
     services: Arc<Services>,
     in_flight: Arc<Semaphore>,
+    watchers: Arc<Semaphore>,
 }
 
 impl<S> Guard<S> {
     pub fn new(inner: S, resource: Arc<Resource>, services: Arc<Services>) -> Guard<S> {
-        Guard { inner, resource, services, in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)) }
+        Guard {
+            inner,
+            resource,
+            services,
+            in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
+            watchers: Arc::new(Semaphore::new(MAX_WATCHERS)),
+        }
     }
 }
 
@@ -296,10 +311,18 @@ where
                 }
             };
             let req = http::Request::from_parts(parts, body);
-            if call == Call::Empty {
-                // A ListAndWatch stream lives long; its request is read already.
+            if call == Call::Watch {
+                // The stream lives long: it gives its turn back now, and holds a watcher slot
+                // for as long as its reply is being sent.
                 drop((turn, large));
-                return this.inner.oneshot(req).await;
+                let Ok(slot) = this.watchers.clone().try_acquire_owned() else {
+                    return Ok(Status::resource_exhausted(format!(
+                        "resource {name}: {MAX_WATCHERS} ListAndWatch streams are open already (the kubelet keeps one)"
+                    ))
+                    .into_http());
+                };
+                let reply = this.inner.oneshot(req).await;
+                return reply.map(|r| r.map(|body| Body::new(Holding { body, _slot: slot })));
             }
             let reply = this.inner.oneshot(req).await;
             drop((turn, large));
@@ -367,6 +390,29 @@ impl<S> Guard<S> {
             admissible(call, c, self.resource.snapshot().list.devices.len()).map_err(invalid)?;
         }
         Ok((Body::new(http_body_util::Full::new(Bytes::from(buf))), large))
+    }
+}
+
+/// A reply body that holds a slot until it is sent or dropped.
+struct Holding {
+    body: Body,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl hyper::body::Body for Holding {
+    type Data = Bytes;
+    type Error = Status;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, Status>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
     }
 }
 
