@@ -366,3 +366,33 @@ async fn list_and_watch_streams_per_endpoint_are_capped_and_slots_come_back() {
     assert!(kubelet.is_connected("example.com/good"), "the kubelet's stream is untouched");
     good_still_allocates(&kubelet).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_per_socket_are_capped_and_silent_ones_are_closed() {
+    use std::io::Read;
+    let node = Node::new();
+    let (kubelet, d) = start(&node, &format!("module = \"{}\"", module("testdrv").display())).await;
+    let path = kubelet.endpoint_path("example.com/good").unwrap();
+    // The kubelet holds one of the 16 connections; clients that say nothing take the rest.
+    let silent: Vec<std::os::unix::net::UnixStream> =
+        (0..15).map(|_| std::os::unix::net::UnixStream::connect(&path).unwrap()).collect();
+    d.wait_log("16 connections are open on the endpoint's socket; further ones wait", WAIT).await;
+    let late = tokio::spawn(async move {
+        let ch = devhost_proto::connect_uds(&path).await?;
+        let mut c = pb::device_plugin_client::DevicePluginClient::new(ch);
+        c.get_device_plugin_options(pb::Empty {}).await.map_err(|e| e.to_string())?;
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!late.is_finished(), "a 17th connection waits for a free slot");
+    // The kubelet's connection is served meanwhile.
+    good_still_allocates(&kubelet).await;
+    // The silent ones are closed after 10 s; the waiting client then gets its answer.
+    let answered = tokio::time::timeout(Duration::from_secs(30), late).await;
+    assert!(matches!(answered, Ok(Ok(Ok(())))), "{answered:?}");
+    let mut s = &silent[0];
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    // It gets the server's settings, then the end of the connection.
+    let closed = s.read_to_end(&mut Vec::new());
+    assert!(closed.is_ok(), "a silent client is disconnected: {closed:?}");
+}

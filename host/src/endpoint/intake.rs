@@ -420,7 +420,13 @@ impl hyper::body::Body for Holding {
 pub struct Connection {
     io: UnixStream,
     _slot: OwnedSemaphorePermit,
+    /// Until the client's first bytes: when it must have sent them.
+    silent: Option<Pin<Box<tokio::time::Sleep>>>,
 }
+
+/// A connection that has sent nothing (not even the HTTP/2 preface) within this is closed, so
+/// that forgotten or idle clients do not keep the endpoint's connection slots.
+pub const FIRST_BYTES_DEADLINE: Duration = Duration::from_secs(10);
 
 impl Connected for Connection {
     type ConnectInfo = <UnixStream as Connected>::ConnectInfo;
@@ -431,7 +437,21 @@ impl Connected for Connection {
 
 impl AsyncRead for Connection {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
+        let before = buf.filled().len();
+        let read = Pin::new(&mut self.io).poll_read(cx, buf);
+        if let Some(silent) = self.silent.as_mut() {
+            match read {
+                Poll::Ready(Ok(())) if buf.filled().len() > before => self.silent = None,
+                Poll::Pending if silent.as_mut().poll(cx).is_ready() => {
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("the client sent nothing within {FIRST_BYTES_DEADLINE:?}"),
+                    )));
+                }
+                _ => {}
+            }
+        }
+        read
     }
 }
 
@@ -485,7 +505,15 @@ pub fn incoming(
             };
             match accepted {
                 Ok((io, _)) => {
-                    if tx.send(Ok(Connection { io, _slot: slot })).await.is_err() {
+                    if tx
+                        .send(Ok(Connection {
+                            io,
+                            _slot: slot,
+                            silent: Some(Box::pin(tokio::time::sleep(FIRST_BYTES_DEADLINE))),
+                        }))
+                        .await
+                        .is_err()
+                    {
                         return;
                     }
                 }
