@@ -44,7 +44,8 @@ pub const STREAM_WINDOW: u32 = 32 << 10;
 pub const CONNECTION_WINDOW: u32 = MAX_STREAMS * STREAM_WINDOW;
 /// Request headers per stream (hyper's default, stated here because it is part of the bound).
 pub const MAX_HEADERS: u32 = 16 << 10;
-/// Requests of one endpoint being read, decoded or answered at once; more wait their turn.
+/// Allocate, GetPreferredAllocation and PreStartContainer requests of one endpoint being read,
+/// decoded or answered at once; more wait their turn.
 pub const MAX_IN_FLIGHT: usize = 2;
 /// A message larger than this is "large": it needs one of [`MAX_LARGE`] slots of the whole
 /// process, and its device IDs are counted before it is decoded.
@@ -286,9 +287,16 @@ where
             let started = Instant::now();
             let call = Call::of(req.uri().path());
             let name = this.resource.config.name.as_str();
-            // Never closed; the error branch only keeps this free of panics.
-            let Ok(turn) = this.in_flight.clone().acquire_owned().await else {
-                return Ok(Status::unavailable(format!("resource {name}: endpoint is stopping")).into_http());
+            // `Empty` requests are at most 1 KiB: they need no turn, so that a slow driver call
+            // never holds up ListAndWatch or the kubelet's GetDevicePluginOptions.
+            let turn = if matches!(call, Call::Watch | Call::Empty) {
+                None
+            } else {
+                // Never closed; the error branch only keeps this free of panics.
+                let Ok(turn) = this.in_flight.clone().acquire_owned().await else {
+                    return Ok(Status::unavailable(format!("resource {name}: endpoint is stopping")).into_http());
+                };
+                Some(turn)
             };
             let (parts, body) = req.into_parts();
             let read = tokio::time::timeout(BODY_DEADLINE, this.read(call, body)).await.unwrap_or_else(|_| {
@@ -312,9 +320,8 @@ where
             };
             let req = http::Request::from_parts(parts, body);
             if call == Call::Watch {
-                // The stream lives long: it gives its turn back now, and holds a watcher slot
-                // for as long as its reply is being sent.
-                drop((turn, large));
+                // The stream lives long: it holds a watcher slot for as long as its reply is
+                // being sent.
                 let Ok(slot) = this.watchers.clone().try_acquire_owned() else {
                     return Ok(Status::resource_exhausted(format!(
                         "resource {name}: {MAX_WATCHERS} ListAndWatch streams are open already (the kubelet keeps one)"
