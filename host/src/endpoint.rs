@@ -3,6 +3,7 @@
 //! optional hooks to the driver instance that owns the resource. [`serve`] runs it on a socket
 //! behind the limits of [`intake`], which bound what kubelet input can cost.
 
+pub mod census;
 pub mod intake;
 
 use crate::cdi;

@@ -17,7 +17,8 @@ fn calls_are_told_apart_by_their_path() {
     assert_eq!(Call::of("/v1beta1.DevicePlugin/Allocate"), Call::Allocate);
     assert_eq!(Call::of("/v1beta1.DevicePlugin/GetPreferredAllocation"), Call::Preferred);
     assert_eq!(Call::of("/v1beta1.DevicePlugin/PreStartContainer"), Call::PreStart);
-    assert_eq!(Call::of("/v1beta1.DevicePlugin/ListAndWatch"), Call::Empty);
+    assert_eq!(Call::of("/v1beta1.DevicePlugin/ListAndWatch"), Call::Watch);
+    assert_eq!(Call::of("/v1beta1.DevicePlugin/GetDevicePluginOptions"), Call::Empty);
     assert_eq!(Call::of("/other.Service/Allocate"), Call::Empty);
 }
 
