@@ -39,6 +39,35 @@ pub struct Device {
     pub links: Vec<(String, u32)>,
 }
 
+/// Device IDs longer than this (any real one is at most 63 bytes, a replica ID a few more) are
+/// shortened where the host repeats an ID it was sent: in error messages and in `/status`.
+pub const MAX_SHOWN_ID: usize = 80;
+/// How much of a longer ID is shown.
+const SHOWN_PREFIX: usize = 48;
+
+/// `id` as stored in a record: itself when of a plausible length, else its first bytes followed
+/// by `…(N bytes)`.
+pub fn shortened(id: &str) -> String {
+    if id.len() <= MAX_SHOWN_ID {
+        return id.to_string();
+    }
+    let mut end = SHOWN_PREFIX;
+    while !id.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…({} bytes)", &id[..end], id.len())
+}
+
+/// `id` quoted for an error message: `"id"`, or for a long one `"prefix"…(N bytes)`.
+pub fn quoted(id: &str) -> String {
+    if id.len() <= MAX_SHOWN_ID {
+        return format!("{id:?}");
+    }
+    let short = shortened(id);
+    let (prefix, rest) = short.split_once('…').unwrap_or((&short, ""));
+    format!("{prefix:?}…{rest}")
+}
+
 /// Appends `value` to a comma-joined map entry unless already present.
 fn join_value(map: &mut BTreeMap<String, String>, order: &mut Vec<String>, key: &str, value: &str) {
     match map.get_mut(key) {
@@ -166,6 +195,17 @@ mod tests {
             },
             links: vec![],
         }
+    }
+
+    #[test]
+    fn long_ids_are_shortened_with_their_length_and_short_ones_kept() {
+        assert_eq!(shortened("gpu-0"), "gpu-0");
+        assert_eq!(quoted("gpu-0"), "\"gpu-0\"");
+        let long = "é".repeat(1_000_000);
+        let s = shortened(&long);
+        assert!(s.starts_with("éé") && s.ends_with("…(2000000 bytes)") && s.len() < 80, "{s}");
+        let q = quoted(&format!("a\n{}", "b".repeat(100)));
+        assert!(q.starts_with("\"a\\nbbb") && q.ends_with("\"…(102 bytes)"), "{q}");
     }
 
     #[test]

@@ -1,9 +1,13 @@
 //! One kubelet DevicePlugin endpoint: the gRPC service for a single
 //! resource. It answers from the registry's latest view and routes the
-//! optional hooks to the driver instance that owns the resource.
+//! optional hooks to the driver instance that owns the resource. [`serve`] runs it on a socket
+//! behind the limits of [`intake`], which bound what kubelet input can cost.
+
+pub mod census;
+pub mod intake;
 
 use crate::cdi;
-use crate::device::{self, Edits};
+use crate::device::{self, Edits, quoted};
 use crate::manifest::DeviceListStrategy;
 use crate::metrics;
 use crate::preferred::{self, Candidate};
@@ -11,7 +15,7 @@ use crate::registry::{Resource, Services};
 use crate::sharing;
 use devhost_proto::v1beta1 as pb;
 use pb::device_plugin_server::DevicePlugin;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
@@ -38,6 +42,29 @@ impl Endpoint {
     fn name(&self) -> &str {
         &self.resource.config.name
     }
+}
+
+/// Serves `endpoint` on `listener` until `shutdown` resolves: the gRPC server for one resource,
+/// with the message, connection, stream, window and in-flight limits of [`intake`].
+pub async fn serve(
+    endpoint: Endpoint,
+    listener: tokio::net::UnixListener,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
+    let name = endpoint.name().to_string();
+    let (resource, services) = (endpoint.resource.clone(), endpoint.services.clone());
+    let svc = pb::device_plugin_server::DevicePluginServer::new(endpoint)
+        .max_decoding_message_size(intake::MAX_MESSAGE)
+        .max_encoding_message_size(intake::MAX_REPLY);
+    let svc = intake::Guard::new(svc, resource, services);
+    tonic::transport::Server::builder()
+        .initial_stream_window_size(intake::STREAM_WINDOW)
+        .initial_connection_window_size(intake::CONNECTION_WINDOW)
+        .max_concurrent_streams(intake::MAX_STREAMS)
+        .http2_max_header_list_size(intake::MAX_HEADERS)
+        .add_service(svc)
+        .serve_with_incoming_shutdown(intake::incoming(listener, name), shutdown)
+        .await
 }
 
 fn to_response(e: Edits) -> pb::ContainerAllocateResponse {
@@ -113,8 +140,9 @@ impl DevicePlugin for Endpoint {
                 .map_err(|e| Status::invalid_argument(format!("resource {}: {e}", self.name())))?;
             if let Some(unknown) = c.available_device_i_ds.iter().find(|id| view.get(id).is_none()) {
                 return Err(Status::invalid_argument(format!(
-                    "resource {}: unknown device ID {unknown:?}",
-                    self.name()
+                    "resource {}: unknown device ID {}",
+                    self.name(),
+                    quoted(unknown)
                 )));
             }
             // Candidates are advertised IDs (replicas when shared); NUMA and
@@ -209,12 +237,22 @@ impl DevicePlugin for Endpoint {
         request: Request<pb::PreStartContainerRequest>,
     ) -> Result<Response<pb::PreStartContainerResponse>, Status> {
         let ids = request.into_inner().devices_ids;
+        if ids.is_empty() {
+            return Err(Status::invalid_argument(format!(
+                "resource {}: PreStartContainer request has no device IDs",
+                self.name()
+            )));
+        }
         let Some(driver) = &self.resource.driver else {
             return Err(Status::unavailable(format!("resource {}: driver not loaded", self.name())));
         };
         let view = self.resource.snapshot();
         if let Some(unknown) = ids.iter().find(|id| view.get(id).is_none()) {
-            return Err(Status::invalid_argument(format!("resource {}: unknown device ID {unknown:?}", self.name())));
+            return Err(Status::invalid_argument(format!(
+                "resource {}: unknown device ID {}",
+                self.name(),
+                quoted(unknown)
+            )));
         }
         let physical = if view.replicas > 1 {
             sharing::physical_ids(&ids, view.replicas, false)
@@ -245,6 +283,9 @@ impl Endpoint {
         let view = self.resource.snapshot();
         // Validate everything first: nothing is allocated unless all of it is valid.
         let mut physical = Vec::with_capacity(req.container_requests.len());
+        // Which container request named each ID first: an advertised ID goes to one container
+        // per call (with replicas, distinct replicas of one device may go to several).
+        let mut seen: HashMap<&str, usize> = HashMap::new();
         for (i, c) in req.container_requests.iter().enumerate() {
             let refuse = |msg: String| {
                 status.allocation(i, &c.devices_ids, Err(msg.clone()), started.elapsed());
@@ -253,13 +294,22 @@ impl Endpoint {
             if c.devices_ids.is_empty() {
                 return Err(refuse(format!("resource {name}: container request {i} has no device IDs")));
             }
-            let mut seen = HashSet::with_capacity(c.devices_ids.len());
             for id in &c.devices_ids {
                 if view.get(id).is_none() {
-                    return Err(refuse(format!("resource {name}: unknown device ID {id:?}")));
+                    return Err(refuse(format!("resource {name}: unknown device ID {}", quoted(id))));
                 }
-                if !seen.insert(id.as_str()) {
-                    return Err(refuse(format!("resource {name}: device ID {id:?} requested twice")));
+                match seen.insert(id.as_str(), i) {
+                    None => {}
+                    Some(first) if first == i => {
+                        return Err(refuse(format!("resource {name}: device ID {} requested twice", quoted(id))));
+                    }
+                    Some(first) => {
+                        return Err(refuse(format!(
+                            "resource {name}: device ID {} requested by container requests {first} and {i}; \
+                             a device ID goes to one container per call",
+                            quoted(id)
+                        )));
+                    }
                 }
             }
             let phys = if view.replicas > 1 {

@@ -303,20 +303,11 @@ async fn serve_resource(
             }
         };
         let our_inode = inode(&path);
-        let svc = pb::device_plugin_server::DevicePluginServer::new(Endpoint {
-            resource: res.clone(),
-            services: services.clone(),
-            retired: retire_rx.clone(),
-        })
-        .max_decoding_message_size(64 << 20)
-        .max_encoding_message_size(64 << 20);
+        let endpoint = Endpoint { resource: res.clone(), services: services.clone(), retired: retire_rx.clone() };
         let mut retire_wait = retire_rx.clone();
-        let server = tokio::spawn(tonic::transport::Server::builder().add_service(svc).serve_with_incoming_shutdown(
-            tokio_stream::wrappers::UnixListenerStream::new(listener),
-            async move {
-                let _ = retire_wait.wait_for(|r| *r).await;
-            },
-        ));
+        let server = tokio::spawn(crate::endpoint::serve(endpoint, listener, async move {
+            let _ = retire_wait.wait_for(|r| *r).await;
+        }));
         // A lost-socket signal from before this bind is stale.
         let _ = tokio::time::timeout(Duration::ZERO, lost.notified()).await;
         kubelet_gen.borrow_and_update();

@@ -28,7 +28,8 @@ pub fn validate(available: &[String], must: &[String], size: i32) -> Result<usiz
         return Err(Invalid("available_deviceIDs contains duplicates".into()));
     }
     if let Some(m) = must.iter().find(|m| !set.contains(m.as_str())) {
-        return Err(Invalid(format!("must-include device {m:?} is not among the available devices")));
+        let m = crate::device::quoted(m);
+        return Err(Invalid(format!("must-include device {m} is not among the available devices")));
     }
     let must_set: HashSet<&str> = must.iter().map(String::as_str).collect();
     if must_set.len() != must.len() {

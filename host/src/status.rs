@@ -2,16 +2,25 @@
 //! and why it turned Unhealthy) and the allocations served, per resource, in bounded memory.
 //! Served as JSON on `/status` and by `devhost list --json`. The history and log are plain data
 //! with explicit times (so they are tested without clocks); [`Tracker`] wraps them for sharing.
+//! Both are bounded in bytes, not only in entries: long texts and ID lists are shortened in the
+//! records (saying how long they were), whatever a driver or a client sends.
 
-use crate::device::Device;
+use crate::device::{self, Device};
 use crate::sharing;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Transitions kept per device.
 pub const MAX_TRANSITIONS: usize = 50;
+/// Transitions kept per resource, all devices together: with many devices each keeps fewer
+/// (at least its latest one).
+pub const MAX_HISTORY: usize = 10_000;
+/// A reason or an error message longer than this is cut in records.
+pub const MAX_TEXT: usize = 512;
+/// Device IDs kept per allocation record; the record counts them all.
+pub const MAX_RECORDED_IDS: usize = 16;
 /// Allocations kept per resource.
 pub const MAX_ALLOCATIONS: usize = 100;
 /// Devices no longer reported whose history is still kept (the most recently changed ones).
@@ -21,6 +30,18 @@ const HEALTHY: &str = "Healthy";
 const UNHEALTHY: &str = "Unhealthy";
 /// The state of a device before it first appeared or after it disappeared.
 const ABSENT: &str = "Absent";
+
+/// `text` cut to at most [`MAX_TEXT`] bytes, saying so.
+pub fn shortened_text(text: &str) -> String {
+    if text.len() <= MAX_TEXT {
+        return text.to_string();
+    }
+    let mut end = MAX_TEXT - 32;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…({} bytes in all)", &text[..end], text.len())
+}
 
 fn health(healthy: bool) -> &'static str {
     if healthy { HEALTHY } else { UNHEALTHY }
@@ -46,7 +67,8 @@ pub struct Transition {
     pub at: SystemTime,
     pub from: &'static str,
     pub to: &'static str,
-    pub reason: String,
+    /// Shared by the devices one change affects, at most [`MAX_TEXT`] bytes.
+    pub reason: Arc<str>,
 }
 
 #[derive(Debug, Default)]
@@ -55,7 +77,8 @@ struct DeviceHistory {
     present: bool,
 }
 
-/// Health transitions per device of one resource, the last [`MAX_TRANSITIONS`] of each.
+/// Health transitions per device of one resource, the last [`MAX_TRANSITIONS`] of each and
+/// about [`MAX_HISTORY`] in all.
 #[derive(Debug, Default)]
 pub struct HealthHistory {
     devices: BTreeMap<String, DeviceHistory>,
@@ -68,22 +91,40 @@ impl HealthHistory {
     pub fn observe(&mut self, previous: &[Device], current: &[Device], unhealthy_reason: &str, at: SystemTime) {
         let before: HashMap<&str, bool> = previous.iter().map(|d| (d.id.as_str(), d.healthy)).collect();
         let now: HashMap<&str, bool> = current.iter().map(|d| (d.id.as_str(), d.healthy)).collect();
+        let unhealthy: Arc<str> = shortened_text(unhealthy_reason).into();
+        let (appeared, healthy_again, gone): (Arc<str>, Arc<str>, Arc<str>) = (
+            "reported by the driver".into(),
+            "reported Healthy again".into(),
+            "no longer reported by the driver".into(),
+        );
         for d in current {
             let from = before.get(d.id.as_str()).map(|&h| health(h));
             if from == Some(health(d.healthy)) {
                 continue;
             }
             let reason = match (from, d.healthy) {
-                (_, false) => unhealthy_reason.to_string(),
-                (None, true) => "reported by the driver".to_string(),
-                (Some(_), true) => "reported Healthy again".to_string(),
+                (_, false) => unhealthy.clone(),
+                (None, true) => appeared.clone(),
+                (Some(_), true) => healthy_again.clone(),
             };
             self.record(&d.id, from.unwrap_or(ABSENT), health(d.healthy), reason, at, true);
         }
         for d in previous.iter().filter(|d| !now.contains_key(d.id.as_str())) {
-            self.record(&d.id, health(d.healthy), ABSENT, "no longer reported by the driver".into(), at, false);
+            self.record(&d.id, health(d.healthy), ABSENT, gone.clone(), at, false);
         }
         self.forget_oldest_gone();
+        let keep = self.per_device();
+        if keep < MAX_TRANSITIONS {
+            for h in self.devices.values_mut() {
+                let excess = h.transitions.len().saturating_sub(keep);
+                h.transitions.drain(..excess);
+            }
+        }
+    }
+
+    /// Transitions kept per device, so that all devices together keep about [`MAX_HISTORY`].
+    fn per_device(&self) -> usize {
+        (MAX_HISTORY / self.devices.len().max(1)).clamp(1, MAX_TRANSITIONS)
     }
 
     fn record(
@@ -91,12 +132,13 @@ impl HealthHistory {
         id: &str,
         from: &'static str,
         to: &'static str,
-        reason: String,
+        reason: Arc<str>,
         at: SystemTime,
         present: bool,
     ) {
+        let keep = self.per_device();
         let h = self.devices.entry(id.to_string()).or_default();
-        if h.transitions.len() == MAX_TRANSITIONS {
+        while h.transitions.len() >= keep {
             h.transitions.pop_front();
         }
         h.transitions.push_back(Transition { at, from, to, reason });
@@ -137,11 +179,34 @@ pub struct AllocationRecord {
     pub at: SystemTime,
     /// Index of the container request within the Allocate call.
     pub container: usize,
-    /// The device IDs the kubelet asked for.
+    /// The device IDs the kubelet asked for: the first [`MAX_RECORDED_IDS`], each shortened
+    /// (see [`device::shortened`]).
     pub devices: Vec<String>,
-    /// `Err` carries the message the kubelet got.
+    /// How many device IDs the container request named.
+    pub device_count: usize,
+    /// `Err` carries the message the kubelet got (cut to [`MAX_TEXT`] bytes).
     pub outcome: Result<(), String>,
     pub latency: Duration,
+}
+
+impl AllocationRecord {
+    /// A record of bounded size, whatever the request held.
+    pub fn new(
+        at: SystemTime,
+        container: usize,
+        devices: &[String],
+        outcome: Result<(), String>,
+        latency: Duration,
+    ) -> AllocationRecord {
+        AllocationRecord {
+            at,
+            container,
+            devices: devices.iter().take(MAX_RECORDED_IDS).map(|id| device::shortened(id)).collect(),
+            device_count: devices.len(),
+            outcome: outcome.map_err(|e| shortened_text(&e)),
+            latency,
+        }
+    }
 }
 
 /// The last [`MAX_ALLOCATIONS`] allocations of one resource, with totals since start.
@@ -199,8 +264,16 @@ impl Tracker {
 
     /// Records one container request; the time is now.
     pub fn allocation(&self, container: usize, devices: &[String], outcome: Result<(), String>, latency: Duration) {
-        let at = SystemTime::now();
-        self.lock().1.record(AllocationRecord { at, container, devices: devices.to_vec(), outcome, latency });
+        let record = AllocationRecord::new(SystemTime::now(), container, devices, outcome, latency);
+        self.lock().1.record(record);
+    }
+
+    /// Records an Allocate refused before it was decoded (see `endpoint::intake`): its IDs are
+    /// counted, not kept.
+    pub fn refused_unread(&self, device_count: usize, error: String, latency: Duration) {
+        let mut record = AllocationRecord::new(SystemTime::now(), 0, &[], Err(error), latency);
+        record.device_count = device_count;
+        self.lock().1.record(record);
     }
 }
 
@@ -244,7 +317,7 @@ pub fn rfc3339(t: SystemTime) -> String {
 }
 
 fn transition_json(t: &Transition) -> Value {
-    json!({ "at": rfc3339(t.at), "from": t.from, "to": t.to, "reason": t.reason })
+    json!({ "at": rfc3339(t.at), "from": t.from, "to": t.to, "reason": &*t.reason })
 }
 
 /// One resource's status: its devices (physical ones when shared, with their replica count), each
@@ -281,7 +354,7 @@ pub fn resource_json(info: ResourceInfo<'_>, devices: &[Device], tracker: Option
             && let Some(t) = transitions.iter().rev().find(|t| t.to == UNHEALTHY)
         {
             v["unhealthy_since"] = Value::String(rfc3339(t.at));
-            v["reason"] = Value::String(t.reason.clone());
+            v["reason"] = Value::String(t.reason.to_string());
         }
         out_devices.push(v);
     }
@@ -301,6 +374,7 @@ pub fn resource_json(info: ResourceInfo<'_>, devices: &[Device], tracker: Option
                         "at": rfc3339(a.at),
                         "container": a.container,
                         "devices": a.devices,
+                        "device_count": a.device_count,
                         "outcome": if a.outcome.is_ok() { "ok" } else { "error" },
                         "latency_ms": a.latency.as_secs_f64() * 1000.0,
                     });

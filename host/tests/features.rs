@@ -46,6 +46,21 @@ async fn replicas_share_a_device_and_map_back_to_it() {
     // A replica index past the count is not ours.
     let err = kubelet.allocate("example.com/accel", vec![vec!["example-0::3".into()]]).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    // Two replicas of one device in two containers: what sharing is for.
+    let r = kubelet
+        .allocate("example.com/accel", vec![vec!["example-0::0".into()], vec!["example-0::1".into()]])
+        .await
+        .unwrap();
+    for i in 0..2 {
+        assert_eq!(env_of(&r, i, "EXAMPLE_ALLOCATED").as_deref(), Some("example-0"), "container {i}");
+    }
+    // One replica ID in two containers of one call is one share handed out twice.
+    let err = kubelet
+        .allocate("example.com/accel", vec![vec!["example-0::0".into()], vec!["example-0::0".into()]])
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("\"example-0::0\" requested by container requests 0 and 1"), "{}", err.message());
     // A device's health applies to all its replicas.
     std::fs::write(node.path().join("health"), "example-1\n").unwrap();
     let devs = kubelet

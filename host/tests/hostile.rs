@@ -259,13 +259,27 @@ async fn hostile_allocate_requests_get_precise_errors() {
         assert_eq!(err.code(), tonic::Code::InvalidArgument, "{want}");
         assert!(err.message().contains(want), "wanted {want:?}, got {:?}", err.message());
     }
+    // Large requests are counted before they are decoded: more IDs than the resource advertises
+    // cannot be valid.
     let many: Vec<String> = (0..100_000).map(|i| format!("example-{}", i % 2)).collect();
     let err = c.allocate(req(vec![many])).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
-    assert!(err.message().contains("requested twice"), "{}", err.message());
+    assert!(err.message().contains("names 100000 device IDs, more than the 2"), "{}", err.message());
     let many: Vec<String> = (0..100_000).map(|i| format!("nope-{i}")).collect();
     let err = c.allocate(req(vec![many])).await.unwrap_err();
-    assert!(err.message().contains("unknown device ID \"nope-0\""), "{}", err.message());
+    assert!(err.message().contains("names 100000 device IDs"), "{}", err.message());
+    // A long unknown ID is quoted by its first bytes and its length, in a large request or not.
+    for len in [1_000, 3_000_000] {
+        let err = c.allocate(req(vec![vec!["q".repeat(len)]])).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(err.message().len() < 200, "{len}: {} bytes of error", err.message().len());
+        let want = if len > 64 << 10 { format!("device ID of {len} bytes") } else { format!("…({len} bytes)") };
+        assert!(err.message().contains(&want), "{}", err.message());
+    }
+    // A message over the kubelet's 4 MiB is refused before it is read.
+    let err = c.allocate(req(vec![vec!["q".repeat(5 << 20)]])).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{}", err.message());
+    assert!(err.message().contains("larger than the limit of 4194304 bytes"), "{}", err.message());
     // Nothing was allocated by the failed calls, and a good one still works.
     good_still_allocates(&kubelet).await;
 }
@@ -288,6 +302,8 @@ async fn hostile_preferred_allocation_requests_get_precise_errors() {
         (req(all.clone(), vec!["t-0".into()], 1), "must-include device \"t-0\" is not among the available devices"),
         (req(all.clone(), vec![], -1), "allocation_size -1 is negative"),
         (req(vec!["ghost".into()], vec![], 1), "unknown device ID \"ghost\""),
+        (req(vec!["g".repeat(500)], vec![], 1), "unknown device ID \"gggggggg"),
+        (req(all.clone(), vec!["m".repeat(500)], 1), "…(500 bytes) is not among the available devices"),
         (pb::PreferredAllocationRequest { container_requests: vec![] }, "no container requests"),
     ];
     for (r, want) in cases {
@@ -297,4 +313,91 @@ async fn hostile_preferred_allocation_requests_get_precise_errors() {
     }
     let ok = c.get_preferred_allocation(req(all, vec!["example-1".into()], 1)).await.unwrap().into_inner();
     assert_eq!(ok.container_responses[0].device_i_ds, ["example-1"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_device_id_in_two_container_requests_of_a_call_is_refused() {
+    let node = Node::new();
+    let (kubelet, _d) = start(&node, &format!("module = \"{}\"", module("testdrv").display())).await;
+    for containers in [
+        vec![vec!["example-0".to_string()], vec!["example-0".to_string()]],
+        vec![vec!["example-1".to_string()], vec!["example-0".to_string(), "example-1".to_string()]],
+    ] {
+        let err = kubelet.allocate("example.com/good", containers).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(err.message().contains("requested by container requests 0 and 1"), "{}", err.message());
+    }
+    // Distinct devices in distinct containers stay fine.
+    let r = kubelet.allocate("example.com/good", vec![vec!["example-0".into()], vec!["example-1".into()]]).await;
+    assert_eq!(r.unwrap().container_responses.len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_pre_start_container_is_refused() {
+    let node = Node::new();
+    let (kubelet, _d) = start(&node, &format!("module = \"{}\"", module("testdrv").display())).await;
+    let err = kubelet.pre_start("example.com/good", vec![]).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("PreStartContainer request has no device IDs"), "{}", err.message());
+    kubelet.pre_start("example.com/good", vec!["example-0".into()]).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_and_watch_streams_per_endpoint_are_capped_and_slots_come_back() {
+    let node = Node::new();
+    let (kubelet, _d) = start(&node, &format!("module = \"{}\"", module("testdrv").display())).await;
+    let path = kubelet.endpoint_path("example.com/good").unwrap();
+    let mut c = pb::device_plugin_client::DevicePluginClient::new(devhost_proto::connect_uds(&path).await.unwrap());
+    // The kubelet's own stream is one of the four.
+    let mut open = Vec::new();
+    for _ in 0..3 {
+        let mut s = c.list_and_watch(pb::Empty {}).await.unwrap().into_inner();
+        assert_eq!(s.message().await.unwrap().unwrap().devices.len(), 2);
+        open.push(s);
+    }
+    let err = c.list_and_watch(pb::Empty {}).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted);
+    assert!(err.message().contains("4 ListAndWatch streams are open already"), "{}", err.message());
+    drop(open.pop());
+    let again = tokio::time::timeout(WAIT, async {
+        loop {
+            match c.list_and_watch(pb::Empty {}).await {
+                Ok(s) => return s,
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+    });
+    assert!(again.await.is_ok(), "a closed stream gives its slot back");
+    assert!(kubelet.is_connected("example.com/good"), "the kubelet's stream is untouched");
+    good_still_allocates(&kubelet).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_per_socket_are_capped_and_silent_ones_are_closed() {
+    use std::io::Read;
+    let node = Node::new();
+    let (kubelet, d) = start(&node, &format!("module = \"{}\"", module("testdrv").display())).await;
+    let path = kubelet.endpoint_path("example.com/good").unwrap();
+    // The kubelet holds one of the 16 connections; clients that say nothing take the rest.
+    let silent: Vec<std::os::unix::net::UnixStream> =
+        (0..15).map(|_| std::os::unix::net::UnixStream::connect(&path).unwrap()).collect();
+    d.wait_log("16 connections are open on the endpoint's socket; further ones wait", WAIT).await;
+    let late = tokio::spawn(async move {
+        let ch = devhost_proto::connect_uds(&path).await?;
+        let mut c = pb::device_plugin_client::DevicePluginClient::new(ch);
+        c.get_device_plugin_options(pb::Empty {}).await.map_err(|e| e.to_string())?;
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!late.is_finished(), "a 17th connection waits for a free slot");
+    // The kubelet's connection is served meanwhile.
+    good_still_allocates(&kubelet).await;
+    // The silent ones are closed after 10 s; the waiting client then gets its answer.
+    let answered = tokio::time::timeout(Duration::from_secs(30), late).await;
+    assert!(matches!(answered, Ok(Ok(Ok(())))), "{answered:?}");
+    let mut s = &silent[0];
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    // It gets the server's settings, then the end of the connection.
+    let closed = s.read_to_end(&mut Vec::new());
+    assert!(closed.is_ok(), "a silent client is disconnected: {closed:?}");
 }

@@ -53,10 +53,8 @@ fn history_records_appearance_flips_and_removal_with_reasons() {
     h.observe(&[dev("a", true), dev("b", false)], &[dev("a", false), dev("b", false)], "scan failed: EIO", t(20));
     h.observe(&[dev("a", false), dev("b", false)], &[dev("a", true)], "unused", t(30));
     let a = h.transitions("a");
-    let got: Vec<(u64, &str, &str, &str)> = a
-        .iter()
-        .map(|x| (x.at.duration_since(UNIX_EPOCH).unwrap().as_secs(), x.from, x.to, x.reason.as_str()))
-        .collect();
+    let got: Vec<(u64, &str, &str, &str)> =
+        a.iter().map(|x| (x.at.duration_since(UNIX_EPOCH).unwrap().as_secs(), x.from, x.to, &*x.reason)).collect();
     assert_eq!(
         got,
         [
@@ -67,7 +65,7 @@ fn history_records_appearance_flips_and_removal_with_reasons() {
     );
     let b = h.transitions("b");
     assert_eq!(b.len(), 2, "unchanged health records nothing: {b:?}");
-    assert_eq!((b[0].to, b[0].reason.as_str()), ("Unhealthy", "driver reported Unhealthy"));
+    assert_eq!((b[0].to, &*b[0].reason), ("Unhealthy", "driver reported Unhealthy"));
     assert_eq!((b[1].from, b[1].to), ("Unhealthy", "Absent"));
     assert_eq!(h.gone(), ["b"]);
 }
@@ -104,13 +102,7 @@ fn allocation_log_is_bounded_but_totals_count_everything() {
     let mut log = AllocationLog::default();
     for i in 0..(MAX_ALLOCATIONS + 3) {
         let outcome = if i % 3 == 0 { Err(format!("no {i}")) } else { Ok(()) };
-        log.record(AllocationRecord {
-            at: t(i as u64),
-            container: 0,
-            devices: vec![format!("d{i}")],
-            outcome,
-            latency: Duration::from_millis(2),
-        });
+        log.record(AllocationRecord::new(t(i as u64), 0, &[format!("d{i}")], outcome, Duration::from_millis(2)));
     }
     assert_eq!(log.entries().count(), MAX_ALLOCATIONS);
     assert_eq!(log.entries().next().unwrap().devices, ["d3"]);
@@ -159,4 +151,42 @@ fn status_document_wraps_resources_with_version_and_time() {
     assert_eq!(v["generated_at"], "1970-01-01T00:00:00.000Z");
     assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
     assert_eq!(v["resources"][0]["error"], "driver ex: no module file found");
+}
+
+#[test]
+fn many_devices_share_the_history_budget_and_keep_their_latest_transition() {
+    let mut h = HealthHistory::default();
+    let n = 2 * MAX_HISTORY;
+    let up: Vec<Device> = (0..n).map(|i| dev(&format!("d{i}"), true)).collect();
+    let down: Vec<Device> = (0..n).map(|i| dev(&format!("d{i}"), false)).collect();
+    h.observe(&[], &up, "", t(0));
+    for k in 1..6 {
+        let (before, after) = if k % 2 == 1 { (&up, &down) } else { (&down, &up) };
+        h.observe(before, after, &"scan failed: x".repeat(1000), t(k));
+    }
+    let total: usize = (0..n).map(|i| h.transitions(&format!("d{i}")).len()).sum();
+    assert_eq!(total, n, "one transition per device when devices outnumber the budget");
+    let last = h.transitions("d7").pop().unwrap();
+    assert_eq!((last.at, last.to), (t(5), "Unhealthy"), "the newest one is kept");
+    assert!(last.reason.len() <= MAX_TEXT && last.reason.ends_with("bytes in all)"), "{}", last.reason);
+}
+
+#[test]
+fn allocation_records_keep_a_few_shortened_ids_and_count_them_all() {
+    let mut ids: Vec<String> = (0..100_000).map(|i| format!("id-{i}")).collect();
+    ids[0] = "z".repeat(3 << 20);
+    let r = AllocationRecord::new(t(0), 2, &ids, Err("e".repeat(1 << 20)), Duration::ZERO);
+    assert_eq!((r.devices.len(), r.device_count), (MAX_RECORDED_IDS, 100_000));
+    assert!(r.devices[0].len() < 80 && r.devices[0].ends_with(&format!("({} bytes)", 3 << 20)), "{}", r.devices[0]);
+    assert_eq!(r.devices[1], "id-1");
+    assert!(r.outcome.unwrap_err().len() <= MAX_TEXT);
+    let tracker = Tracker::new();
+    tracker.allocation(0, &ids, Ok(()), Duration::ZERO);
+    tracker.refused_unread(1_200_000, "refused unread".into(), Duration::ZERO);
+    let v = resource_json(info(1), &[], Some(&tracker));
+    assert_eq!(v["allocations"][0]["device_count"], 100_000);
+    assert_eq!(v["allocations"][0]["devices"].as_array().unwrap().len(), MAX_RECORDED_IDS);
+    assert_eq!(v["allocations"][1]["device_count"], 1_200_000);
+    assert_eq!(v["allocations"][1]["devices"].as_array().unwrap().len(), 0);
+    assert_eq!(v["allocations_total"]["refused"], 1);
 }
