@@ -149,6 +149,8 @@ async fn killed_while_held_then_restarted_with(bin: impl Fn(&Setup) -> PathBuf) 
     s.kept_held(&first, "example-0").await;
     kill(&mut first);
     s.pods().remove_pod("ml", "train");
+    // A slow kubelet: devhost must not serve the device before it knows.
+    s.pods().set_list_delay(Duration::from_millis(1500));
 
     let lists = s.kubelet.list_count(RES);
     let bin = bin(&s);
@@ -201,12 +203,12 @@ async fn a_failed_release_survives_a_reload_and_a_restart_and_is_retried_until_i
     unsafe { libc::kill(first.child.id() as i32, libc::SIGHUP) };
     first.wait_log("reload applied", WAIT).await;
     s.kubelet.wait_registration_count(RES, registrations + 1, WAIT).await.unwrap();
-    first.wait_log("going on from the kept release state: 0 held device(s), 1 pending release(s)", WAIT).await;
     // Long enough for the new registration's lists, and for a fresh runner to
     // have made the device Healthy (what happened before the state was kept).
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let devices = s.kubelet.devices(RES).unwrap();
     assert_eq!(health_of(&devices, "example-1"), "Unhealthy", "a reload made a dirty device Healthy");
+    first.wait_log("going on from the kept release state: 0 held device(s), 1 pending release(s)", WAIT).await;
 
     // Killed and started again: still Unhealthy from the first list on, and
     // retried with the attempts counted on.

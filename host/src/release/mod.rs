@@ -256,7 +256,8 @@ impl<R: Releaser> Run<R> {
     /// Hands the tracker's state to the store (written soon after).
     fn keep(&self) {
         if let Some((store, owner)) = &self.store {
-            store.update(&self.resource, *owner, lock(&self.tracker).saved());
+            let saved = lock(&self.tracker).saved();
+            store.update(&self.resource, *owner, saved);
         }
     }
 

@@ -193,6 +193,8 @@ pub struct Store {
     path: PathBuf,
     kubelet_dir: PathBuf,
     inner: Mutex<Inner>,
+    /// Held while a write runs: two writes never share the temporary file.
+    writing: Mutex<()>,
     wake: Notify,
 }
 
@@ -241,6 +243,7 @@ impl Store {
                 saved: 0,
                 problem: None,
             }),
+            writing: Mutex::new(()),
             wake: Notify::new(),
         })
     }
@@ -317,14 +320,17 @@ impl Store {
     /// Problems are logged (once until they change), never returned: the
     /// daemon serves on without the file.
     pub fn save(&self) {
-        // The lock is held while writing so that two writes never race on
-        // the temporary file; updates wait a few milliseconds meanwhile.
-        let mut inner = self.lock();
-        if inner.saved == inner.changes {
-            return;
-        }
-        inner.saved = inner.changes;
-        let problem = match encode(&self.kubelet_dir, &inner.resources) {
+        let _writing = self.writing.lock().unwrap_or_else(|p| p.into_inner());
+        // The file is written without holding the state: runners that update
+        // it meanwhile never wait for an fsync (their change is written next).
+        let (changes, resources) = {
+            let inner = self.lock();
+            if inner.saved == inner.changes {
+                return;
+            }
+            (inner.changes, inner.resources.clone())
+        };
+        let problem = match encode(&self.kubelet_dir, &resources) {
             Ok(bytes) => write_atomic(&self.path, &bytes).err().map(|e| {
                 format!(
                     "cannot save the release state to {}: {e}; devices let go of while devhost is down will not be \
@@ -338,6 +344,8 @@ impl Store {
                 self.path.display()
             )),
         };
+        let mut inner = self.lock();
+        inner.saved = changes;
         match (&problem, &inner.problem) {
             (Some(p), last) if last.as_ref() != Some(p) => tracing::error!("{p}"),
             (None, Some(_)) => tracing::info!(file = %self.path.display(), "release state saved again"),
