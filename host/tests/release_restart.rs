@@ -158,7 +158,7 @@ async fn killed_while_held_then_restarted_with(bin: impl Fn(&Setup) -> PathBuf) 
     let devices = s.first_list_after(&second, lists).await;
     assert_eq!(health_of(&devices, "example-0"), "Unhealthy", "served before it was marked\n{}", second.logs());
     assert_eq!(health_of(&devices, "example-1"), "Healthy");
-    second.wait_log("ml/train/main let go of example-0 while devhost was not running", WAIT).await;
+    second.wait_log("ml/train/main let go of example-0 while devhost was restarting or reloading", WAIT).await;
     s.health(&second, "example-0", "Healthy").await;
     assert_eq!(s.released(), "released example-0\n");
     tokio::time::sleep(Duration::from_millis(500)).await;

@@ -277,7 +277,7 @@ impl<R: Releaser> Run<R> {
         for (holder, devices) in observed.released.iter().filter(|_| observed.since_restart) {
             tracing::info!(
                 resource = %resource,
-                "{} let go of {} while devhost was not running; calling the driver's release hook (Unhealthy meanwhile)",
+                "{} let go of {} while devhost was restarting or reloading; calling the driver's release hook (Unhealthy meanwhile)",
                 holder,
                 devices.join(",")
             );
