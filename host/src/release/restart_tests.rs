@@ -229,6 +229,26 @@ fn a_replaced_runner_cannot_overwrite_its_successor() {
 }
 
 #[test]
+fn a_state_over_the_bound_is_not_saved_and_the_previous_file_stays() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = Store::open(tmp.path(), &tmp.path().join("dp"));
+    let (owner, _) = store.claim("r");
+    store.update("r", owner, Some(saved_held(&[("a", holder("p", "c"))])));
+    store.save();
+    let before = std::fs::read(store.path()).unwrap();
+    let many: Vec<(String, Holder)> =
+        (0..20_000).map(|i| (format!("d{i}"), holder(&format!("pod-{i}"), "c"))).collect();
+    let pairs: Vec<(&str, Holder)> = many.iter().map(|(id, h)| (id.as_str(), h.clone())).collect();
+    store.update("r", owner, Some(saved_held(&pairs)));
+    store.save();
+    assert_eq!(std::fs::read(store.path()).unwrap(), before);
+    // Back under the bound: saved again.
+    store.update("r", owner, Some(saved_held(&[("b", holder("p", "c"))])));
+    store.save();
+    assert_eq!(state::load(store.path()).unwrap().unwrap()["r"], saved_held(&[("b", holder("p", "c"))]));
+}
+
+#[test]
 fn nothing_is_written_while_nothing_is_kept() {
     let tmp = tempfile::tempdir().unwrap();
     let store = Store::open(&tmp.path().join("state"), &tmp.path().join("dp"));
