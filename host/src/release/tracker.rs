@@ -95,8 +95,8 @@ pub struct Observed {
     /// Devices that went from one container straight to another between two
     /// Lists, so they were never seen free and are not released.
     pub moved: Vec<(String, Holder, Holder)>,
-    /// This List was compared with holders saved before a restart: what it
-    /// released was let go of while the daemon was not running.
+    /// This List was compared with holders saved before a restart or by the
+    /// runner a reload replaced: what it released was let go of meanwhile.
     pub since_restart: bool,
 }
 
