@@ -35,14 +35,19 @@ pub enum LockError {
 /// The lock file for `kubelet_dir`: its absolute path with `/` as `_`, so
 /// that daemons for different folders do not exclude each other.
 pub fn lock_path(lock_dir: &Path, kubelet_dir: &Path) -> PathBuf {
+    lock_dir.join(format!("kubelet-{}.lock", folder_key(kubelet_dir)))
+}
+
+/// `kubelet_dir` made absolute, as one file-name-safe word (`/` and other
+/// characters as `_`): what files kept per kubelet folder are named after.
+pub fn folder_key(kubelet_dir: &Path) -> String {
     let absolute = std::path::absolute(kubelet_dir).unwrap_or_else(|_| kubelet_dir.to_path_buf());
-    let key: String = absolute
+    absolute
         .to_string_lossy()
         .trim_matches('/')
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '-') { c } else { '_' })
-        .collect();
-    lock_dir.join(format!("kubelet-{key}.lock"))
+        .collect()
 }
 
 /// Takes the lock for `kubelet_dir` in `lock_dir` (created if missing) and

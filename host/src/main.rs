@@ -289,6 +289,7 @@ async fn run(config: &Path, kubelet_dir: Option<&Path>) -> ExitCode {
             ("pod_resources_socket", next.pod_resources_socket != manifest.pod_resources_socket),
             ("pod_resources_interval", next.pod_resources_interval != manifest.pod_resources_interval),
             ("lock_dir", next.lock_dir != manifest.lock_dir),
+            ("state_dir", next.state_dir != manifest.state_dir),
         ] {
             if changed {
                 tracing::warn!("{key} changed; it takes effect when devhost restarts (the running value stays)");

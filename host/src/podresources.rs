@@ -28,7 +28,7 @@ pub const POKE_DELAY: Duration = Duration::from_millis(250);
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The container a device is allocated to.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Holder {
     pub namespace: String,
     pub pod: String,

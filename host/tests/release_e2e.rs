@@ -31,6 +31,7 @@ async fn setup(with_socket: bool, extra_options: &str, extra_driver: &str, inter
         r#"
 pod_resources_socket = "{sock}"
 pod_resources_interval = "{interval}"
+state_dir = "{state}"
 [driver.ex]
 module = "{m}"
 {extra_driver}
@@ -40,6 +41,7 @@ name = "example.com/accel"
 driver = "ex"
 "#,
         sock = socket(&node).display(),
+        state = node.path().join("state").display(),
         m = module("example_c").display(),
         rel = node.path().join("released").display(),
         fail = node.path().join("fail").display(),

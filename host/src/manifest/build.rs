@@ -20,7 +20,7 @@ use crate::isolation::capability_number;
 
 use super::{
     DEFAULT_CALL_TIMEOUT, DEFAULT_DRIVER_DIR, DEFAULT_KUBELET_DIR, DEFAULT_LOCK_DIR, DEFAULT_POD_RESOURCES_INTERVAL,
-    DriverConfig, Isolation, MAX_SOCKET_PATH, Manifest, ManifestErrors, ResourceConfig,
+    DEFAULT_STATE_DIR, DriverConfig, Isolation, MAX_SOCKET_PATH, Manifest, ManifestErrors, ResourceConfig,
 };
 
 #[derive(Default, Deserialize)]
@@ -35,6 +35,7 @@ struct RawTop {
     pod_resources_socket: Option<Spanned<String>>,
     pod_resources_interval: Option<DurationSetting>,
     lock_dir: Option<Spanned<String>>,
+    state_dir: Option<Spanned<String>>,
     // Walked separately, entry by entry, so one bad entry does not hide the others; listed here
     // so that unknown-key messages name them.
     #[serde(rename = "driver")]
@@ -102,6 +103,7 @@ pub(super) fn parse(text: &str, path: &Path, kubelet_dir_override: Option<&Path>
     let pod_resources_socket = pod_resources::socket(&top.pod_resources_socket, base, &mut diags);
     let pod_resources_interval = top.pod_resources_interval.map_or(DEFAULT_POD_RESOURCES_INTERVAL, |t| t.0);
     let lock_dir = resolve_dir(&top.lock_dir, "lock_dir", DEFAULT_LOCK_DIR, base, &mut diags);
+    let state_dir = resolve_dir(&top.state_dir, "state_dir", DEFAULT_STATE_DIR, base, &mut diags);
 
     let DeValue::Table(table) = document.get_ref() else {
         return Err(ManifestErrors(diags.into_sorted()));
@@ -130,6 +132,7 @@ pub(super) fn parse(text: &str, path: &Path, kubelet_dir_override: Option<&Path>
     manifest.pod_resources_socket = pod_resources_socket;
     manifest.pod_resources_interval = pod_resources_interval;
     manifest.lock_dir = lock_dir;
+    manifest.state_dir = state_dir;
     for (index, r) in manifest.resources.iter().enumerate() {
         if r.one_replica_per_container && r.replicas == 1 {
             let field = format!("resource[{index}].one_replica_per_container");
@@ -415,6 +418,7 @@ impl Builder<'_> {
             pod_resources_socket: PathBuf::from(super::DEFAULT_POD_RESOURCES_SOCKET),
             pod_resources_interval: DEFAULT_POD_RESOURCES_INTERVAL,
             lock_dir: PathBuf::from(DEFAULT_LOCK_DIR),
+            state_dir: PathBuf::from(DEFAULT_STATE_DIR),
         })
     }
 }

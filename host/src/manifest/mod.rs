@@ -36,6 +36,9 @@ pub const DEFAULT_POD_RESOURCES_INTERVAL: Duration = Duration::from_secs(2);
 /// Where the lock that keeps a second daemon off the same kubelet folder lives unless the
 /// manifest says otherwise (outside the kubelet's folder, which the kubelet empties).
 pub const DEFAULT_LOCK_DIR: &str = "/run/devhost";
+/// Where the host keeps what must survive its restarts (the device release state) unless the
+/// manifest says otherwise: on the host's disk, unlike `lock_dir`, so it outlives a reboot too.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/devhost";
 /// Longest unix socket path (`sun_path` holds 108 bytes including the terminating NUL).
 pub const MAX_SOCKET_PATH: usize = 107;
 
@@ -67,6 +70,9 @@ pub struct Manifest {
     pub pod_resources_interval: Duration,
     /// Folder of the lock file that allows one daemon per kubelet folder (`lock_dir`).
     pub lock_dir: PathBuf,
+    /// Folder of the files that outlive a restart: which container held which device and which
+    /// releases are pending (`state_dir`).
+    pub state_dir: PathBuf,
 }
 
 /// One driver instance: a module plus the options it is created with.

@@ -10,7 +10,7 @@ use crate::loader::{self, Module};
 use crate::manifest::{DriverConfig, Isolation, Manifest, ResourceConfig};
 use crate::metrics::{self, Metrics};
 use crate::podresources::Follower;
-use crate::release::{Backoff, ReleaseRunner};
+use crate::release::{self, Backoff, ReleaseRunner};
 use crate::status::{self, Tracker};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
@@ -73,6 +73,8 @@ pub struct Registry {
     watching: bool,
     /// Conflicts already logged, so a rescan does not repeat them.
     logged: Mutex<HashSet<(String, String)>>,
+    /// The release state kept across restarts (the daemon only).
+    release_state: Option<Arc<release::Store>>,
 }
 
 /// How long a (re)load waits for first scans before serving without them.
@@ -132,12 +134,18 @@ impl Registry {
         let cdi = manifest.cdi_dir.as_ref().map(CdiWriter::new);
         let follower = (mode == Mode::Serve)
             .then(|| Arc::new(Follower::start(manifest.pod_resources_socket.clone(), manifest.pod_resources_interval)));
+        let release_state = (mode == Mode::Serve).then(|| {
+            let store = release::Store::open(&manifest.state_dir, &manifest.kubelet_dir);
+            store.start_writer();
+            store
+        });
         let reg = Arc::new(Registry {
             services: Arc::new(Services { metrics: Arc::new(Metrics::new()), cdi, follower }),
             drivers: RwLock::new(BTreeMap::new()),
             resources: RwLock::new(Vec::new()),
             watching,
             logged: Mutex::new(HashSet::new()),
+            release_state,
         });
         reg.apply(manifest).await;
         if let Some(cdi) = &reg.services.cdi {
@@ -306,15 +314,26 @@ impl Registry {
                     resources.push(r.clone());
                 }
                 None => {
+                    // The runner this one replaces must not call the driver
+                    // any more; the new one goes on from the kept state.
+                    for old in old_resources.iter().filter(|o| o.config.name == cfg.name) {
+                        if let Some(runner) = &old.release {
+                            runner.stop();
+                        }
+                    }
                     let r = Arc::new(Resource {
                         config: cfg.clone(),
                         view: watch::channel(Arc::new(View::default())).0,
                         registered: AtomicBool::new(false),
                         status: Tracker::new(),
                         release: match (&self.services.follower, &driver) {
-                            (Some(f), Some(d)) if self.watching => {
-                                Some(ReleaseRunner::start(&cfg.name, d.clone(), f.subscribe(), Backoff::default()))
-                            }
+                            (Some(f), Some(d)) if self.watching => Some(ReleaseRunner::start_kept(
+                                &cfg.name,
+                                d.clone(),
+                                f.subscribe(),
+                                Backoff::default(),
+                                self.release_state.clone(),
+                            )),
                             _ => None,
                         },
                         raw: Mutex::new((Vec::new(), String::new())),
@@ -337,6 +356,9 @@ impl Registry {
                     tracing::warn!(resource = %gone.config.name, "cannot remove its CDI spec file: {e}");
                 }
             }
+        }
+        if let Some(store) = &self.release_state {
+            store.retain(&manifest.resources.iter().map(|r| r.name.as_str()).collect::<Vec<_>>());
         }
         *write(&self.resources) = resources;
         *write(&self.drivers) = next;
@@ -375,7 +397,24 @@ impl Registry {
                 }
             }
         }
+        self.settle_releases(&changes.started).await;
         changes
+    }
+
+    /// Before new resources are served: each runner that went on from a kept
+    /// release state compares it with the kubelet's holders, so a device let
+    /// go of meanwhile is already Unhealthy in the first device list.
+    async fn settle_releases(&self, started: &[Arc<Resource>]) {
+        let Some(follower) = &self.services.follower else { return };
+        let runners: Vec<&ReleaseRunner> =
+            started.iter().filter_map(|r| r.release.as_ref()).filter(|r| r.restored()).collect();
+        if runners.is_empty() {
+            return;
+        }
+        release::settle(follower.subscribe(), &runners, release::SETTLE_TIMEOUT).await;
+        for r in started {
+            self.republish(r);
+        }
     }
 
     /// Every resource, in manifest order.
@@ -553,6 +592,9 @@ impl Registry {
     pub fn shutdown(&self) {
         for (_, e) in std::mem::take(&mut *write(&self.drivers)) {
             retire(e);
+        }
+        if let Some(store) = &self.release_state {
+            store.save();
         }
     }
 

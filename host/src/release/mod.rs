@@ -9,12 +9,19 @@
 //! the due release calls (each on the instance's worker thread, with its
 //! deadline) and publishes the devices to report Unhealthy, with the reason,
 //! through a latest-value channel the registry consults when it publishes.
+//! With a [`Store`] (the daemon), the tracker's state is kept in a file
+//! (`state.rs`) and restored at the next start, so a device let go of while
+//! devhost was down is still released.
 
+pub mod state;
 mod tracker;
 
 #[cfg(test)]
+mod restart_tests;
+#[cfg(test)]
 mod tests;
 
+pub use state::{Saved, SavedBatch, Store};
 pub use tracker::{Backoff, Batch, Finished, Observed, Outcome, Phase, Tracker, driver_id};
 
 use crate::instance::{CallError, Instance};
@@ -66,6 +73,8 @@ pub struct ReleaseRunner {
     overlay: watch::Receiver<Arc<Overlay>>,
     /// The snapshot generation the tracker saw last.
     seen: Arc<AtomicU64>,
+    /// Whether the tracker went on from a saved state.
+    restored: bool,
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -79,7 +88,40 @@ impl ReleaseRunner {
         holders: watch::Receiver<Snapshot>,
         backoff: Backoff,
     ) -> ReleaseRunner {
-        let tracker = Arc::new(Mutex::new(Tracker::new(backoff)));
+        Self::start_kept(resource, driver, holders, backoff, None)
+    }
+
+    /// Like [`start`](Self::start), going on from what `store` kept for
+    /// `resource` (a previous daemon, or the runner a reload replaces) and
+    /// keeping its state there from now on. A driver without a release hook
+    /// leaves the kept state as it is.
+    pub fn start_kept<R: Releaser>(
+        resource: &str,
+        driver: Arc<R>,
+        holders: watch::Receiver<Snapshot>,
+        backoff: Backoff,
+        store: Option<Arc<Store>>,
+    ) -> ReleaseRunner {
+        let store = store.filter(|_| driver.has_release()).map(|s| {
+            let (owner, saved) = s.claim(resource);
+            (s, owner, saved)
+        });
+        let tracker = match store.as_ref().and_then(|(_, _, saved)| saved.as_ref()) {
+            Some(saved) => {
+                if !saved.pending.is_empty() || !saved.held.is_empty() {
+                    tracing::info!(
+                        resource = %resource,
+                        "going on from the kept release state: {} held device(s), {} pending release(s)",
+                        saved.held.len(),
+                        saved.pending.len()
+                    );
+                }
+                Tracker::restore(backoff, saved, Instant::now())
+            }
+            None => Tracker::new(backoff),
+        };
+        let restored = store.as_ref().is_some_and(|(_, _, saved)| saved.is_some());
+        let tracker = Arc::new(Mutex::new(tracker));
         let (tx, overlay) = watch::channel(Arc::new(Overlay::new()));
         let seen = Arc::new(AtomicU64::new(0));
         let task = driver.has_release().then(|| {
@@ -90,10 +132,26 @@ impl ReleaseRunner {
                 tracker: tracker.clone(),
                 overlay: tx,
                 seen: seen.clone(),
+                store: store.map(|(s, owner, _)| (s, owner)),
             };
             tokio::spawn(run.run())
         });
-        ReleaseRunner { tracker, overlay, seen, task }
+        ReleaseRunner { tracker, overlay, seen, restored, task }
+    }
+
+    /// Whether the runner went on from a kept state: the registry then waits
+    /// for it to compare that state with the kubelet's holders before the
+    /// resource is served.
+    pub fn restored(&self) -> bool {
+        self.restored
+    }
+
+    /// Stops calling the driver (a reload replaces this runner); what it
+    /// reports Unhealthy stays as it is until it is dropped.
+    pub fn stop(&self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
     }
 
     /// The [`Snapshot::generation`] the runner has taken in last (0: none
@@ -141,6 +199,8 @@ struct Run<R> {
     tracker: Arc<Mutex<Tracker>>,
     overlay: watch::Sender<Arc<Overlay>>,
     seen: Arc<AtomicU64>,
+    /// Where the tracker's state is kept, and our owner token there.
+    store: Option<(Arc<Store>, u64)>,
 }
 
 impl<R: Releaser> Run<R> {
@@ -164,6 +224,7 @@ impl<R: Releaser> Run<R> {
                 self.log_observed(&observed);
             }
             let due = lock(&self.tracker).due(Instant::now());
+            self.keep();
             // Unhealthy goes out before the hook starts, so the kubelet
             // stops handing these devices out as early as possible.
             self.publish();
@@ -184,10 +245,19 @@ impl<R: Releaser> Run<R> {
                 }
                 Some((id, result)) = done_rx.recv() => {
                     let finished = lock(&self.tracker).finished(id, outcome(result), Instant::now());
+                    self.keep();
                     self.log_finished(finished);
                 }
                 _ = sleep_until(retry) => {}
             }
+        }
+    }
+
+    /// Hands the tracker's state to the store (written soon after).
+    fn keep(&self) {
+        if let Some((store, owner)) = &self.store {
+            let saved = lock(&self.tracker).saved();
+            store.update(&self.resource, *owner, saved);
         }
     }
 
@@ -204,7 +274,15 @@ impl<R: Releaser> Run<R> {
 
     fn log_observed(&self, observed: &Observed) {
         let resource = &self.resource;
-        for (holder, devices) in &observed.released {
+        for (holder, devices) in observed.released.iter().filter(|_| observed.since_restart) {
+            tracing::info!(
+                resource = %resource,
+                "{} let go of {} while devhost was restarting or reloading; calling the driver's release hook (Unhealthy meanwhile)",
+                holder,
+                devices.join(",")
+            );
+        }
+        for (holder, devices) in observed.released.iter().filter(|_| !observed.since_restart) {
             tracing::info!(
                 resource = %resource,
                 "{} let go of {}; calling the driver's release hook (Unhealthy meanwhile)",
@@ -255,5 +333,29 @@ async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
+    }
+}
+
+/// How long a (re)load waits for [`settle`] at most.
+pub const SETTLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Waits until the pod-resources follower has an answer (or has failed) and
+/// each runner has taken it in, at most `timeout`. Without an answer the
+/// runners compare their kept state with the first one that comes later.
+pub async fn settle(mut holders: watch::Receiver<Snapshot>, runners: &[&ReleaseRunner], timeout: std::time::Duration) {
+    let waiting = async {
+        let generation = match holders.wait_for(|s| s.generation > 0 || s.error.is_some()).await {
+            Ok(s) => s.generation,
+            Err(_) => return,
+        };
+        while runners.iter().any(|r| r.seen_generation() < generation) {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    };
+    if tokio::time::timeout(timeout, waiting).await.is_err() {
+        tracing::warn!(
+            "no pod-resources answer within {timeout:?}; serving now, devices let go of while devhost was not \
+             running are released once the kubelet answers"
+        );
     }
 }

@@ -6,19 +6,19 @@ use std::collections::VecDeque;
 use std::time::Duration;
 use tokio::sync::Notify;
 
-fn holder(pod: &str, container: &str) -> Holder {
+pub(super) fn holder(pod: &str, container: &str) -> Holder {
     Holder { namespace: "ns".into(), pod: pod.into(), container: container.into() }
 }
 
-fn held(pairs: &[(&str, Holder)]) -> Holders {
+pub(super) fn held(pairs: &[(&str, Holder)]) -> Holders {
     pairs.iter().map(|(id, h)| (id.to_string(), h.clone())).collect()
 }
 
-fn ids(list: &[&str]) -> Vec<String> {
+pub(super) fn ids(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| s.to_string()).collect()
 }
 
-const FAST: Backoff = Backoff { first: Duration::from_millis(20), max: Duration::from_millis(50) };
+pub(super) const FAST: Backoff = Backoff { first: Duration::from_millis(20), max: Duration::from_millis(50) };
 
 // ---- tracker ----------------------------------------------------------------
 
@@ -169,7 +169,7 @@ fn backoff_doubles_up_to_its_cap_without_overflow() {
 
 // ---- runner -----------------------------------------------------------------
 
-enum Step {
+pub(super) enum Step {
     Ok,
     Fail(&'static str),
     NotFound,
@@ -178,17 +178,17 @@ enum Step {
 }
 
 #[derive(Default)]
-struct Fake {
-    no_hook: bool,
-    script: Mutex<VecDeque<Step>>,
-    calls: Mutex<Vec<Vec<String>>>,
+pub(super) struct Fake {
+    pub(super) no_hook: bool,
+    pub(super) script: Mutex<VecDeque<Step>>,
+    pub(super) calls: Mutex<Vec<Vec<String>>>,
 }
 
 impl Fake {
-    fn with(steps: Vec<Step>) -> Arc<Fake> {
+    pub(super) fn with(steps: Vec<Step>) -> Arc<Fake> {
         Arc::new(Fake { script: Mutex::new(steps.into()), ..Fake::default() })
     }
-    fn calls(&self) -> Vec<Vec<String>> {
+    pub(super) fn calls(&self) -> Vec<Vec<String>> {
         self.calls.lock().unwrap().clone()
     }
 }
@@ -221,15 +221,15 @@ impl Releaser for Fake {
 
 /// A follower stand-in: each `list` is one successful List. The runner reads
 /// only the latest snapshot, so each step waits until it was taken in.
-struct Lists {
-    tx: watch::Sender<Snapshot>,
+pub(super) struct Lists {
+    pub(super) tx: watch::Sender<Snapshot>,
 }
 
 impl Lists {
-    fn new() -> Lists {
+    pub(super) fn new() -> Lists {
         Lists { tx: watch::channel(Snapshot::default()).0 }
     }
-    async fn list(&self, runner: &ReleaseRunner, devices: &[(&str, Holder)]) {
+    pub(super) async fn list(&self, runner: &ReleaseRunner, devices: &[(&str, Holder)]) {
         self.tx.send_modify(|s| {
             s.generation += 1;
             s.resources = Some(Arc::new(HolderMap::from([("x.com/gpu".to_string(), held(devices))])));
@@ -238,7 +238,7 @@ impl Lists {
         let generation = self.tx.borrow().generation;
         eventually("the runner to take the list in", || runner.seen_generation() == generation).await;
     }
-    fn fail(&self, error: &str) {
+    pub(super) fn fail(&self, error: &str) {
         self.tx.send_modify(|s| s.error = Some(error.into()));
     }
     fn start(&self, driver: Arc<Fake>, backoff: Backoff) -> ReleaseRunner {
@@ -247,7 +247,7 @@ impl Lists {
 }
 
 /// Waits up to 5 s for `cond`.
-async fn eventually(what: &str, cond: impl Fn() -> bool) {
+pub(super) async fn eventually(what: &str, cond: impl Fn() -> bool) {
     let start = std::time::Instant::now();
     while !cond() {
         assert!(start.elapsed() < Duration::from_secs(5), "timed out waiting for {what}");

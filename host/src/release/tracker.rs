@@ -8,7 +8,14 @@
 //! batch. A batch is Due, then Running, then gone (success, or the driver
 //! says the devices are gone) or Failed, which is retried after a pause that
 //! doubles up to a cap.
+//!
+//! Its state can be [saved](Tracker::saved) and [restored](Tracker::restore)
+//! across a restart of the daemon: the first List after a restore is compared
+//! with the holders saved before, so a device let go of meanwhile is released.
+//! Nothing is called before a first List: until then, whether a saved device
+//! was handed to someone else is unknown.
 
+use super::state::{Saved, SavedBatch};
 use crate::podresources::{Holder, Holders};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -88,6 +95,9 @@ pub struct Observed {
     /// Devices that went from one container straight to another between two
     /// Lists, so they were never seen free and are not released.
     pub moved: Vec<(String, Holder, Holder)>,
+    /// This List was compared with holders saved before a restart or by the
+    /// runner a reload replaced: what it released was let go of meanwhile.
+    pub since_restart: bool,
 }
 
 /// How a finished call changed a batch.
@@ -105,11 +115,69 @@ pub struct Tracker {
     previous: Option<BTreeMap<String, BTreeSet<Holder>>>,
     batches: BTreeMap<u64, Batch>,
     next_id: u64,
+    /// Whether a List was taken in: releases wait for the first one.
+    listed: bool,
+    /// `previous` came from a saved state and no List was taken in since.
+    restored: bool,
 }
 
 impl Tracker {
     pub fn new(backoff: Backoff) -> Tracker {
         Tracker { backoff, ..Tracker::default() }
+    }
+
+    /// A tracker that goes on from a state [saved](Tracker::saved) before a
+    /// restart: the saved holders are the baseline of the first List, and
+    /// pending releases are Unhealthy at once. A release that was running is
+    /// due again (the call may not have finished); a failed one waits for its
+    /// next retry, counted from `now`.
+    pub fn restore(backoff: Backoff, saved: &Saved, now: Instant) -> Tracker {
+        let previous = saved.held.iter().map(|(id, holders)| (id.clone(), holders.iter().cloned().collect())).collect();
+        let mut t = Tracker { backoff, previous: Some(previous), restored: true, ..Tracker::default() };
+        for b in saved.pending.iter().filter(|b| !b.devices.is_empty()) {
+            let mut devices = b.devices.clone();
+            devices.sort();
+            devices.dedup();
+            let phase = match (&b.error, b.failed) {
+                (Some(message), true) => {
+                    Phase::Failed { message: message.clone(), retry_at: now + backoff.after(b.attempts.max(1)) }
+                }
+                _ => Phase::Due,
+            };
+            let batch =
+                Batch { holder: b.holder.clone(), devices, phase, attempts: b.attempts, last_error: b.error.clone() };
+            t.batches.insert(t.next_id, batch);
+            t.next_id += 1;
+        }
+        t
+    }
+
+    /// What to keep across a restart; `None` when nothing is held or
+    /// pending (restoring nothing and starting afresh then mean the same).
+    pub fn saved(&self) -> Option<Saved> {
+        let held = self
+            .previous
+            .iter()
+            .flatten()
+            .map(|(id, holders)| (id.clone(), holders.iter().cloned().collect()))
+            .collect();
+        let pending = self
+            .batches
+            .values()
+            .filter(|b| !b.devices.is_empty())
+            .map(|b| SavedBatch {
+                holder: b.holder.clone(),
+                devices: b.devices.clone(),
+                attempts: b.attempts,
+                failed: matches!(b.phase, Phase::Failed { .. }),
+                error: match &b.phase {
+                    Phase::Failed { message, .. } => Some(message.clone()),
+                    _ => b.last_error.clone(),
+                },
+            })
+            .collect();
+        let saved = Saved { held, pending };
+        (saved != Saved::default()).then_some(saved)
     }
 
     /// Takes the holders of a successful List. The first one only sets the
@@ -119,7 +187,9 @@ impl Tracker {
         for (id, holder) in holders {
             now.entry(driver_id(id).to_string()).or_default().insert(holder.clone());
         }
-        let mut observed = Observed::default();
+        let mut observed = Observed { since_restart: self.restored, ..Observed::default() };
+        self.listed = true;
+        self.restored = false;
         for batch in self.batches.values_mut() {
             batch.devices.retain(|d| match now.get(d).and_then(|h| h.first()) {
                 Some(holder) => {
@@ -168,6 +238,9 @@ impl Tracker {
     /// Batches to call the driver for now; they become Running.
     pub fn due(&mut self, now: Instant) -> Vec<(u64, Vec<String>)> {
         let mut out = Vec::new();
+        if !self.listed {
+            return out;
+        }
         for (id, batch) in &mut self.batches {
             let ready = match &batch.phase {
                 Phase::Due => true,
@@ -206,6 +279,9 @@ impl Tracker {
 
     /// When the earliest failed batch is to be retried.
     pub fn next_retry(&self) -> Option<Instant> {
+        if !self.listed {
+            return None; // nothing is retried before the first List
+        }
         self.batches
             .values()
             .filter_map(|b| match &b.phase {

@@ -42,6 +42,8 @@ struct Pods {
     allocatable: BTreeMap<String, Vec<String>>,
     /// List calls answered so far.
     lists: u64,
+    /// How long each List waits before it answers (a slow kubelet).
+    list_delay: Duration,
 }
 
 /// The kubelet's view of one pod.
@@ -93,6 +95,10 @@ struct Service(Arc<Shared>);
 #[tonic::async_trait]
 impl PodResourcesLister for Service {
     async fn list(&self, _: Request<ListPodResourcesRequest>) -> Result<Response<ListPodResourcesResponse>, Status> {
+        let delay = self.0.read(|p| p.list_delay);
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
         let pod_resources = self.0.update(|p| {
             p.lists += 1;
             p.list()
@@ -173,6 +179,11 @@ impl PodResourcesServer {
     /// Returns whether it was there.
     pub fn remove_pod(&self, namespace: &str, pod: &str) -> bool {
         self.shared.update(|p| p.pods.remove(&(namespace.to_string(), pod.to_string())).is_some())
+    }
+
+    /// Makes every List answer only after `delay`, like a busy kubelet.
+    pub fn set_list_delay(&self, delay: Duration) {
+        self.shared.update(|p| p.list_delay = delay);
     }
 
     /// What GetAllocatableResources reports for `resource`.

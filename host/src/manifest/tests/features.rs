@@ -98,3 +98,11 @@ fn lock_dir_defaults_to_run_devhost_and_resolves_like_other_paths() {
     assert_eq!(manifest.lock_dir, PathBuf::from("/etc/devhost/run"));
     assert!(only_error("lock_dir = \"\"\n").starts_with(&format!("{PATH}:1:12: lock_dir: the path is empty")));
 }
+
+#[test]
+fn state_dir_defaults_to_var_lib_devhost_and_resolves_like_other_paths() {
+    assert_eq!(parse(RESOURCE).unwrap().state_dir, PathBuf::from("/var/lib/devhost"));
+    let manifest = parse(&format!("state_dir = \"state\"\n{RESOURCE}")).unwrap();
+    assert_eq!(manifest.state_dir, PathBuf::from("/etc/devhost/state"));
+    assert!(only_error("state_dir = \"\"\n").starts_with(&format!("{PATH}:1:13: state_dir: the path is empty")));
+}
