@@ -13,7 +13,8 @@
 # Kubernetes object and gets step 1 only.
 #
 # `deploy/validate.sh FILE...` runs the same checks on the given files instead
-# (e.g. what `helm template` rendered: deploy/helm/check.sh does this).
+# (e.g. what `helm template` rendered: deploy/helm/check.sh does this, with
+# YAMLLINT_CONFIG naming the yamllint settings for generated YAML).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -68,7 +69,7 @@ done
 [ ${#objects[@]} -gt 0 ] || fail "no Kubernetes manifests found in ${*:-deploy/}"
 
 echo "yamllint: ${yaml_files[*]}"
-"$VENV/bin/yamllint" --strict -c deploy/.yamllint.yaml "${yaml_files[@]}"
+"$VENV/bin/yamllint" --strict -c "${YAMLLINT_CONFIG:-deploy/.yamllint.yaml}" "${yaml_files[@]}"
 
 for version in "${KUBE_VERSIONS[@]}"; do
     # A kind without a schema is only a warning to the tool (exit 0), so a
