@@ -88,7 +88,8 @@ echo "ConfigMap manifests and their DaemonSet"
 "$VENV/bin/python" - "${objects[@]}" <<'PY'
 """Parses each ConfigMap's embedded devhost manifest and checks that the
 DaemonSet mounts it where it reads it, probes the port it serves on, and
-mounts the host folders the manifest writes to (kubelet_dir, cdi_dir)."""
+mounts the host folders the manifest writes to (kubelet_dir, cdi_dir,
+nfd_features_dir)."""
 import sys
 import tomllib
 
@@ -173,22 +174,25 @@ for path, name, ds in daemonsets:
                    for m in c.get("volumeMounts", [])):
             problems.append(f"{where}: the manifest's kubelet_dir {kubelet_dir} is not mounted "
                             "read-write")
-        # CDI spec files are for the node's container runtime: the folder
-        # must be the host's, at the same path, and writable.
-        cdi_dir = manifest.get("cdi_dir")
-        if cdi_dir is not None:
-            cdi_dir = str(cdi_dir).rstrip("/")
+        # CDI spec files are for the node's container runtime, the NFD
+        # feature file for nfd-worker: the folder must be the host's, at the
+        # same path, and writable.
+        for key, files, reader in (("cdi_dir", "CDI spec files", "the container runtime"),
+                                   ("nfd_features_dir", "NFD feature file", "nfd-worker")):
+            folder = manifest.get(key)
+            if folder is None:
+                continue
+            folder = str(folder).rstrip("/")
             mount = next((m for m in c.get("volumeMounts", [])
-                          if m["mountPath"].rstrip("/") == cdi_dir), None)
+                          if m["mountPath"].rstrip("/") == folder), None)
             host = (volumes.get(mount["name"], {}).get("hostPath") or {}).get("path") if mount else None
             if mount is None or mount.get("readOnly"):
-                problems.append(f"{where}: the manifest's cdi_dir {cdi_dir} is not mounted read-write: "
-                                "the CDI spec files would stay inside the container")
-            elif host is None or host.rstrip("/") != cdi_dir:
-                problems.append(f"{where}: the manifest's cdi_dir {cdi_dir} is mounted from "
+                problems.append(f"{where}: the manifest's {key} {folder} is not mounted read-write: "
+                                f"the {files} would stay inside the container")
+            elif host is None or host.rstrip("/") != folder:
+                problems.append(f"{where}: the manifest's {key} {folder} is mounted from "
                                 f"{'hostPath ' + host if host else 'a volume that is no hostPath'}, "
-                                f"not from the host's {cdi_dir}, where the container runtime reads "
-                                "the CDI spec files")
+                                f"not from the host's {folder}, where {reader} reads the {files}")
 
 if not daemonsets:
     problems.append("no DaemonSet found in the checked files")
