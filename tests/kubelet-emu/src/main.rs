@@ -5,6 +5,7 @@
 //!
 //! ```text
 //! kubelet-emu DIR --expect RESOURCE=COUNT... [--timeout SECONDS] [--allocate]
+//!             [--pod-resources SOCKET]
 //! ```
 //!
 //! Serves `DIR/kubelet.sock`, waits until every expected resource has
@@ -12,20 +13,23 @@
 //! (with the Unix time in milliseconds it got there, so that the caller can
 //! measure start-up), optionally makes an Allocate call for the first device
 //! of each, and exits: 0 when everything arrived in time, 1 otherwise, 2 on
-//! bad arguments.
+//! bad arguments. With `--pod-resources` it also serves the PodResources API
+//! (no pods) on SOCKET and waits until devhost has asked it once.
 
-use kubelet_emu::Kubelet;
+use kubelet_emu::{Kubelet, PodResourcesServer};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-const USAGE: &str = "usage: kubelet-emu DIR --expect RESOURCE=COUNT... [--timeout SECONDS] [--allocate]";
+const USAGE: &str =
+    "usage: kubelet-emu DIR --expect RESOURCE=COUNT... [--timeout SECONDS] [--allocate] [--pod-resources SOCKET]";
 
 struct Args {
     dir: PathBuf,
     expect: Vec<(String, usize)>,
     timeout: Duration,
     allocate: bool,
+    pod_resources: Option<PathBuf>,
 }
 
 fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
@@ -33,6 +37,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut expect = Vec::new();
     let mut timeout = Duration::from_secs(60);
     let mut allocate = false;
+    let mut pod_resources = None;
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--expect" => {
@@ -49,6 +54,9 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
                 timeout = Duration::from_secs(secs);
             }
             "--allocate" => allocate = true,
+            "--pod-resources" => {
+                pod_resources = Some(PathBuf::from(args.next().ok_or("--pod-resources needs SOCKET")?))
+            }
             other if other.starts_with('-') => return Err(format!("unknown option {other}")),
             other if dir.is_none() => dir = Some(PathBuf::from(other)),
             other => return Err(format!("unexpected argument {other}")),
@@ -58,7 +66,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     if expect.is_empty() {
         return Err("nothing to wait for: give at least one --expect".into());
     }
-    Ok(Args { dir, expect, timeout, allocate })
+    Ok(Args { dir, expect, timeout, allocate, pod_resources })
 }
 
 fn unix_ms() -> u128 {
@@ -78,6 +86,13 @@ async fn main() -> ExitCode {
         Ok(k) => k,
         Err(e) => {
             eprintln!("kubelet-emu: cannot serve {}: {e}", args.dir.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    let pod_resources = match args.pod_resources.as_deref().map(PodResourcesServer::start).transpose() {
+        Ok(server) => server,
+        Err(e) => {
+            eprintln!("kubelet-emu: cannot serve the PodResources API: {e}");
             return ExitCode::FAILURE;
         }
     };
@@ -119,6 +134,18 @@ async fn main() -> ExitCode {
             }
             Err(e) => {
                 println!("FAILED {name}: {e}");
+                ok = false;
+            }
+        }
+    }
+    if let Some(server) = &pod_resources {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match server.wait_list_count(1, left).await {
+            Ok(()) => {
+                println!("pod-resources: asked {} time(s) at {}", server.list_count(), server.socket_path().display())
+            }
+            Err(e) => {
+                println!("FAILED pod-resources: {e}");
                 ok = false;
             }
         }
