@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Checks of the Helm chart in deploy/helm/devhost, run by .ci/run and by hand
 # (`deploy/helm/check.sh` from anywhere in the repository):
+#   0. yamllint on the chart's YAML files;
 #   1. `helm lint --strict` with the default values and with every
 #      deploy/helm/devhost/ci/*-values.yaml;
 #   2. `helm template` of each, checked by deploy/validate.sh (yamllint, the
@@ -52,6 +53,13 @@ for f in "$CHART"/ci/*-values.yaml; do
     renders+=("$name")
     values_args+=("$f")
 done
+
+# The chart's own YAML files (not the templates, which are not YAML until
+# rendered) follow deploy/'s style; validate.sh installs yamllint first.
+[ -x "$VENV/bin/yamllint" ] || deploy/validate.sh >/dev/null
+echo "== yamllint: the chart's YAML files"
+"$VENV/bin/yamllint" --strict -c deploy/.yamllint.yaml "$CHART/Chart.yaml" "$CHART/values.yaml" \
+    "$CHART"/ci/*.yaml deploy/helm/yamllint-rendered.yaml
 
 for i in "${!renders[@]}"; do
     name=${renders[$i]}
