@@ -11,7 +11,8 @@
 #      ConfigMap manifest and DaemonSet as the kustomize base in deploy/
 #      (`kubectl kustomize`), Helm's bookkeeping labels aside;
 #   4. what the ci values promise: CDI and node affinity on by default and
-#      off when switched off, the ServiceMonitor's selector.
+#      off when switched off, the ServiceMonitor's selector; and that
+#      values.schema.json refuses misspelt and mistyped values.
 # helm is the real one, built from its Go module at HELM_VERSION (needs Go;
 # the binary is cached in ~/.cache/devhost-helm/<version>/, so only the first
 # run builds it). kubectl must have kustomize built in (kubectl 1.14+).
@@ -68,6 +69,17 @@ for i in "${!renders[@]}"; do
     echo "== helm lint, helm template: $name values"
     "$HELM" lint --strict "$CHART" "${args[@]}"
     "$HELM" template devhost "$CHART" --namespace kube-system "${args[@]}" >"$OUT/$name.yaml"
+done
+
+# values.schema.json turns a misspelt or mistyped value into an error that
+# names it, instead of a value silently ignored.
+echo "== values.schema.json refuses bad values"
+for bad in "affinty=x|additional properties 'affinty' not allowed" \
+    "metrics.port=70000|/metrics/port" "cdi.enabled=maybe|/cdi/enabled"; do
+    if out=$("$HELM" template devhost "$CHART" --set "${bad%%|*}" 2>&1); then
+        fail "helm template --set ${bad%%|*} was accepted"
+    fi
+    grep -qF -- "${bad#*|}" <<<"$out" || fail "helm template --set ${bad%%|*} failed without naming it: $out"
 done
 
 echo "== kubectl kustomize deploy/"
