@@ -11,6 +11,10 @@
 # The tools live in a virtualenv under target/ci-venv, (re)built only when
 # deploy/requirements-ci.txt changes. kustomization.yaml is not a
 # Kubernetes object and gets step 1 only.
+#
+# `deploy/validate.sh FILE...` runs the same checks on the given files instead
+# (e.g. what `helm template` rendered: deploy/helm/check.sh does this, with
+# YAMLLINT_CONFIG naming the yamllint settings for generated YAML).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -47,7 +51,14 @@ if ! cmp -s "$REQUIREMENTS" "$STAMP"; then
     cp "$REQUIREMENTS" "$STAMP"
 fi
 
-mapfile -t yaml_files < <(find deploy -maxdepth 1 -name '*.yaml' | sort)
+if [ $# -gt 0 ]; then
+    for f in "$@"; do
+        [ -f "$f" ] || fail "no such file: $f"
+    done
+    yaml_files=("$@")
+else
+    mapfile -t yaml_files < <(find deploy -maxdepth 1 -name '*.yaml' | sort)
+fi
 objects=()
 for f in "${yaml_files[@]}"; do
     case "$f" in
@@ -55,10 +66,10 @@ for f in "${yaml_files[@]}"; do
         *) objects+=("$f") ;;
     esac
 done
-[ ${#objects[@]} -gt 0 ] || fail "no Kubernetes manifests found in deploy/"
+[ ${#objects[@]} -gt 0 ] || fail "no Kubernetes manifests found in ${*:-deploy/}"
 
 echo "yamllint: ${yaml_files[*]}"
-"$VENV/bin/yamllint" --strict -c deploy/.yamllint.yaml "${yaml_files[@]}"
+"$VENV/bin/yamllint" --strict -c "${YAMLLINT_CONFIG:-deploy/.yamllint.yaml}" "${yaml_files[@]}"
 
 for version in "${KUBE_VERSIONS[@]}"; do
     # A kind without a schema is only a warning to the tool (exit 0), so a
@@ -76,7 +87,9 @@ done
 echo "ConfigMap manifests and their DaemonSet"
 "$VENV/bin/python" - "${objects[@]}" <<'PY'
 """Parses each ConfigMap's embedded devhost manifest and checks that the
-DaemonSet mounts it where it reads it and probes the port it serves on."""
+DaemonSet mounts it where it reads it, probes the port it serves on, and
+mounts the host folders the manifest writes to (kubelet_dir, cdi_dir,
+nfd_features_dir)."""
 import sys
 import tomllib
 
@@ -125,7 +138,7 @@ for path, name, ds in daemonsets:
                 continue
             if source["name"] not in configmaps:
                 problems.append(f"{where}: volume {m['name']} names ConfigMap {source['name']}, "
-                                "which no file in deploy/ defines")
+                                "which none of the checked files defines")
                 continue
             found = configmaps[source["name"]]
             # Without `items` every key becomes a file of its own name.
@@ -161,9 +174,28 @@ for path, name, ds in daemonsets:
                    for m in c.get("volumeMounts", [])):
             problems.append(f"{where}: the manifest's kubelet_dir {kubelet_dir} is not mounted "
                             "read-write")
+        # CDI spec files are for the node's container runtime, the NFD
+        # feature file for nfd-worker: the folder must be the host's, at the
+        # same path, and writable.
+        for key, files, reader in (("cdi_dir", "CDI spec files", "the container runtime"),
+                                   ("nfd_features_dir", "NFD feature file", "nfd-worker")):
+            folder = manifest.get(key)
+            if folder is None:
+                continue
+            folder = str(folder).rstrip("/")
+            mount = next((m for m in c.get("volumeMounts", [])
+                          if m["mountPath"].rstrip("/") == folder), None)
+            host = (volumes.get(mount["name"], {}).get("hostPath") or {}).get("path") if mount else None
+            if mount is None or mount.get("readOnly"):
+                problems.append(f"{where}: the manifest's {key} {folder} is not mounted read-write: "
+                                f"the {files} would stay inside the container")
+            elif host is None or host.rstrip("/") != folder:
+                problems.append(f"{where}: the manifest's {key} {folder} is mounted from "
+                                f"{'hostPath ' + host if host else 'a volume that is no hostPath'}, "
+                                f"not from the host's {folder}, where {reader} reads the {files}")
 
 if not daemonsets:
-    problems.append("no DaemonSet found in deploy/")
+    problems.append("no DaemonSet found in the checked files")
 for p in problems:
     print(p, file=sys.stderr)
 if problems:

@@ -5,7 +5,8 @@
 //! [`callbacks`]) → [`registry`] (devices per resource) → [`endpoint`] (one
 //! gRPC server per resource) → [`kubelet`] (registration and restarts).
 //! Beside that flow, features every vendor gets: [`sharing`] (replicas),
-//! [`cdi`] (CDI spec files), [`metrics`] (Prometheus and probes),
+//! [`cdi`] (CDI spec files), [`nfd`] (Node Feature Discovery labels),
+//! [`metrics`] (Prometheus and probes),
 //! [`status`] (health history and allocations), [`podresources`] and
 //! [`release`] (who holds a device; cleaning it when let go),
 //! [`preferred`] (topology-aware allocation), [`isolation`] (drivers in
@@ -25,6 +26,7 @@ pub mod loader;
 pub mod lock;
 pub mod manifest;
 pub mod metrics;
+pub mod nfd;
 pub mod podresources;
 pub mod preferred;
 pub mod registry;

@@ -231,6 +231,7 @@ async fn run(config: &Path, kubelet_dir: Option<&Path>) -> ExitCode {
     }
     let endpoints = devhost::kubelet::Endpoints::start(manifest.kubelet_dir.clone(), registry.services.clone());
     endpoints.sync(&registry.resources()).await;
+    let nfd = manifest.nfd_features_dir.clone().map(|dir| devhost::nfd::spawn(dir, registry.clone()));
     // A ConfigMap update replaces the file (through a symlink swap): watch
     // its folder and reload when the text really changed and then stayed
     // the same for MANIFEST_SETTLE (a file written in pieces is never
@@ -286,6 +287,7 @@ async fn run(config: &Path, kubelet_dir: Option<&Path>) -> ExitCode {
             ("kubelet_dir", next.kubelet_dir != manifest.kubelet_dir),
             ("metrics_addr", next.metrics_addr != manifest.metrics_addr),
             ("cdi_dir", next.cdi_dir != manifest.cdi_dir),
+            ("nfd_features_dir", next.nfd_features_dir != manifest.nfd_features_dir),
             ("pod_resources_socket", next.pod_resources_socket != manifest.pod_resources_socket),
             ("pod_resources_interval", next.pod_resources_interval != manifest.pod_resources_interval),
             ("lock_dir", next.lock_dir != manifest.lock_dir),
@@ -311,6 +313,9 @@ async fn run(config: &Path, kubelet_dir: Option<&Path>) -> ExitCode {
         endpoints.sync(&registry.resources()).await;
     }
     endpoints.shutdown().await;
+    if let Some(task) = nfd {
+        task.abort();
+    }
     let _ = stop_probes.send(true);
     registry.shutdown();
     ExitCode::SUCCESS

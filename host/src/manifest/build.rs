@@ -31,6 +31,7 @@ struct RawTop {
     call_timeout: Option<DurationSetting>,
     allow_untrusted_modules: Option<bool>,
     cdi_dir: Option<Spanned<String>>,
+    nfd_features_dir: Option<Spanned<String>>,
     metrics_addr: Option<Spanned<String>>,
     pod_resources_socket: Option<Spanned<String>>,
     pod_resources_interval: Option<DurationSetting>,
@@ -99,6 +100,7 @@ pub(super) fn parse(text: &str, path: &Path, kubelet_dir_override: Option<&Path>
     let driver_dir = resolve_dir(&top.driver_dir, "driver_dir", DEFAULT_DRIVER_DIR, base, &mut diags);
     let default_timeout = top.call_timeout.map_or(DEFAULT_CALL_TIMEOUT, |t| t.0);
     let cdi_dir = features::cdi_dir(&top.cdi_dir, base, &mut diags);
+    let nfd_features_dir = features::nfd_features_dir(&top.nfd_features_dir, base, &mut diags);
     let metrics_addr = features::metrics_addr(&top.metrics_addr, &mut diags);
     let pod_resources_socket = pod_resources::socket(&top.pod_resources_socket, base, &mut diags);
     let pod_resources_interval = top.pod_resources_interval.map_or(DEFAULT_POD_RESOURCES_INTERVAL, |t| t.0);
@@ -128,6 +130,7 @@ pub(super) fn parse(text: &str, path: &Path, kubelet_dir_override: Option<&Path>
     let mut manifest = builder.finish(path)?;
     manifest.allow_untrusted_modules = top.allow_untrusted_modules.unwrap_or(false);
     manifest.cdi_dir = cdi_dir;
+    manifest.nfd_features_dir = nfd_features_dir;
     manifest.metrics_addr = metrics_addr;
     manifest.pod_resources_socket = pod_resources_socket;
     manifest.pod_resources_interval = pod_resources_interval;
@@ -414,6 +417,7 @@ impl Builder<'_> {
             warnings,
             allow_untrusted_modules: false,
             cdi_dir: None,
+            nfd_features_dir: None,
             metrics_addr: None,
             pod_resources_socket: PathBuf::from(super::DEFAULT_POD_RESOURCES_SOCKET),
             pod_resources_interval: DEFAULT_POD_RESOURCES_INTERVAL,

@@ -1,4 +1,5 @@
 //! Manifest keys of the features every vendor gets from the host: CDI spec files (`cdi_dir`), the
+//! Node Feature Discovery file (`nfd_features_dir`), the
 //! metrics endpoint (`metrics_addr`), and per resource sharing (`replicas`,
 //! `one_replica_per_container`) and the Allocate answer's form (`device_list_strategy`). Each
 //! check reports at the key's own line and column, like the rest of the manifest.
@@ -20,6 +21,24 @@ pub(super) fn cdi_dir(value: &Option<Spanned<String>>, base: &Path, diags: &mut 
     let dir = value.as_ref()?;
     if dir.get_ref().is_empty() {
         diags.error(dir.span(), "cdi_dir", "the path is empty; leave cdi_dir out to write no CDI specs");
+        return None;
+    }
+    Some(base.join(dir.get_ref()))
+}
+
+/// `nfd_features_dir`, resolved against the manifest's folder like the other paths.
+pub(super) fn nfd_features_dir(
+    value: &Option<Spanned<String>>,
+    base: &Path,
+    diags: &mut Diagnostics<'_>,
+) -> Option<PathBuf> {
+    let dir = value.as_ref()?;
+    if dir.get_ref().is_empty() {
+        diags.error(
+            dir.span(),
+            "nfd_features_dir",
+            "the path is empty; leave nfd_features_dir out to write no NFD file",
+        );
         return None;
     }
     Some(base.join(dir.get_ref()))

@@ -62,6 +62,9 @@ pub struct Manifest {
     pub allow_untrusted_modules: bool,
     /// Folder the host keeps one CDI spec file per resource in (`cdi_dir`); `None`: no CDI files.
     pub cdi_dir: Option<PathBuf>,
+    /// Node Feature Discovery's `features.d` folder, where the host keeps its feature file
+    /// (`nfd_features_dir`); `None`: no file.
+    pub nfd_features_dir: Option<PathBuf>,
     /// Where `/metrics`, `/healthz`, `/readyz` and `/status` are served (`metrics_addr`).
     pub metrics_addr: Option<SocketAddr>,
     /// The kubelet's PodResources socket, asked who holds which device (`pod_resources_socket`).
