@@ -50,6 +50,8 @@ pub enum LoadError {
     Read { path: PathBuf, detail: String },
     #[error("{path}: cannot make a private copy of the module (memfd_create): {detail}")]
     Copy { path: PathBuf, detail: String },
+    #[error("{path}: cannot open its private copy through {proc_path}: /proc is not mounted here (devhost loads every module from a sealed copy through /proc/self/fd)")]
+    NoProc { path: PathBuf, proc_path: PathBuf },
     #[error("{path}: driver {field} is NULL or not valid UTF-8")]
     BadString { path: PathBuf, field: &'static str },
 }
@@ -203,6 +205,9 @@ pub fn load_image(image: &Image) -> Result<Module, LoadError> {
 pub fn load_fd(fd: RawFd, path: &Path, source: &'static Source) -> Result<Module, LoadError> {
     let p = || path.to_path_buf();
     let proc_path = PathBuf::from(format!("/proc/self/fd/{fd}"));
+    if !Path::new("/proc/self/fd").is_dir() {
+        return Err(LoadError::NoProc { path: p(), proc_path });
+    }
     let flags = libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_LOCAL;
     // SAFETY: loading a module runs its initialisers; loading driver code is
     // this daemon's job, and the trust checks happen before this call.
