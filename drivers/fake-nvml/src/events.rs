@@ -1,10 +1,13 @@
 //! Event calls of the fake: event sets, registration, and a wait that
-//! follows the control file.
+//! follows the control file (sleeping on its inotify watch, see `wake`).
 
 use crate::ffi::*;
 use crate::state::{ALL_EVENTS, EventSet, OLD_GPU_EVENTS, Runtime};
+use crate::wake::ControlWatch;
 use nvml_wrapper_sys::bindings::*;
 use std::ffi::{c_uint, c_ulonglong};
+use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 // ---- events ----------------------------------------------------------------
@@ -68,13 +71,20 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
     let deadline = Instant::now() + Duration::from_millis(u64::from(timeout_ms));
     loop {
         let mut event = None;
+        let mut watch = None;
         let code = with_rt(|rt| {
             let i = set_index(rt, set)?;
+            let path = rt.control_path().map(Path::to_path_buf);
             let Some(s) = rt.sets[i].as_mut() else { return Err(INVALID_ARGUMENT) };
             if std::mem::take(&mut s.lost_pending) {
                 return Err(GPU_IS_LOST);
             }
             event = s.queue.pop_front();
+            if event.is_none() && s.watch.is_none() {
+                // Armed before the caller sleeps: a line written from now on wakes it.
+                s.watch = path.as_deref().and_then(ControlWatch::new).map(Arc::new);
+            }
+            watch = s.watch.clone();
             Ok(())
         });
         if code != SUCCESS {
@@ -96,8 +106,15 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
         if now >= deadline {
             return TIMEOUT;
         }
-        // Sleep without holding the lock, so other calls proceed.
-        std::thread::sleep(WAIT_POLL.min(deadline - now));
+        // Sleep without holding the lock, so other calls proceed: on the
+        // control file's inotify descriptor when there is one (no CPU until a
+        // line arrives), else on a timer.
+        match watch {
+            Some(w) => {
+                w.wait(deadline - now);
+            }
+            None => std::thread::sleep(WAIT_POLL.min(deadline - now)),
+        }
     }
 }
 

@@ -29,8 +29,8 @@ pub(crate) const GPU_IS_LOST: Ret = nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST;
 pub(crate) const VERSION_MISMATCH: Ret = nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
 pub(crate) const UNKNOWN: Ret = nvmlReturn_enum_NVML_ERROR_UNKNOWN;
 pub(crate) const MIB: u64 = 1024 * 1024;
-/// How often a blocked `nvmlEventSetWait_v2` looks at the control file (real
-/// NVML blocks; the fake polls a file, so not too often: it runs in the demo).
+/// How often a blocked `nvmlEventSetWait_v2` looks at the control file when
+/// inotify is unavailable (normally it sleeps on an inotify watch instead).
 pub(crate) const WAIT_POLL: Duration = Duration::from_millis(250);
 
 static STATE: Mutex<Option<Runtime>> = Mutex::new(None);

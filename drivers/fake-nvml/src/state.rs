@@ -8,15 +8,21 @@
 //! - `lost <gpu-index>`: the GPU falls off the bus: every call on it (and its
 //!   MIG devices) answers `NVML_ERROR_GPU_IS_LOST`, and each event set that
 //!   watches it returns `NVML_ERROR_GPU_IS_LOST` from its next wait, once;
+//! - `vanish <gpu-index>`: the GPU stops answering like a lost one (every
+//!   call on it answers `NVML_ERROR_GPU_IS_LOST`), but no event says so: no
+//!   Xid, and the event wait goes on as if nothing happened. Only a driver
+//!   that asks the GPU notices;
 //! - `back <gpu-index>`: the GPU answers normally again.
 //!
 //! Only lines appended after `nvmlInit` are read, so a control file left over
 //! from an earlier run replays nothing.
 
 use crate::machine::{Bdf, Machine};
+use crate::wake::ControlWatch;
 use std::collections::VecDeque;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// NVML's "not a MIG event" GPU/compute instance ID.
 pub const NO_INSTANCE: u32 = 0xFFFF_FFFF;
@@ -46,6 +52,10 @@ pub struct EventSet {
     pub queue: VecDeque<Event>,
     /// A watched GPU fell off the bus since the last wait.
     pub lost_pending: bool,
+    /// Wakes this set's waiter when the control file changes (made by the
+    /// first wait; shared with a wait in progress, so freeing the set cannot
+    /// close the descriptor under it).
+    pub watch: Option<Arc<ControlWatch>>,
 }
 
 impl EventSet {
@@ -85,6 +95,11 @@ impl Runtime {
             Control { path, offset, partial: String::new() }
         });
         Ok(Runtime { machine, bus, lost, sets: Vec::new(), init_count: 0, control })
+    }
+
+    /// The control file, when the machine names one.
+    pub fn control_path(&self) -> Option<&Path> {
+        self.control.as_ref().map(|c| c.path.as_path())
     }
 
     /// Reads and applies the commands appended to the control file since the
@@ -148,8 +163,9 @@ impl Runtime {
                     }
                 }
             }
+            "vanish" => self.lost[gpu] = true,
             "back" => self.lost[gpu] = false,
-            other => return Err(format!("unknown command {other:?} (xid, lost, back)")),
+            other => return Err(format!("unknown command {other:?} (xid, lost, vanish, back)")),
         }
         Ok(())
     }
@@ -192,6 +208,23 @@ mod tests {
         let set = rt.sets[0].as_ref().unwrap();
         assert_eq!(set.queue.front().map(|e| e.data), Some(79));
         assert!(set.lost_pending && rt.lost[0]);
+        append(&dir, "back 0\n");
+        rt.poll_control();
+        assert!(!rt.lost[0]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_vanished_gpu_is_lost_without_telling_any_event_set() {
+        let dir = std::env::temp_dir().join(format!("fake-nvml-vanish-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut rt = runtime(&dir);
+        rt.sets.push(Some(EventSet { registered: vec![(0, XID_EVENT)], ..Default::default() }));
+        append(&dir, "vanish 0\n");
+        rt.poll_control();
+        let set = rt.sets[0].as_ref().unwrap();
+        assert!(rt.lost[0], "the GPU still answers");
+        assert!(!set.lost_pending && set.queue.is_empty(), "an event set was told");
         append(&dir, "back 0\n");
         rt.poll_control();
         assert!(!rt.lost[0]);
