@@ -66,12 +66,16 @@ pub(crate) fn mig_handle(gpu: usize, slot: u32) -> nvmlDevice_t {
     std::ptr::without_provenance_mut(((gpu + 1) << 8) | (slot as usize + 1))
 }
 
-/// Decodes a handle; lost GPUs (and their MIG devices) answer GPU_IS_LOST.
+/// Decodes a handle; lost GPUs (and their MIG devices) answer GPU_IS_LOST,
+/// failing ones their failure code.
 pub(crate) fn target(rt: &Runtime, handle: nvmlDevice_t) -> Result<Target, Ret> {
     let raw = handle.addr();
     let gpu = (raw >> 8).checked_sub(1).filter(|&g| g < rt.machine.gpus.len()).ok_or(INVALID_ARGUMENT)?;
     if rt.lost[gpu] {
         return Err(GPU_IS_LOST);
+    }
+    if let Some(code) = rt.failing[gpu] {
+        return Err(code);
     }
     match (raw & 0xff).checked_sub(1) {
         None => Ok(Target::Gpu(gpu)),

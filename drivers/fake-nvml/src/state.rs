@@ -12,7 +12,10 @@
 //!   call on it answers `NVML_ERROR_GPU_IS_LOST`), but no event says so: no
 //!   Xid, and the event wait goes on as if nothing happened. Only a driver
 //!   that asks the GPU notices;
-//! - `back <gpu-index>`: the GPU answers normally again.
+//! - `fail <gpu-index> <code>`: every call on the GPU answers that NVML
+//!   return code (e.g. 999, unknown error), again without an event;
+//! - `back <gpu-index>`: the GPU answers normally again (after `lost`,
+//!   `vanish` or `fail`).
 //!
 //! Only lines appended after `nvmlInit` are read, so a control file left over
 //! from an earlier run replays nothing.
@@ -69,6 +72,8 @@ pub struct Runtime {
     pub machine: Machine,
     pub bus: Vec<Bdf>,
     pub lost: Vec<bool>,
+    /// The code every call on the GPU answers (`fail`).
+    pub failing: Vec<Option<u32>>,
     pub sets: Vec<Option<EventSet>>,
     pub init_count: u32,
     control: Option<Control>,
@@ -94,7 +99,8 @@ impl Runtime {
             let offset = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
             Control { path, offset, partial: String::new() }
         });
-        Ok(Runtime { machine, bus, lost, sets: Vec::new(), init_count: 0, control })
+        let failing = vec![None; machine.gpus.len()];
+        Ok(Runtime { machine, bus, lost, failing, sets: Vec::new(), init_count: 0, control })
     }
 
     /// The control file, when the machine names one.
@@ -164,8 +170,12 @@ impl Runtime {
                 }
             }
             "vanish" => self.lost[gpu] = true,
-            "back" => self.lost[gpu] = false,
-            other => return Err(format!("unknown command {other:?} (xid, lost, vanish, back)")),
+            "fail" => self.failing[gpu] = Some(u32::try_from(num(1)?).map_err(|e| e.to_string())?),
+            "back" => {
+                self.lost[gpu] = false;
+                self.failing[gpu] = None;
+            }
+            other => return Err(format!("unknown command {other:?} (xid, lost, vanish, fail, back)")),
         }
         Ok(())
     }
@@ -225,9 +235,13 @@ mod tests {
         let set = rt.sets[0].as_ref().unwrap();
         assert!(rt.lost[0], "the GPU still answers");
         assert!(!set.lost_pending && set.queue.is_empty(), "an event set was told");
-        append(&dir, "back 0\n");
+        append(&dir, "back 0\nfail 0 999\n");
         rt.poll_control();
         assert!(!rt.lost[0]);
+        assert_eq!(rt.failing[0], Some(999));
+        append(&dir, "back 0\n");
+        rt.poll_control();
+        assert_eq!(rt.failing[0], None);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
