@@ -83,6 +83,9 @@ struct Control {
     path: PathBuf,
     offset: u64,
     partial: String,
+    /// Says whether the file changed since the last look, so that the
+    /// calls in between skip opening it (`None`: always look).
+    watch: Option<ControlWatch>,
 }
 
 impl Runtime {
@@ -95,9 +98,11 @@ impl Runtime {
         let control = machine.control.as_ref().map(|c| {
             let dir = path.parent().unwrap_or(Path::new("."));
             let path = dir.join(c);
+            // Watch first, then take the end: a line written in between is not lost.
+            let watch = ControlWatch::new(&path);
             // Start at the current end: only commands written from now on count.
             let offset = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-            Control { path, offset, partial: String::new() }
+            Control { path, offset, partial: String::new(), watch }
         });
         let failing = vec![None; machine.gpus.len()];
         Ok(Runtime { machine, bus, lost, failing, sets: Vec::new(), init_count: 0, control })
@@ -112,6 +117,9 @@ impl Runtime {
     /// last call. Cheap when nothing changed.
     pub fn poll_control(&mut self) {
         let Some(control) = self.control.as_mut() else { return };
+        if control.watch.as_ref().is_some_and(|w| !w.pending()) {
+            return;
+        }
         let Ok(mut file) = std::fs::File::open(&control.path) else { return };
         let len = file.metadata().map(|m| m.len()).unwrap_or(0);
         if len < control.offset {

@@ -82,11 +82,18 @@ impl ControlWatch {
         true
     }
 
+    /// Whether anything was noticed since the last call, without blocking:
+    /// one `read` that usually answers "nothing".
+    pub fn pending(&self) -> bool {
+        self.drain()
+    }
+
     /// Reads every queued notification; re-arms when the file was replaced,
-    /// removed, or appeared.
-    fn drain(&self) {
+    /// removed, or appeared. True when there was any.
+    fn drain(&self) -> bool {
         let mut buf = [0u8; 4096];
         let mut rearm = false;
+        let mut any = false;
         loop {
             // SAFETY: reads into a buffer we own, at most its length.
             let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
@@ -94,6 +101,7 @@ impl ControlWatch {
             if n == 0 {
                 break;
             }
+            any = true;
             let mut at = 0;
             let header = std::mem::size_of::<libc::inotify_event>();
             while at + header <= n {
@@ -112,6 +120,7 @@ impl ControlWatch {
         if rearm {
             self.arm();
         }
+        any
     }
 }
 

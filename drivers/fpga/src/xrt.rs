@@ -41,7 +41,7 @@ pub fn normalize_vendor(v: &str) -> String {
 /// Adds the Alveo cards found on the PCI bus.
 pub fn scan(roots: &Roots, scope: &Scope, out: &mut Discovery) {
     let bus = roots.sys.join("bus/pci/devices");
-    let addresses = match list(&bus, is_pci_address) {
+    let addresses = match crate::seen::watched(|| list(&bus, is_pci_address)) {
         Ok(a) => a,
         Err(e) => {
             out.notes.push(format!("xrt cards skipped: {e}"));
