@@ -126,3 +126,79 @@ pub extern "C" fn nvmlEventSetFree(set: nvmlEventSet_t) -> Ret {
         Ok(())
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi::{nvmlInit_v2, nvmlShutdown};
+    use std::io::Write;
+
+    /// The only test in this crate that touches the global state.
+    #[test]
+    fn the_wait_blocks_until_a_control_line_or_its_timeout() {
+        let dir = std::env::temp_dir().join(format!("fake-nvml-wait-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let machine = dir.join("m.toml");
+        std::fs::write(
+            &machine,
+            "control = \"ctl\"\n[[gpu]]\nuuid = \"GPU-a\"\nname = \"n\"\nmemory_mib = 1\npci_bus_id = \"0:1:0.0\"\nminor = 0\n",
+        )
+        .unwrap();
+        std::fs::write(dir.join("ctl"), "").unwrap();
+        // SAFETY: no other test of this crate reads the environment.
+        unsafe { std::env::set_var(crate::machine::MACHINE_ENV, &machine) };
+        assert_eq!(nvmlInit_v2(), SUCCESS);
+        let mut set: nvmlEventSet_t = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        assert_eq!(unsafe { nvmlEventSetCreate(&mut set) }, SUCCESS);
+        assert_eq!(nvmlDeviceRegisterEvents(gpu_handle(0), crate::state::XID_EVENT, set), SUCCESS);
+        // SAFETY: an all-zero event record is valid; the pointer outlives each call.
+        let mut data: nvmlEventData_t = unsafe { std::mem::zeroed() };
+        let wait = |ms, data: &mut nvmlEventData_t| {
+            let t = Instant::now();
+            // SAFETY: valid out-pointer.
+            (unsafe { nvmlEventSetWait_v2(set, data, ms) }, t.elapsed())
+        };
+
+        let (code, took) = wait(0, &mut data);
+        assert_eq!(code, TIMEOUT);
+        assert!(took < Duration::from_millis(200), "a zero timeout waited {took:?}");
+        let (code, took) = wait(300, &mut data);
+        assert_eq!(code, TIMEOUT);
+        assert!(took >= Duration::from_millis(300) && took < Duration::from_secs(3), "{took:?}");
+        // Blocked, not polling: a long quiet wait puts the thread to sleep once.
+        let switches = || {
+            let status = std::fs::read_to_string("/proc/thread-self/status").unwrap();
+            let line = status.lines().find(|l| l.starts_with("voluntary_ctxt_switches:")).unwrap().to_string();
+            line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap()
+        };
+        let before = switches();
+        assert_eq!(wait(1500, &mut data).0, TIMEOUT);
+        let slept = switches() - before;
+        assert!(slept <= 2, "a quiet 1.5 s wait woke {slept} times: it polls");
+
+        let ctl = dir.join("ctl");
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            std::fs::OpenOptions::new().append(true).open(&ctl).unwrap().write_all(b"xid 0 79\n").unwrap();
+        });
+        let (code, took) = wait(20_000, &mut data);
+        writer.join().unwrap();
+        assert_eq!(code, SUCCESS);
+        assert_eq!(data.eventData, 79);
+        assert!(took < Duration::from_secs(5), "the line took {took:?} to wake the wait");
+
+        let mut f = std::fs::OpenOptions::new().append(true).open(dir.join("ctl")).unwrap();
+        f.write_all(b"lost 0\n").unwrap();
+        let (code, took) = wait(20_000, &mut data);
+        assert_eq!(code, GPU_IS_LOST);
+        assert!(took < Duration::from_secs(5));
+        f.write_all(b"back 0\nvanish 0\n").unwrap();
+        let (code, _) = wait(300, &mut data);
+        assert_eq!(code, TIMEOUT, "a vanished GPU must not be reported by the wait");
+
+        assert_eq!(nvmlEventSetFree(set), SUCCESS);
+        assert_eq!(nvmlShutdown(), SUCCESS);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
