@@ -15,7 +15,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicI32, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const FILE_EVENTS: u32 =
     libc::IN_MODIFY | libc::IN_CLOSE_WRITE | libc::IN_ATTRIB | libc::IN_DELETE_SELF | libc::IN_MOVE_SELF;
@@ -68,32 +68,42 @@ impl ControlWatch {
 
     /// Sleeps until the control file may have changed or `timeout` passed;
     /// true when woken by a change. Spurious wake-ups are allowed (the caller
-    /// re-checks), missed ones are not.
+    /// re-checks), missed ones are not. Other files appearing in the folder
+    /// (while the control file is missing) wake the thread but not the caller.
     pub fn wait(&self, timeout: Duration) -> bool {
-        // Rounded up: waking a little late is fine, early would spin.
-        let ms = c_int::try_from(timeout.as_micros().div_ceil(1000)).unwrap_or(c_int::MAX);
-        let mut pfd = libc::pollfd { fd: self.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-        // SAFETY: one valid pollfd for the duration of the call.
-        let n = unsafe { libc::poll(&mut pfd, 1, ms) };
-        if n <= 0 {
-            return false;
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            // Rounded up: waking a little late is fine, early would spin.
+            let ms = c_int::try_from(left.as_micros().div_ceil(1000)).unwrap_or(c_int::MAX);
+            let mut pfd = libc::pollfd { fd: self.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+            // SAFETY: one valid pollfd for the duration of the call.
+            let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+            if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            if n <= 0 {
+                return false;
+            }
+            if self.drain() {
+                return true;
+            }
         }
-        self.drain();
-        true
     }
 
-    /// Whether anything was noticed since the last call, without blocking:
-    /// one `read` that usually answers "nothing".
+    /// Whether the control file may have changed since the last call, without
+    /// blocking: one `read` that usually answers "nothing".
     pub fn pending(&self) -> bool {
         self.drain()
     }
 
     /// Reads every queued notification; re-arms when the file was replaced,
-    /// removed, or appeared. True when there was any.
+    /// removed, or appeared. True when one may concern the control file.
     fn drain(&self) -> bool {
         let mut buf = [0u8; 4096];
         let mut rearm = false;
-        let mut any = false;
+        let mut relevant = false;
+        let dir_wd = self.dir_wd.load(Ordering::Acquire);
         loop {
             // SAFETY: reads into a buffer we own, at most its length.
             let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
@@ -101,7 +111,6 @@ impl ControlWatch {
             if n == 0 {
                 break;
             }
-            any = true;
             let mut at = 0;
             let header = std::mem::size_of::<libc::inotify_event>();
             while at + header <= n {
@@ -111,16 +120,19 @@ impl ControlWatch {
                 let name = &buf[at + header..name_end];
                 let name = OsStr::from_bytes(name.split(|&b| b == 0).next().unwrap_or_default());
                 let ours = Path::new(OsStr::from_bytes(self.file.as_bytes())).file_name() == Some(name);
+                // Everything on the file's own watch counts; on the folder's, only our name.
+                let on_folder = dir_wd >= 0 && ev.wd == dir_wd;
+                relevant |= !on_folder || ours || ev.mask & libc::IN_Q_OVERFLOW != 0;
                 rearm |= ev.mask & (libc::IN_ATTRIB | libc::IN_DELETE_SELF | libc::IN_MOVE_SELF | libc::IN_IGNORED)
                     != 0
-                    || (ev.mask & DIR_EVENTS != 0 && ours);
+                    || (on_folder && ours);
                 at += header + ev.len as usize;
             }
         }
         if rearm {
             self.arm();
         }
-        any
+        relevant
     }
 }
 
@@ -165,6 +177,9 @@ mod tests {
         let d = dir("create");
         let path = d.join("ctl");
         let w = ControlWatch::new(&path).unwrap();
+        // Other files coming and going in the folder do not end the wait.
+        std::fs::write(d.join("unrelated"), "").unwrap();
+        assert!(!w.wait(Duration::from_millis(100)), "an unrelated file woke the caller");
         std::fs::write(&path, "lost 0\n").unwrap();
         assert!(w.wait(Duration::from_secs(10)), "creating the file did not wake the wait");
         // Replaced by rename: the new file is watched from then on.
