@@ -3,9 +3,10 @@
  *
  * It invents `count` devices, reports them in scan with their container
  * edits, adds an env var and an annotation in allocate, watches a text
- * file for health changes on a thread of its own, and "resets" devices in
- * release (ABI 1.1) when their pod is gone. Only libc and pthreads; it
- * compiles cleanly with -std=c11 -Wall -Wextra -Werror.
+ * file for health changes on a thread of its own (inotify: it sleeps until
+ * the file changes, no polling), and "resets" devices in release (ABI 1.1)
+ * when their pod is gone. Only libc and pthreads; it compiles cleanly with
+ * -std=c11 -Wall -Wextra -Werror.
  *
  * Options (all optional, see README.md):
  *   count        number of devices, 0..1024 (default 2); IDs are <prefix>-<i>
@@ -18,25 +19,31 @@
  *                      (to watch the host retry; edit it to let a retry pass)
  *   release_delay_ms   how long a release takes, 0..600000 (default 0)
  */
-#define _POSIX_C_SOURCE 200809L /* getline, nanosleep, struct stat.st_mtim */
+#define _POSIX_C_SOURCE 200809L /* getline, nanosleep, O_CLOEXEC */
 
 #include "devhost_driver.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
+#include <sys/inotify.h> /* Linux, like the kubelet's device plugins */
 #include <time.h>
+#include <unistd.h>
 
 #define MAX_COUNT 1024u
 #define MAX_NUMA_NODES 1024u
 /* Longest prefix that keeps "<prefix>-1023" within the ABI's 63-byte ID limit. */
 #define MAX_PREFIX_LEN 58u
-#define WATCH_PERIOD_NS 500000000L /* 500 ms: cheap, and quick enough for a person */
+/* What can change the health file: a write finished, a file renamed onto it
+ * (editors, `mv`, ConfigMap-style swaps), created, removed or renamed away. */
+#define WATCH_EVENTS (IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE | IN_DELETE | IN_MOVED_FROM)
+#define REWATCH_MS 1000 /* after the folder itself vanished: try again this often */
 #define MAX_RELEASE_DELAY_MS 600000u /* 10 min: long enough to outlast any call deadline */
 
 #if defined(__GNUC__)
@@ -58,12 +65,6 @@
 /* printf arguments for a borrowed string: "%.*s", SHOW(s). Long values are cut. */
 #define SHOW(s) (int)((s).len > 200 ? 200 : (s).len), ((s).ptr != NULL ? (s).ptr : "")
 
-typedef struct file_stamp {
-    bool exists;
-    off_t size;
-    struct timespec mtime;
-} file_stamp;
-
 /* One driver instance: the parsed options, then the watch thread's state. */
 typedef struct example {
     const devhost_host_api *host;
@@ -76,11 +77,12 @@ typedef struct example {
     char *release_fail_file; /* NULL: every release succeeds */
     unsigned release_delay_ms;
 
-    pthread_t thread;      /* valid while `watching` */
-    bool watching;         /* touched only by host calls, which never overlap */
-    file_stamp last_stamp; /* owned by the watch thread while it runs */
-    pthread_mutex_t lock;  /* guards `stop`, shared with the watch thread */
-    bool stop;
+    pthread_t thread;  /* valid while `watching` */
+    bool watching;     /* touched only by host calls, which never overlap */
+    char *health_dir;  /* the health file's folder, which inotify watches */
+    char *health_name; /* the file's name inside it */
+    int inotify_fd;    /* -1 unless `watching`; owned by the watch thread */
+    int stop_pipe[2];  /* watch_stop writes a byte to [1]; the thread polls [0] */
 } example;
 
 /* ---- strings: the host's are (pointer, length) views, not C strings ---- */
@@ -233,46 +235,89 @@ static char *join_ids(const devhost_str *ids, size_t count) {
 
 /* ---- the health watch thread ----------------------------------------------- */
 
-static file_stamp stamp_of(const char *path) {
-    file_stamp stamp = {0};
-    struct stat st;
-    if (stat(path, &st) == 0) {
-        stamp.exists = true;
-        stamp.size = st.st_size;
-        stamp.mtime = st.st_mtim;
-    }
-    return stamp;
+/*
+ * The thread sleeps in poll(2) on two descriptors: the inotify one, which
+ * watches the health file's folder (the folder, not the file, so that the
+ * file may be created, replaced by a rename or removed at any time), and the
+ * read end of a pipe that watch_stop writes to. No timer, no busy loop: an
+ * idle driver costs no CPU, and a change is seen at once.
+ */
+
+/* Splits `path` into its folder and name; false when out of memory. */
+static bool split_path(const char *path, char **dir, char **name) {
+    const char *slash = strrchr(path, '/');
+    /* "/tmp/health" -> "/tmp"; "/health" -> "/"; "health" -> "." */
+    devhost_str d = str_of(".");
+    if (slash != NULL) d = (devhost_str){path, slash == path ? 1 : (size_t)(slash - path)};
+    *dir = str_dup(d);
+    *name = str_dup(str_of(slash == NULL ? path : slash + 1));
+    return *dir != NULL && *name != NULL;
 }
 
-static bool stamp_equal(file_stamp a, file_stamp b) {
-    return a.exists == b.exists && a.size == b.size && a.mtime.tv_sec == b.mtime.tv_sec &&
-           a.mtime.tv_nsec == b.mtime.tv_nsec;
-}
-
-/* Polls the file and tells the host when it changed; the host then re-scans. */
-static void *watch_main(void *arg) {
-    example *ex = arg;
-    const struct timespec period = {0, WATCH_PERIOD_NS};
+/* Reads every queued inotify event; true when one concerns the health file
+ * (or the kernel dropped events, so it might). Sets *lost when the watch is
+ * gone (the folder was removed or unmounted). */
+static bool drain_events(const example *ex, bool *lost) {
+    _Alignas(struct inotify_event) char buf[4096];
+    bool relevant = false;
     for (;;) {
-        nanosleep(&period, NULL);
-        pthread_mutex_lock(&ex->lock);
-        bool stop = ex->stop;
-        pthread_mutex_unlock(&ex->lock);
-        if (stop) return NULL;
-        file_stamp now = stamp_of(ex->health_file);
-        if (!stamp_equal(now, ex->last_stamp)) {
-            ex->last_stamp = now;
-            ex->host->devices_changed(ex->host->host_ctx); /* never blocks */
+        ssize_t n = read(ex->inotify_fd, buf, sizeof buf);
+        if (n <= 0) return relevant; /* EAGAIN: drained (the descriptor is non-blocking) */
+        for (char *at = buf; at < buf + n;) {
+            const struct inotify_event *ev = (const struct inotify_event *)(void *)at;
+            if (ev->mask & IN_Q_OVERFLOW) relevant = true;
+            if (ev->mask & IN_IGNORED) { /* the folder went away: the watch with it */
+                *lost = true;
+                relevant = true;
+            }
+            if (ev->len > 0 && strcmp(ev->name, ex->health_name) == 0) relevant = true;
+            at += sizeof *ev + ev->len;
         }
     }
 }
 
+static void *watch_main(void *arg) {
+    example *ex = arg;
+    bool watched = true;
+    for (;;) {
+        struct pollfd fds[2] = {{ex->stop_pipe[0], POLLIN, 0}, {ex->inotify_fd, POLLIN, 0}};
+        int n = poll(fds, 2, watched ? -1 : REWATCH_MS);
+        if (n < 0 && errno != EINTR) {
+            log_msg(ex, DEVHOST_LOG_ERROR, "health watch: poll failed: %s; health_file \"%s\" is "
+                    "only read on rescans now", strerror(errno), ex->health_file);
+            return NULL;
+        }
+        if (fds[0].revents != 0) return NULL; /* watch_stop */
+        bool lost = false;
+        if (n > 0 && drain_events(ex, &lost))
+            ex->host->devices_changed(ex->host->host_ctx); /* never blocks; the host rescans */
+        if (lost) {
+            watched = false;
+            log_msg(ex, DEVHOST_LOG_WARN, "health watch: folder \"%s\" of health_file is gone; "
+                    "watching again when it is back", ex->health_dir);
+        }
+        if (!watched && inotify_add_watch(ex->inotify_fd, ex->health_dir, WATCH_EVENTS) >= 0) {
+            watched = true;
+            log_msg(ex, DEVHOST_LOG_INFO, "health watch: watching \"%s\" again", ex->health_dir);
+            ex->host->devices_changed(ex->host->host_ctx); /* it may have changed meanwhile */
+        }
+    }
+}
+
+static void close_fd(int *fd) {
+    if (*fd >= 0) close(*fd);
+    *fd = -1;
+}
+
 static void stop_watching(example *ex) {
     if (!ex->watching) return;
-    pthread_mutex_lock(&ex->lock);
-    ex->stop = true;
-    pthread_mutex_unlock(&ex->lock);
+    ssize_t written;
+    do written = write(ex->stop_pipe[1], "x", 1);
+    while (written < 0 && errno == EINTR);
     pthread_join(ex->thread, NULL);
+    close_fd(&ex->inotify_fd);
+    close_fd(&ex->stop_pipe[0]);
+    close_fd(&ex->stop_pipe[1]);
     ex->watching = false;
 }
 
@@ -287,7 +332,8 @@ static devhost_status bad_option(const devhost_host_api *host, devhost_call *cal
 static void example_destroy(void *instance) {
     example *ex = instance;
     stop_watching(ex); /* the host calls watch_stop first; destroy must join regardless */
-    pthread_mutex_destroy(&ex->lock);
+    free(ex->health_dir);
+    free(ex->health_name);
     free(ex->prefix);
     free(ex->model);
     free(ex->health_file);
@@ -350,11 +396,9 @@ static devhost_status example_create(const devhost_host_api *host, const devhost
     }
 
     example *ex = calloc(1, sizeof *ex);
-    if (ex == NULL || pthread_mutex_init(&ex->lock, NULL) != 0) {
-        free(ex);
-        return fail(host, call, DEVHOST_ERR_INTERNAL, "out of memory");
-    }
+    if (ex == NULL) return fail(host, call, DEVHOST_ERR_INTERNAL, "out of memory");
     ex->host = host;
+    ex->inotify_fd = ex->stop_pipe[0] = ex->stop_pipe[1] = -1;
     ex->count = count;
     ex->numa_nodes = numa_nodes;
     ex->prefix = str_dup(prefix);
@@ -363,7 +407,8 @@ static devhost_status example_create(const devhost_host_api *host, const devhost
     ex->release_file = release_file.len > 0 ? str_dup(release_file) : NULL;
     ex->release_fail_file = release_fail_file.len > 0 ? str_dup(release_fail_file) : NULL;
     ex->release_delay_ms = release_delay_ms;
-    if (ex->prefix == NULL || ex->model == NULL || (health_file.len > 0 && ex->health_file == NULL) ||
+    bool split = ex->health_file == NULL || split_path(ex->health_file, &ex->health_dir, &ex->health_name);
+    if (ex->prefix == NULL || ex->model == NULL || (health_file.len > 0 && ex->health_file == NULL) || !split ||
         (release_file.len > 0 && ex->release_file == NULL) ||
         (release_fail_file.len > 0 && ex->release_fail_file == NULL)) {
         example_destroy(ex);
@@ -465,15 +510,40 @@ static devhost_status example_release(void *instance, const devhost_str *ids, si
     return DEVHOST_OK;
 }
 
+/* Watches before it returns, so no change after the host's first scan is
+ * missed. On failure the host logs the message and rescans every poll_interval. */
 static devhost_status example_watch_start(void *instance, devhost_call *call) {
     example *ex = instance;
     if (ex->health_file == NULL || ex->watching) return DEVHOST_OK; /* nothing to watch */
-    ex->last_stamp = stamp_of(ex->health_file); /* before the host's first scan */
-    ex->stop = false;
-    int rc = pthread_create(&ex->thread, NULL, watch_main, ex);
-    if (rc != 0)
-        return fail(ex->host, call, DEVHOST_ERR_INTERNAL, "cannot start the watch thread: %s",
-                    strerror(rc));
+    const char *step = "inotify_init1";
+    int err = 0;
+    ex->inotify_fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+    if (ex->inotify_fd < 0) err = errno;
+    if (err == 0) {
+        step = "inotify_add_watch"; /* the folder: the file may not exist yet, or be replaced */
+        if (inotify_add_watch(ex->inotify_fd, ex->health_dir, WATCH_EVENTS) < 0) err = errno;
+    }
+    if (err == 0) {
+        step = "pipe";
+        if (pipe(ex->stop_pipe) != 0) {
+            err = errno;
+            ex->stop_pipe[0] = ex->stop_pipe[1] = -1;
+        }
+    }
+    if (err == 0) {
+        (void)fcntl(ex->stop_pipe[0], F_SETFD, FD_CLOEXEC);
+        (void)fcntl(ex->stop_pipe[1], F_SETFD, FD_CLOEXEC);
+        step = "pthread_create";
+        err = pthread_create(&ex->thread, NULL, watch_main, ex);
+    }
+    if (err != 0) {
+        close_fd(&ex->inotify_fd);
+        close_fd(&ex->stop_pipe[0]);
+        close_fd(&ex->stop_pipe[1]);
+        return fail(ex->host, call, DEVHOST_ERR_UNAVAILABLE,
+                    "cannot watch health_file \"%s\" (folder \"%s\"): %s: %s", ex->health_file,
+                    ex->health_dir, step, strerror(err));
+    }
     ex->watching = true;
     return DEVHOST_OK;
 }

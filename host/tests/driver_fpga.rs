@@ -32,6 +32,11 @@ fn copy_tree(from: &Path, to: &Path) {
 /// A node holding a private copy of the simulated FPGA tree and a manifest
 /// with the three resources of `config/fpga.toml` plus `extra`.
 fn fpga_node(mode: &str, extra: &str) -> Node {
+    fpga_node_with(mode, "poll_interval = \"100ms\"\nudev = false", extra)
+}
+
+/// Like [`fpga_node`] with other driver options than the fast test poll.
+fn fpga_node_with(mode: &str, options: &str, extra: &str) -> Node {
     let node = Node::new();
     copy_tree(&repo_root().join("config/sim/fpga"), &node.path().join("fpga"));
     let sim = node.path().join("fpga");
@@ -43,8 +48,7 @@ module = "{module}"
 mode = "{mode}"
 sysfs_root = "{sys}"
 devfs_root = "{dev}"
-poll_interval = "100ms"
-udev = false
+{options}
 
 [[resource]]
 name = "{NLB0}"
@@ -144,4 +148,22 @@ async fn removed_port_disappears_from_its_resource() {
     fs::remove_dir_all(node.path().join("fpga").join(PORT1)).unwrap();
     kubelet.wait_devices(NLB3, WAIT, |d| d.is_empty()).await.unwrap();
     d.wait_log("2 FPGA card(s), 2 device(s) in port mode", WAIT).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_default_poll_a_port_error_shows_within_about_a_second() {
+    // No poll_interval: the driver's default. udev off: errors raise no uevent anyway.
+    let node = fpga_node_with("port", "udev = false", "");
+    let (kubelet, _d) = start(&node);
+    kubelet.wait_devices(NLB3, WAIT, |d| d.len() == 1 && d[0].health == "Healthy").await.unwrap();
+    let errors = node.path().join("fpga").join(PORT1).join("errors/errors");
+    // Four changes, so a lucky moment right before a slower poll cannot pass the test.
+    for (value, health) in [("0x4", "Unhealthy"), ("0x0", "Healthy"), ("0x1", "Unhealthy"), ("0x0", "Healthy")] {
+        let written = std::time::Instant::now();
+        fs::write(&errors, format!("{value}\n")).unwrap();
+        kubelet.wait_devices(NLB3, WAIT, |d| d.len() == 1 && d[0].health == health).await.unwrap();
+        let took = written.elapsed();
+        // One poll (1 s) plus a scan and the host's hand-off, with room for a loaded machine.
+        assert!(took < std::time::Duration::from_millis(2200), "errors = {value}: {health} after {took:?}");
+    }
 }

@@ -173,6 +173,29 @@ async fn a_critical_xid_turns_the_gpu_unhealthy_until_it_recovers() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_lost_without_an_event_turns_unhealthy_by_the_default_periodic_check() {
+    let node = Node::new();
+    // Default health_check_interval (1 s); a short recovery period for the way back.
+    let manifest = setup(&node, "recovery_period = \"500ms\"");
+    let kubelet = Kubelet::start(&node.kubelet_dir()).unwrap();
+    let _d = Daemon::start(&manifest, &node.kubelet_dir());
+    kubelet.wait_devices(GPUS, WAIT, |d| d.len() == 4 && d.iter().all(|x| x.health == "Healthy")).await.unwrap();
+
+    // GPU 2 stops answering NVML, and neither an Xid nor the event wait says so.
+    let lost = std::time::Instant::now();
+    control(&node, "vanish 2");
+    let unhealthy = |d: &[kubelet_emu::Device], id: &str| d.iter().any(|x| x.id == id && x.health == "Unhealthy");
+    let gpus = kubelet.wait_devices(GPUS, WAIT, |d| unhealthy(d, &uuid(2))).await.unwrap();
+    let took = lost.elapsed();
+    // One check interval plus one event-wait tick, with room for a loaded machine.
+    assert!(took < std::time::Duration::from_secs(5), "took {took:?}");
+    assert_eq!(gpus.iter().filter(|d| d.health == "Unhealthy").count(), 1, "only GPU 2");
+
+    control(&node, "back 2");
+    kubelet.wait_devices(GPUS, WAIT, |d| d.iter().all(|x| x.health == "Healthy")).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_nvml_is_logged_and_the_daemon_keeps_running() {
     let node = Node::new();
     let manifest = setup(&node, "");

@@ -255,3 +255,65 @@ async fn watch_reports_health_file_changes_until_shutdown() {
     std::fs::write(&path, "example-0\nexample-1\n").expect("write");
     assert!(!notified_within(&inst, Duration::from_millis(200)).await, "changed after shutdown");
 }
+
+/// Voluntary context switches of this process's threads called `name`: how
+/// often they went to sleep, i.e. woke up.
+fn wakeups_of(name: &str) -> u64 {
+    let tasks = std::fs::read_dir("/proc/self/task").expect("/proc/self/task");
+    tasks
+        .filter_map(|t| {
+            let dir = t.ok()?.path();
+            let comm = std::fs::read_to_string(dir.join("comm")).ok()?;
+            (comm.trim_end() == name).then_some(dir)
+        })
+        .filter_map(|dir| std::fs::read_to_string(dir.join("status")).ok())
+        .filter_map(|status| {
+            let line = status.lines().find(|l| l.starts_with("voluntary_ctxt_switches:"))?;
+            line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .sum()
+}
+
+#[tokio::test]
+async fn idle_health_watch_sleeps_until_the_file_or_its_folder_changes() {
+    let base = tempfile::tempdir().expect("temp dir");
+    let dir = base.path().join("health.d");
+    std::fs::create_dir(&dir).expect("mkdir");
+    let path = dir.join("health");
+    let inst = create("idle-watch", &[("count", "2"), ("health_file", utf8(&path))]).await;
+    inst.watch_start().await.unwrap_or_else(|e| panic!("watch_start: {e}"));
+    settle(&inst).await;
+
+    // Idle, the watch thread (and the host's worker) sleep: no timer wakes them.
+    let before = wakeups_of("drv-idle-watch");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let woke = wakeups_of("drv-idle-watch") - before;
+    assert!(woke <= 1, "the idle watch woke {woke} times in 2 s: it polls");
+
+    // Replaced by a rename, the way editors and ConfigMaps write files.
+    std::fs::write(dir.join(".health.tmp"), "example-0\n").expect("write");
+    std::fs::rename(dir.join(".health.tmp"), &path).expect("rename");
+    assert!(notified_within(&inst, Duration::from_secs(5)).await, "rename onto the file, no devices_changed");
+    assert_eq!(health(&scan(&inst).await), [false, true]);
+    settle(&inst).await;
+    std::fs::remove_file(&path).expect("rm");
+    assert!(notified_within(&inst, Duration::from_secs(5)).await, "file removed, no devices_changed");
+    assert_eq!(health(&scan(&inst).await), [true, true]);
+
+    // The folder itself goes away and comes back: watched again, and told.
+    settle(&inst).await;
+    std::fs::remove_dir(&dir).expect("rmdir");
+    std::fs::create_dir(&dir).expect("mkdir again");
+    std::fs::write(&path, "example-1\n").expect("write");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        assert!(Instant::now() < deadline, "the re-created folder was never watched again");
+        if notified_within(&inst, Duration::from_secs(1)).await && health(&scan(&inst).await) == [true, false] {
+            break;
+        }
+    }
+    settle(&inst).await;
+    std::fs::write(&path, "").expect("truncate");
+    assert!(notified_within(&inst, Duration::from_secs(5)).await, "a write after re-watching was missed");
+    inst.shutdown();
+}

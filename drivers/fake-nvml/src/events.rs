@@ -1,10 +1,13 @@
 //! Event calls of the fake: event sets, registration, and a wait that
-//! follows the control file.
+//! follows the control file (sleeping on its inotify watch, see `wake`).
 
 use crate::ffi::*;
 use crate::state::{ALL_EVENTS, EventSet, OLD_GPU_EVENTS, Runtime};
+use crate::wake::ControlWatch;
 use nvml_wrapper_sys::bindings::*;
 use std::ffi::{c_uint, c_ulonglong};
+use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 // ---- events ----------------------------------------------------------------
@@ -68,13 +71,20 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
     let deadline = Instant::now() + Duration::from_millis(u64::from(timeout_ms));
     loop {
         let mut event = None;
+        let mut watch = None;
         let code = with_rt(|rt| {
             let i = set_index(rt, set)?;
+            let path = rt.control_path().map(Path::to_path_buf);
             let Some(s) = rt.sets[i].as_mut() else { return Err(INVALID_ARGUMENT) };
             if std::mem::take(&mut s.lost_pending) {
                 return Err(GPU_IS_LOST);
             }
             event = s.queue.pop_front();
+            if event.is_none() && s.watch.is_none() {
+                // Armed before the caller sleeps: a line written from now on wakes it.
+                s.watch = path.as_deref().and_then(ControlWatch::new).map(Arc::new);
+            }
+            watch = s.watch.clone();
             Ok(())
         });
         if code != SUCCESS {
@@ -96,8 +106,15 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
         if now >= deadline {
             return TIMEOUT;
         }
-        // Sleep without holding the lock, so other calls proceed.
-        std::thread::sleep(WAIT_POLL.min(deadline - now));
+        // Sleep without holding the lock, so other calls proceed: on the
+        // control file's inotify descriptor when there is one (no CPU until a
+        // line arrives), else on a timer.
+        match watch {
+            Some(w) => {
+                w.wait(deadline - now);
+            }
+            None => std::thread::sleep(WAIT_POLL.min(deadline - now)),
+        }
     }
 }
 
@@ -108,4 +125,80 @@ pub extern "C" fn nvmlEventSetFree(set: nvmlEventSet_t) -> Ret {
         rt.sets[i] = None;
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi::{nvmlInit_v2, nvmlShutdown};
+    use std::io::Write;
+
+    /// The only test in this crate that touches the global state.
+    #[test]
+    fn the_wait_blocks_until_a_control_line_or_its_timeout() {
+        let dir = std::env::temp_dir().join(format!("fake-nvml-wait-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let machine = dir.join("m.toml");
+        std::fs::write(
+            &machine,
+            "control = \"ctl\"\n[[gpu]]\nuuid = \"GPU-a\"\nname = \"n\"\nmemory_mib = 1\npci_bus_id = \"0:1:0.0\"\nminor = 0\n",
+        )
+        .unwrap();
+        std::fs::write(dir.join("ctl"), "").unwrap();
+        // SAFETY: no other test of this crate reads the environment.
+        unsafe { std::env::set_var(crate::machine::MACHINE_ENV, &machine) };
+        assert_eq!(nvmlInit_v2(), SUCCESS);
+        let mut set: nvmlEventSet_t = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        assert_eq!(unsafe { nvmlEventSetCreate(&mut set) }, SUCCESS);
+        assert_eq!(nvmlDeviceRegisterEvents(gpu_handle(0), crate::state::XID_EVENT, set), SUCCESS);
+        // SAFETY: an all-zero event record is valid; the pointer outlives each call.
+        let mut data: nvmlEventData_t = unsafe { std::mem::zeroed() };
+        let wait = |ms, data: &mut nvmlEventData_t| {
+            let t = Instant::now();
+            // SAFETY: valid out-pointer.
+            (unsafe { nvmlEventSetWait_v2(set, data, ms) }, t.elapsed())
+        };
+
+        let (code, took) = wait(0, &mut data);
+        assert_eq!(code, TIMEOUT);
+        assert!(took < Duration::from_millis(200), "a zero timeout waited {took:?}");
+        let (code, took) = wait(300, &mut data);
+        assert_eq!(code, TIMEOUT);
+        assert!(took >= Duration::from_millis(300) && took < Duration::from_secs(3), "{took:?}");
+        // Blocked, not polling: a long quiet wait puts the thread to sleep once.
+        let switches = || {
+            let status = std::fs::read_to_string("/proc/thread-self/status").unwrap();
+            let line = status.lines().find(|l| l.starts_with("voluntary_ctxt_switches:")).unwrap().to_string();
+            line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap()
+        };
+        let before = switches();
+        assert_eq!(wait(1500, &mut data).0, TIMEOUT);
+        let slept = switches() - before;
+        assert!(slept <= 2, "a quiet 1.5 s wait woke {slept} times: it polls");
+
+        let ctl = dir.join("ctl");
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            std::fs::OpenOptions::new().append(true).open(&ctl).unwrap().write_all(b"xid 0 79\n").unwrap();
+        });
+        let (code, took) = wait(20_000, &mut data);
+        writer.join().unwrap();
+        assert_eq!(code, SUCCESS);
+        assert_eq!(data.eventData, 79);
+        assert!(took < Duration::from_secs(5), "the line took {took:?} to wake the wait");
+
+        let mut f = std::fs::OpenOptions::new().append(true).open(dir.join("ctl")).unwrap();
+        f.write_all(b"lost 0\n").unwrap();
+        let (code, took) = wait(20_000, &mut data);
+        assert_eq!(code, GPU_IS_LOST);
+        assert!(took < Duration::from_secs(5));
+        f.write_all(b"back 0\nvanish 0\n").unwrap();
+        let (code, _) = wait(300, &mut data);
+        assert_eq!(code, TIMEOUT, "a vanished GPU must not be reported by the wait");
+
+        assert_eq!(nvmlEventSetFree(set), SUCCESS);
+        assert_eq!(nvmlShutdown(), SUCCESS);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

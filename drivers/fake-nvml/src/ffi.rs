@@ -29,8 +29,8 @@ pub(crate) const GPU_IS_LOST: Ret = nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST;
 pub(crate) const VERSION_MISMATCH: Ret = nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
 pub(crate) const UNKNOWN: Ret = nvmlReturn_enum_NVML_ERROR_UNKNOWN;
 pub(crate) const MIB: u64 = 1024 * 1024;
-/// How often a blocked `nvmlEventSetWait_v2` looks at the control file (real
-/// NVML blocks; the fake polls a file, so not too often: it runs in the demo).
+/// How often a blocked `nvmlEventSetWait_v2` looks at the control file when
+/// inotify is unavailable (normally it sleeps on an inotify watch instead).
 pub(crate) const WAIT_POLL: Duration = Duration::from_millis(250);
 
 static STATE: Mutex<Option<Runtime>> = Mutex::new(None);
@@ -66,12 +66,16 @@ pub(crate) fn mig_handle(gpu: usize, slot: u32) -> nvmlDevice_t {
     std::ptr::without_provenance_mut(((gpu + 1) << 8) | (slot as usize + 1))
 }
 
-/// Decodes a handle; lost GPUs (and their MIG devices) answer GPU_IS_LOST.
+/// Decodes a handle; lost GPUs (and their MIG devices) answer GPU_IS_LOST,
+/// failing ones their failure code.
 pub(crate) fn target(rt: &Runtime, handle: nvmlDevice_t) -> Result<Target, Ret> {
     let raw = handle.addr();
     let gpu = (raw >> 8).checked_sub(1).filter(|&g| g < rt.machine.gpus.len()).ok_or(INVALID_ARGUMENT)?;
     if rt.lost[gpu] {
         return Err(GPU_IS_LOST);
+    }
+    if let Some(code) = rt.failing[gpu] {
+        return Err(code);
     }
     match (raw & 0xff).checked_sub(1) {
         None => Ok(Target::Gpu(gpu)),

@@ -6,7 +6,9 @@
 //! [`machine`]), found through `$FAKE_NVML_MACHINE`, else `fake-nvml.toml`
 //! beside this library, else `config/sim/nvidia/machine.toml` of the source
 //! tree it was built from. A control file named in the machine file injects
-//! Xid events and GPU loss while a daemon runs (see [`state`]).
+//! Xid events and GPU loss while a daemon runs (see [`state`]); a blocked
+//! event wait sleeps on it through inotify (see `wake`), so an idle daemon
+//! with the fake loaded costs no CPU.
 //!
 //! Struct layouts and constants come from `nvml-wrapper-sys`, so they are the
 //! ones the wrapper reads. Every export catches panics (a panic would abort
@@ -17,3 +19,4 @@ mod events;
 mod ffi;
 pub mod machine;
 pub mod state;
+mod wake;

@@ -8,15 +8,24 @@
 //! - `lost <gpu-index>`: the GPU falls off the bus: every call on it (and its
 //!   MIG devices) answers `NVML_ERROR_GPU_IS_LOST`, and each event set that
 //!   watches it returns `NVML_ERROR_GPU_IS_LOST` from its next wait, once;
-//! - `back <gpu-index>`: the GPU answers normally again.
+//! - `vanish <gpu-index>`: the GPU stops answering like a lost one (every
+//!   call on it answers `NVML_ERROR_GPU_IS_LOST`), but no event says so: no
+//!   Xid, and the event wait goes on as if nothing happened. Only a driver
+//!   that asks the GPU notices;
+//! - `fail <gpu-index> <code>`: every call on the GPU answers that NVML
+//!   return code (e.g. 999, unknown error), again without an event;
+//! - `back <gpu-index>`: the GPU answers normally again (after `lost`,
+//!   `vanish` or `fail`).
 //!
 //! Only lines appended after `nvmlInit` are read, so a control file left over
 //! from an earlier run replays nothing.
 
 use crate::machine::{Bdf, Machine};
+use crate::wake::ControlWatch;
 use std::collections::VecDeque;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// NVML's "not a MIG event" GPU/compute instance ID.
 pub const NO_INSTANCE: u32 = 0xFFFF_FFFF;
@@ -46,6 +55,10 @@ pub struct EventSet {
     pub queue: VecDeque<Event>,
     /// A watched GPU fell off the bus since the last wait.
     pub lost_pending: bool,
+    /// Wakes this set's waiter when the control file changes (made by the
+    /// first wait; shared with a wait in progress, so freeing the set cannot
+    /// close the descriptor under it).
+    pub watch: Option<Arc<ControlWatch>>,
 }
 
 impl EventSet {
@@ -59,6 +72,8 @@ pub struct Runtime {
     pub machine: Machine,
     pub bus: Vec<Bdf>,
     pub lost: Vec<bool>,
+    /// The code every call on the GPU answers (`fail`).
+    pub failing: Vec<Option<u32>>,
     pub sets: Vec<Option<EventSet>>,
     pub init_count: u32,
     control: Option<Control>,
@@ -68,6 +83,9 @@ struct Control {
     path: PathBuf,
     offset: u64,
     partial: String,
+    /// Says whether the file changed since the last look, so that the
+    /// calls in between skip opening it (`None`: always look).
+    watch: Option<ControlWatch>,
 }
 
 impl Runtime {
@@ -80,17 +98,28 @@ impl Runtime {
         let control = machine.control.as_ref().map(|c| {
             let dir = path.parent().unwrap_or(Path::new("."));
             let path = dir.join(c);
+            // Watch first, then take the end: a line written in between is not lost.
+            let watch = ControlWatch::new(&path);
             // Start at the current end: only commands written from now on count.
             let offset = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-            Control { path, offset, partial: String::new() }
+            Control { path, offset, partial: String::new(), watch }
         });
-        Ok(Runtime { machine, bus, lost, sets: Vec::new(), init_count: 0, control })
+        let failing = vec![None; machine.gpus.len()];
+        Ok(Runtime { machine, bus, lost, failing, sets: Vec::new(), init_count: 0, control })
+    }
+
+    /// The control file, when the machine names one.
+    pub fn control_path(&self) -> Option<&Path> {
+        self.control.as_ref().map(|c| c.path.as_path())
     }
 
     /// Reads and applies the commands appended to the control file since the
     /// last call. Cheap when nothing changed.
     pub fn poll_control(&mut self) {
         let Some(control) = self.control.as_mut() else { return };
+        if control.watch.as_ref().is_some_and(|w| !w.pending()) {
+            return;
+        }
         let Ok(mut file) = std::fs::File::open(&control.path) else { return };
         let len = file.metadata().map(|m| m.len()).unwrap_or(0);
         if len < control.offset {
@@ -148,8 +177,13 @@ impl Runtime {
                     }
                 }
             }
-            "back" => self.lost[gpu] = false,
-            other => return Err(format!("unknown command {other:?} (xid, lost, back)")),
+            "vanish" => self.lost[gpu] = true,
+            "fail" => self.failing[gpu] = Some(u32::try_from(num(1)?).map_err(|e| e.to_string())?),
+            "back" => {
+                self.lost[gpu] = false;
+                self.failing[gpu] = None;
+            }
+            other => return Err(format!("unknown command {other:?} (xid, lost, vanish, fail, back)")),
         }
         Ok(())
     }
@@ -195,6 +229,27 @@ mod tests {
         append(&dir, "back 0\n");
         rt.poll_control();
         assert!(!rt.lost[0]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_vanished_gpu_is_lost_without_telling_any_event_set() {
+        let dir = std::env::temp_dir().join(format!("fake-nvml-vanish-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut rt = runtime(&dir);
+        rt.sets.push(Some(EventSet { registered: vec![(0, XID_EVENT)], ..Default::default() }));
+        append(&dir, "vanish 0\n");
+        rt.poll_control();
+        let set = rt.sets[0].as_ref().unwrap();
+        assert!(rt.lost[0], "the GPU still answers");
+        assert!(!set.lost_pending && set.queue.is_empty(), "an event set was told");
+        append(&dir, "back 0\nfail 0 999\n");
+        rt.poll_control();
+        assert!(!rt.lost[0]);
+        assert_eq!(rt.failing[0], Some(999));
+        append(&dir, "back 0\n");
+        rt.poll_control();
+        assert_eq!(rt.failing[0], None);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -2,6 +2,7 @@
 //! the operator's log; a device with any problem is reported Unhealthy, and
 //! Healthy again as soon as the next scan finds none.
 
+use crate::seen;
 use crate::sysfs::{list, parse_u64, read_attr};
 use std::path::Path;
 
@@ -22,8 +23,9 @@ pub fn parse_id(text: &str, path: &Path) -> Result<String, String> {
 }
 
 /// Reads an ID file. `Err` carries the problem (unreadable or garbage).
+/// Watched: a reprogrammed or crashed FPGA changes it without a uevent.
 pub fn read_id(path: &Path) -> Result<String, String> {
-    parse_id(&read_attr(path)?, path)
+    parse_id(&seen::watched(|| read_attr(path))?, path)
 }
 
 /// The driver reports all-ones IDs when the FPGA's firmware has crashed.
@@ -36,9 +38,13 @@ pub fn all_ones(id: &str) -> bool {
 /// OPAE driver keeps `fme-errors/errors`). Injection controls are skipped.
 /// No `errors` directory means the driver does not report errors: no problem.
 pub fn error_registers(dir: &Path, who: &str) -> Vec<String> {
+    seen::watched(|| error_registers_now(dir, who))
+}
+
+fn error_registers_now(dir: &Path, who: &str) -> Vec<String> {
     let mut problems = Vec::new();
     let root = dir.join("errors");
-    if !root.is_dir() {
+    if !seen::is_dir(&root) {
         return problems;
     }
     let mut files = Vec::new();
@@ -80,6 +86,10 @@ pub fn error_registers(dir: &Path, who: &str) -> Vec<String> {
 /// a `state` other than operating/unknown, or a non-empty `status` (the
 /// kernel lists reconfiguration errors there). No manager: no problem.
 pub fn managers(dir: &Path, who: &str) -> Vec<String> {
+    seen::watched(|| managers_now(dir, who))
+}
+
+fn managers_now(dir: &Path, who: &str) -> Vec<String> {
     let mut problems = Vec::new();
     let mgr_devs = list(dir, |n| n.starts_with("dfl-fme-mgr.")).unwrap_or_default();
     for mgr_dev in mgr_devs {

@@ -5,6 +5,7 @@
 
 use crate::discover::{Card, Discovery, Fme, Port, Stack};
 use crate::health::{all_ones, error_registers, managers, read_id};
+use crate::seen;
 use crate::sysfs::{Node, Pci, Roots, first_with_prefix, is_numbered, list, read_optional};
 use std::path::{Path, PathBuf};
 
@@ -52,7 +53,8 @@ fn dfl_interface_id(fme: &Path) -> Option<PathBuf> {
 /// is not loaded: nothing to report.
 pub fn scan(roots: &Roots, layout: &Layout, out: &mut Discovery) {
     let class_dir = roots.sys.join("class").join(layout.class);
-    let entries = match list(&class_dir, |n| is_numbered(n, layout.container)) {
+    // Watched listings: a card or port that appears or goes shows without udev too.
+    let entries = match seen::watched(|| list(&class_dir, |n| is_numbered(n, layout.container))) {
         Ok(e) => e,
         Err(e) => {
             out.notes.push(format!("{} cards skipped: {e}", layout.stack.as_str()));
@@ -67,7 +69,7 @@ pub fn scan(roots: &Roots, layout: &Layout, out: &mut Discovery) {
 }
 
 fn read_card(roots: &Roots, layout: &Layout, dir: &Path, name: &str, notes: &mut Vec<String>) -> Option<Card> {
-    let children = match list(dir, |n| is_numbered(n, layout.fme) || is_numbered(n, layout.port)) {
+    let children = match seen::watched(|| list(dir, |n| is_numbered(n, layout.fme) || is_numbered(n, layout.port))) {
         Ok(c) => c,
         Err(e) => {
             notes.push(format!("{} {name} skipped: {e}", layout.stack.as_str()));
@@ -105,7 +107,7 @@ fn read_fme(roots: &Roots, layout: &Layout, dir: &Path, name: &str) -> Fme {
     problems.extend(managers(dir, &who));
     // No PR region (or one without compat_id) is legal: the card then has
     // no reconfigurable interface to report.
-    let interface_id = match (layout.interface_id)(dir).filter(|p| p.exists()) {
+    let interface_id = match (layout.interface_id)(dir).filter(|p| seen::watched(|| seen::exists(p))) {
         None => None,
         Some(path) => match read_id(&path) {
             Ok(id) if all_ones(&id) => {

@@ -13,6 +13,7 @@ mod discover;
 mod health;
 mod intel;
 mod report;
+mod seen;
 mod sysfs;
 mod watch;
 mod xrt;
@@ -24,7 +25,8 @@ use crate::config::Config;
 use crate::devices::{Device, devices};
 use crate::discover::discover;
 use crate::report::Reporter;
-use crate::watch::{Events, Notify, UdevEvents, Watcher};
+use crate::seen::Seen;
+use crate::watch::{Check, Events, Notify, UdevEvents, Watcher};
 use devhost_sdk::{Driver, Error, Health, Hooks, Host, Options, Result, Scan};
 use std::sync::{Arc, Mutex};
 
@@ -35,6 +37,9 @@ pub struct Fpga {
     problems: Reporter,
     summary: Mutex<String>,
     watcher: Mutex<Option<Watcher>>,
+    /// What the last scan's health checks read; the watcher reads it again
+    /// every poll round and asks for a rescan only when it changed.
+    health_reads: Arc<Mutex<Vec<Seen>>>,
 }
 
 /// Forwards the watcher thread's calls to this instance's host (the SDK's
@@ -69,13 +74,18 @@ impl Driver for Fpga {
             problems: Reporter::default(),
             summary: Mutex::new(String::new()),
             watcher: Mutex::new(None),
+            health_reads: Arc::new(Mutex::new(Vec::new())),
         })
     }
 
     fn scan(&self, scan: &mut Scan<'_>) -> Result<()> {
-        let found = discover(&self.config.roots, &self.config.scope);
-        let mut notes = found.notes;
-        let devices = devices(&found.cards, self.config.mode, &mut notes);
+        let ((found, devices, notes), reads) = seen::recording(|| {
+            let found = discover(&self.config.roots, &self.config.scope);
+            let mut notes = found.notes.clone();
+            let devices = devices(&found.cards, self.config.mode, &mut notes);
+            (found, devices, notes)
+        });
+        *self.health_reads.lock().unwrap_or_else(|p| p.into_inner()) = reads;
         self.log_changes(notes, &devices, found.cards.len());
         for d in &devices {
             emit(scan, d);
@@ -102,7 +112,12 @@ impl Driver for Fpga {
             (false, None) => "nothing: poll_interval is 0 and udev is off, devices are read once".to_string(),
         };
         log::info!("watching FPGAs under {} with {how}", self.config.roots.sys.display());
-        let watcher = Watcher::start(events, self.config.poll_interval, Arc::new(HostNotify(self.host)))
+        let reads = self.health_reads.clone();
+        let check: Check = Box::new(move |listings| {
+            let reads = reads.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            seen::changed(&reads, listings)
+        });
+        let watcher = Watcher::start(events, self.config.poll_interval, Some(check), Arc::new(HostNotify(self.host)))
             .map_err(|e| Error::internal(format!("cannot start the FPGA watch thread: {e}")))?;
         let mut slot = self.watcher.lock().unwrap_or_else(|p| p.into_inner());
         // The host calls watch_start once; should it ever repeat, stop the

@@ -6,6 +6,7 @@
 //! it could not honour the `sysfs_root` option that tests and the simulated
 //! node rely on.
 
+use crate::seen;
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -32,21 +33,26 @@ impl Node {
         Node { host: roots.dev.join(rel), container: format!("/dev/{rel}") }
     }
 
-    /// Whether the node exists on the host (a vanished node makes its device Unhealthy).
+    /// Whether the node exists on the host (a vanished node makes its device
+    /// Unhealthy); the watcher checks it again every poll round.
     pub fn present(&self) -> bool {
-        self.host.exists()
+        seen::watched(|| seen::exists(&self.host))
     }
 }
 
 /// Reads a sysfs attribute, trimmed. The error names the file.
 pub fn read_attr(path: &Path) -> Result<String, String> {
-    fs::read_to_string(path).map(|s| s.trim().to_string()).map_err(|e| format!("cannot read {}: {e}", path.display()))
+    let raw = fs::read_to_string(path);
+    seen::note_file(path, &raw);
+    raw.map(|s| s.trim().to_string()).map_err(|e| format!("cannot read {}: {e}", path.display()))
 }
 
 /// Reads an attribute that may legitimately be absent: `Ok(None)` when the
 /// file does not exist, an error when it exists but cannot be read.
 pub fn read_optional(path: &Path) -> Result<Option<String>, String> {
-    match fs::read_to_string(path) {
+    let raw = fs::read_to_string(path);
+    seen::note_file(path, &raw);
+    match raw {
         Ok(s) => Ok(Some(s.trim().to_string())),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(format!("cannot read {}: {e}", path.display())),
@@ -56,6 +62,7 @@ pub fn read_optional(path: &Path) -> Result<Option<String>, String> {
 /// The names in `dir` accepted by `keep`, sorted naturally (`port.2` before
 /// `port.10`). A missing directory is empty; an unreadable one is an error.
 pub fn list(dir: &Path, keep: impl Fn(&str) -> bool) -> Result<Vec<String>, String> {
+    seen::note_dir(dir);
     let entries = match fs::read_dir(dir) {
         Ok(e) => e,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),

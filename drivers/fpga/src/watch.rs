@@ -1,23 +1,43 @@
 //! Noticing change: a background thread that tells the host to rescan when a
-//! relevant kernel uevent arrives (hot-plug) and every poll interval (health
-//! changes such as error registers raise no uevent). Event sources sit behind
-//! [`Events`] so tests drive the thread with a channel; udev is optional.
+//! relevant kernel uevent arrives (hot-plug, reconfiguration), at once, and
+//! every poll interval (health changes such as error registers raise no
+//! uevent, and sysfs attributes like `errors` give no inotify event either).
+//! The thread sleeps in `epoll` (through `mio`, without `unsafe`) on the
+//! uevent socket and a stop waker, so between events and polls it costs
+//! nothing. Event sources sit behind [`Events`] so tests drive the thread
+//! with a channel; udev is optional.
 
+use mio::unix::SourceFd;
+use mio::{Interest, Poll, Token, Waker};
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
-use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// How often a pending event source is drained. Non-blocking reads on a
-/// tick keep the driver free of `unsafe` poll(2) calls; once a second costs
-/// next to nothing at idle and is quick enough for hot-plug.
-const EVENT_TICK: Duration = Duration::from_secs(1);
+/// How often a source without a descriptor (a test double) is drained.
+const EVENT_TICK: Duration = Duration::from_millis(200);
+const STOP: Token = Token(0);
+const EVENTS: Token = Token(1);
+/// Every this many poll rounds the host rescans whatever the check says, for
+/// what the check does not read again (driver bindings, PCI links).
+pub const FULL_RESCAN_ROUNDS: u32 = 30;
+
+/// A poll round's question: did anything the last scan's health depends on
+/// change? The argument says whether to look at folder listings too (false
+/// while uevents announce hot-plug). `None`: every round rescans.
+pub type Check = Box<dyn Fn(bool) -> bool + Send>;
 
 /// A source of hot-plug events.
 pub trait Events: Send {
     /// Drains what arrived, without blocking: `Ok(true)` when at least one
     /// event concerns FPGAs. `Err` means the source is broken for good.
     fn poll(&mut self) -> Result<bool, String>;
+    /// A descriptor that turns readable when events are queued, so the
+    /// thread can sleep on it; `None`: drained every [`EVENT_TICK`].
+    fn fd(&self) -> Option<RawFd> {
+        None
+    }
 }
 
 /// Where the watcher reports to (the host, or a test double).
@@ -50,6 +70,10 @@ impl UdevEvents {
 }
 
 impl Events for UdevEvents {
+    fn fd(&self) -> Option<RawFd> {
+        Some(self.socket.as_raw_fd())
+    }
+
     fn poll(&mut self) -> Result<bool, String> {
         let mut any = false;
         // The socket is non-blocking: the iterator ends when nothing is queued.
@@ -64,7 +88,8 @@ impl Events for UdevEvents {
 
 /// The running watcher thread.
 pub struct Watcher {
-    stop: mpsc::Sender<()>,
+    stop: Arc<AtomicBool>,
+    waker: Arc<Waker>,
     thread: JoinHandle<()>,
 }
 
@@ -74,41 +99,64 @@ impl Watcher {
     pub fn start(
         events: Option<Box<dyn Events>>,
         poll: Option<Duration>,
+        check: Option<Check>,
         notify: Arc<dyn Notify>,
     ) -> std::io::Result<Option<Watcher>> {
         if events.is_none() && poll.is_none() {
             return Ok(None);
         }
-        let (stop, stopped) = mpsc::channel();
+        let sleeper = Poll::new()?;
+        let waker = Arc::new(Waker::new(sleeper.registry(), STOP)?);
+        if let Some(fd) = events.as_ref().and_then(|e| e.fd()) {
+            sleeper.registry().register(&mut SourceFd(&fd), EVENTS, Interest::READABLE)?;
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread_stop = stop.clone();
         let thread = std::thread::Builder::new()
             .name("devhost-fpga-watch".into())
-            .spawn(move || run(events, poll, stopped, notify.as_ref()))?;
-        Ok(Some(Watcher { stop, thread }))
+            .spawn(move || run(sleeper, events, poll, check, &thread_stop, notify.as_ref()))?;
+        Ok(Some(Watcher { stop, waker, thread }))
     }
 
     /// Stops the thread and waits for it.
     pub fn stop(self) {
-        // A send error means the thread already ended; join either way.
-        let _ = self.stop.send(());
+        self.stop.store(true, Ordering::Release);
+        // A failed wake leaves the thread to notice the flag at its next wake-up.
+        let _ = self.waker.wake();
         let _ = self.thread.join();
     }
 }
 
-fn run(mut events: Option<Box<dyn Events>>, poll: Option<Duration>, stopped: mpsc::Receiver<()>, notify: &dyn Notify) {
+fn run(
+    mut sleeper: Poll,
+    mut events: Option<Box<dyn Events>>,
+    poll: Option<Duration>,
+    check: Option<Check>,
+    stop: &AtomicBool,
+    notify: &dyn Notify,
+) {
+    let mut ready = mio::Events::with_capacity(4);
+    let mut rounds = 0u32;
     let mut next_poll = poll.map(|p| Instant::now() + p);
+    let ticks = events.as_ref().is_some_and(|e| e.fd().is_none());
     loop {
         let until_poll = next_poll.map(|t| t.saturating_duration_since(Instant::now()));
-        let wait = match (&events, until_poll) {
-            (Some(_), Some(p)) => p.min(EVENT_TICK),
-            (Some(_), None) => EVENT_TICK,
-            (None, Some(p)) => p,
-            (None, None) => return,
+        let timeout = match (ticks, until_poll) {
+            (true, Some(p)) => Some(p.min(EVENT_TICK)),
+            (true, None) => Some(EVENT_TICK),
+            (false, p) => p, // None: sleep until an event or stop
         };
-        match stopped.recv_timeout(wait) {
-            Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
-            Err(RecvTimeoutError::Timeout) => {}
+        if let Err(e) = sleeper.poll(&mut ready, timeout)
+            && e.kind() != std::io::ErrorKind::Interrupted
+        {
+            notify.log(log::Level::Error, &format!("fpga: the watch thread cannot wait: {e}; it stops"));
+            return;
+        }
+        if stop.load(Ordering::Acquire) {
+            return;
         }
         let mut changed = false;
+        // Drained on every wake-up: the registration is edge-triggered.
         if let Some(source) = events.as_mut() {
             match source.poll() {
                 Ok(c) => changed = c,
@@ -118,14 +166,22 @@ fn run(mut events: Option<Box<dyn Events>>, poll: Option<Duration>, stopped: mps
                         None => "hot-plug is no longer detected (poll_interval is 0)".to_string(),
                     };
                     notify.log(log::Level::Warn, &format!("fpga: hot-plug events failed: {e}; {fallback}"));
+                    if let Some(fd) = source.fd() {
+                        let _ = sleeper.registry().deregister(&mut SourceFd(&fd));
+                    }
                     events = None;
+                    if poll.is_none() {
+                        return;
+                    }
                 }
             }
         }
         if let (Some(t), Some(p)) = (next_poll, poll)
             && Instant::now() >= t
         {
-            changed = true;
+            rounds += 1;
+            let full = rounds.is_multiple_of(FULL_RESCAN_ROUNDS);
+            changed |= full || check.as_ref().is_none_or(|c| c(events.is_none()));
             next_poll = Some(Instant::now() + p);
         }
         if changed {

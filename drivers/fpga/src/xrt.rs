@@ -5,6 +5,7 @@
 //! the same vendors (Amazon's NICs and disks), is ignored.
 
 use crate::discover::{Card, Discovery, Scope, Stack, XrtCard};
+use crate::seen::watched;
 use crate::sysfs::{Node, Pci, Roots, first_with_prefix, is_numbered, is_pci_address, link_name, list, read_attr};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -41,7 +42,7 @@ pub fn normalize_vendor(v: &str) -> String {
 /// Adds the Alveo cards found on the PCI bus.
 pub fn scan(roots: &Roots, scope: &Scope, out: &mut Discovery) {
     let bus = roots.sys.join("bus/pci/devices");
-    let addresses = match list(&bus, is_pci_address) {
+    let addresses = match watched(|| list(&bus, is_pci_address)) {
         Ok(a) => a,
         Err(e) => {
             out.notes.push(format!("xrt cards skipped: {e}"));
@@ -84,9 +85,10 @@ fn read_card(roots: &Roots, bus: &Path, user: &str, mgmt: Option<&str>) -> Card 
 
     // The ROM sub-device disappears while the card resets (`xbutil reset`):
     // report the card Unhealthy rather than dropping it.
-    match first_with_prefix(&udir, "rom.u.") {
+    // Watched (health): the ROM, the render node and the management instance.
+    match watched(|| first_with_prefix(&udir, "rom.u.")) {
         Some(rom) => {
-            info.vbnv = text(&rom.join("VBNV"), &who, &mut problems, true);
+            info.vbnv = watched(|| text(&rom.join("VBNV"), &who, &mut problems, true));
             info.timestamp = text(&rom.join("timestamp"), &who, &mut problems, false);
         }
         None => problems
@@ -99,14 +101,14 @@ fn read_card(roots: &Roots, bus: &Path, user: &str, mgmt: Option<&str>) -> Card 
         .ok()
         .and_then(|s| s.lines().map(str::trim).find(|l| !l.is_empty()).map(str::to_string));
 
-    match list(&udir.join("drm"), |n| is_numbered(n, "renderD")).map(|v| v.into_iter().next()) {
+    match watched(|| list(&udir.join("drm"), |n| is_numbered(n, "renderD"))).map(|v| v.into_iter().next()) {
         Ok(Some(render)) => info.nodes.push(Node::under(roots, &format!("dri/{render}"))),
         Ok(None) => problems.push(format!("{who}: no DRM render node under {}/drm (xocl not bound?)", udir.display())),
         Err(e) => problems.push(format!("{who}: {e}")),
     }
     if let Some(mgmt) = mgmt {
         let mdir = bus.join(mgmt);
-        match read_attr(&mdir.join("instance")).map(|t| (t.parse::<u32>(), t)) {
+        match watched(|| read_attr(&mdir.join("instance"))).map(|t| (t.parse::<u32>(), t)) {
             Ok((Ok(n), _)) => info.nodes.push(Node::under(roots, &format!("xclmgmt{n}"))),
             Ok((Err(_), t)) => {
                 problems.push(format!("{who}: {} holds {t:?}, not an instance number", mdir.join("instance").display()))

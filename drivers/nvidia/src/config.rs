@@ -19,12 +19,16 @@ pub const KNOWN_OPTIONS: &[&str] = &[
     "ignored_xids",
     "recovery_period",
     "health_without_events",
+    "health_check_interval",
 ];
 
 /// Xids that an application causes, not the GPU: a fault in one container
 /// must not take the GPU away from everyone (NVIDIA's plugin ignores the same).
 pub const DEFAULT_IGNORED_XIDS: &[u64] = &[13, 31, 43, 45, 68, 109];
 pub const DEFAULT_RECOVERY_PERIOD: Duration = Duration::from_secs(60);
+/// How often each Healthy GPU answers one cheap NVML question, so that a GPU
+/// lost without an event is noticed: a few microseconds per GPU per second.
+pub const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 
 /// How a device is named to the container runtime (`NVIDIA_VISIBLE_DEVICES`
 /// and CDI names). The device ID the kubelet sees is always the UUID.
@@ -56,6 +60,8 @@ pub struct HealthConfig {
     /// `None`: an Unhealthy GPU stays Unhealthy until the daemon restarts.
     pub recovery_period: Option<Duration>,
     pub without_events: WithoutEvents,
+    /// `None`: no periodic check (only events and recovery probes ask NVML).
+    pub check_interval: Option<Duration>,
 }
 
 /// All options of one driver instance.
@@ -117,6 +123,12 @@ impl Config {
             "healthy" => WithoutEvents::Healthy,
             other => return Err(bad("health_without_events", other, "unhealthy or healthy")),
         };
+        let check_interval = match options.get("health_check_interval") {
+            None => Some(DEFAULT_CHECK_INTERVAL),
+            Some(text) => parse_period(text).filter(|p| p.is_none_or(|d| !d.is_zero())).ok_or_else(|| {
+                bad("health_check_interval", text, "a duration like \"1s\", \"500ms\", \"1m\", or \"never\"")
+            })?,
+        };
         Ok(Config {
             nvml_lib: options.get_or("nvml_lib", "libnvidia-ml.so.1").to_string(),
             sysfs_root: PathBuf::from(options.get_or("sysfs_root", "/sys")),
@@ -126,7 +138,7 @@ impl Config {
             id_strategy,
             list,
             cdi_kind,
-            health: HealthConfig { ignored_xids, recovery_period, without_events },
+            health: HealthConfig { ignored_xids, recovery_period, without_events, check_interval },
         })
     }
 }
@@ -180,6 +192,19 @@ mod tests {
         assert_eq!(c.health.ignored_xids.iter().copied().collect::<Vec<_>>(), vec![13, 31, 43, 45, 68, 109]);
         assert_eq!(c.health.recovery_period, Some(Duration::from_secs(60)));
         assert_eq!(c.health.without_events, WithoutEvents::Unhealthy);
+        assert_eq!(c.health.check_interval, Some(Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn health_check_interval_takes_durations_or_never_but_not_zero() {
+        let c = Config::from_options(&opts(&[("health_check_interval", "250ms")])).unwrap();
+        assert_eq!(c.health.check_interval, Some(Duration::from_millis(250)));
+        let c = Config::from_options(&opts(&[("health_check_interval", "never")])).unwrap();
+        assert_eq!(c.health.check_interval, None);
+        for bad in ["0", "0s", "often"] {
+            let e = Config::from_options(&opts(&[("health_check_interval", bad)])).unwrap_err();
+            assert!(e.message.contains("health_check_interval") && e.message.contains(bad), "{e}");
+        }
     }
 
     #[test]

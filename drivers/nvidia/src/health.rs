@@ -10,13 +10,20 @@
 //! Unhealthy (never silently Healthy) and the thread rebuilds the event set
 //! with a growing delay; GPUs whose NVML has no Xid events at all follow
 //! `health_without_events`.
+//!
+//! Not every loss comes with an event: every `health_check_interval` the
+//! thread also asks each Healthy GPU one cheap live question (its memory
+//! info). A GPU that answers `GPU_IS_LOST` is Unhealthy at once, one that
+//! fails [`FAILURES_TO_UNHEALTHY`] checks in a row with another error too.
+//! Identity queries (UUID, name, PCI info) would not do: NVML answers them
+//! from what it read when it attached the GPU.
 
 use crate::config::{HealthConfig, WithoutEvents};
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::struct_wrappers::event::EventData;
-use nvml_wrapper::{EventSet, Nvml};
+use nvml_wrapper::{Device, EventSet, Nvml};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, mpsc};
@@ -34,6 +41,9 @@ const FIRST_RETRY: Duration = Duration::from_secs(1);
 const MAX_RETRY: Duration = Duration::from_secs(30);
 /// How long `watch_start` waits for the first registration.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// Failed periodic checks in a row (errors other than `GPU_IS_LOST`) that
+/// make a GPU Unhealthy: one odd answer is not a broken GPU.
+pub const FAILURES_TO_UNHEALTHY: u32 = 3;
 
 /// Whether the event thread watches a GPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -193,11 +203,20 @@ struct Events<'n> {
     retry_delay: Duration,
     tick: Duration,
     changed: bool,
+    /// Device handles by UUID, opened once (a lookup is a call too).
+    handles: HashMap<String, Device<'n>>,
+    /// Periodic checks failed in a row, per GPU.
+    failures: HashMap<String, u32>,
+    next_check: Option<Instant>,
 }
 
 impl<'n> Events<'n> {
     fn new(nvml: &'n Nvml, board: Arc<Board>, config: HealthConfig, notify: Notify, stop: Arc<AtomicBool>) -> Self {
-        let tick = config.recovery_period.map_or(MAX_TICK, |p| p / 4).clamp(MIN_TICK, MAX_TICK);
+        let mut tick = config.recovery_period.map_or(MAX_TICK, |p| p / 4).clamp(MIN_TICK, MAX_TICK);
+        if let Some(every) = config.check_interval {
+            tick = tick.min(every.max(MIN_TICK));
+        }
+        let next_check = config.check_interval.map(|every| Instant::now() + every);
         Events {
             nvml,
             board,
@@ -209,6 +228,9 @@ impl<'n> Events<'n> {
             retry_delay: FIRST_RETRY,
             tick,
             changed: false,
+            handles: HashMap::new(),
+            failures: HashMap::new(),
+            next_check,
         }
     }
 
@@ -315,8 +337,53 @@ impl<'n> Events<'n> {
                     self.retry_delay = (self.retry_delay * 2).min(MAX_RETRY);
                 }
             }
+            self.check_due();
             self.recover();
             self.flush();
+        }
+    }
+
+    /// Asks every Healthy GPU one live question when the check is due.
+    fn check_due(&mut self) {
+        let (Some(at), Some(every)) = (self.next_check, self.config.check_interval) else { return };
+        let now = Instant::now();
+        if now < at {
+            return;
+        }
+        self.next_check = Some(now + every);
+        let healthy: Vec<String> =
+            self.board.lock().iter().filter(|(_, g)| g.healthy).map(|(u, _)| u.clone()).collect();
+        for uuid in healthy {
+            match self.probe(&uuid) {
+                Ok(()) => {
+                    self.failures.remove(&uuid);
+                }
+                Err(NvmlError::GpuLost) => {
+                    self.failures.remove(&uuid);
+                    self.mark(&uuid, "lost: NVML answers \"GPU is lost\" to the periodic check (no event reported it)");
+                }
+                Err(e) => {
+                    let n = self.failures.entry(uuid.clone()).or_insert(0);
+                    *n += 1;
+                    if *n >= FAILURES_TO_UNHEALTHY {
+                        let reason = format!("the periodic NVML check failed {n} times in a row: {e}");
+                        self.failures.remove(&uuid);
+                        self.mark(&uuid, &reason);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A cheap NVML round trip that reaches the GPU; see [`probe_device`].
+    fn probe(&mut self, uuid: &str) -> Result<(), NvmlError> {
+        if !self.handles.contains_key(uuid) {
+            let device = self.nvml.device_by_uuid(uuid)?;
+            self.handles.insert(uuid.to_string(), device);
+        }
+        match self.handles.get(uuid) {
+            Some(device) => probe_device(device),
+            None => Err(NvmlError::NotFound),
         }
     }
 
@@ -374,7 +441,7 @@ impl<'n> Events<'n> {
     fn mark_failing(&mut self, why: &str) -> usize {
         let mut failed = 0;
         for uuid in self.board.uuids() {
-            if let Err(e) = probe(self.nvml, &uuid) {
+            if let Err(e) = self.probe(&uuid) {
                 failed += 1;
                 self.mark(&uuid, &format!("{why}: {e}"));
             }
@@ -395,7 +462,7 @@ impl<'n> Events<'n> {
             .map(|(u, g)| (u.clone(), g.watch, g.last_problem))
             .collect();
         for (uuid, watch, last_problem) in candidates {
-            let ok = recoverable(watch, self.config.without_events) && probe(self.nvml, &uuid).is_ok();
+            let ok = recoverable(watch, self.config.without_events) && self.probe(&uuid).is_ok();
             let mut gpus = self.board.lock();
             let Some(g) = gpus.get_mut(&uuid) else { continue };
             if !ok {
@@ -435,9 +502,25 @@ fn register_one<'n>(
     })
 }
 
-/// A cheap NVML round trip on a GPU: fails while it is lost.
-fn probe(nvml: &Nvml, uuid: &str) -> Result<(), NvmlError> {
-    nvml.device_by_uuid(uuid)?.pci_info().map(|_| ())
+/// A cheap NVML question that the kernel driver answers from the GPU's live
+/// state, so it fails while the GPU is lost: its memory info (one ioctl, for
+/// all products, no side effects, no privileges). UUID, name, PCI info and
+/// minor number are not good enough: NVML caches them when it attaches the
+/// GPU. Where the call is not available (an old driver, a platform without
+/// it) the performance state is asked instead; when neither exists the GPU
+/// counts as answering, since nothing says otherwise.
+fn probe_device(device: &Device<'_>) -> Result<(), NvmlError> {
+    let unavailable = |e: &NvmlError| {
+        matches!(e, NvmlError::NotSupported | NvmlError::FailedToLoadSymbol(_) | NvmlError::FunctionNotFound)
+    };
+    match device.memory_info() {
+        Ok(_) => Ok(()),
+        Err(e) if unavailable(&e) => match device.performance_state() {
+            Err(e) if !unavailable(&e) => Err(e),
+            _ => Ok(()),
+        },
+        Err(e) => Err(e),
+    }
 }
 
 #[cfg(test)]

@@ -191,3 +191,60 @@ fn watch_stop_joins_the_thread_promptly() {
     std::thread::sleep(Duration::from_millis(100));
     assert!(healthy(&node, 0));
 }
+
+#[test]
+fn a_gpu_lost_without_any_event_is_found_by_the_periodic_check_and_recovers() {
+    let (gpus, machine) = four_gpus("");
+    let fx = Fixture::new(&gpus, &machine);
+    let node = fx.open(&[("recovery_period", "300ms"), ("health_check_interval", "200ms")]);
+    node.watch_start();
+    let lost = Instant::now();
+    // No Xid and no lost report from the event wait: only asking the GPU shows it.
+    fx.control("vanish 1");
+    assert!(wait_until(SOON, || !healthy(&node, 1)), "the silently lost GPU 1 was never noticed");
+    let detected = lost.elapsed();
+    assert!(detected < Duration::from_millis(200) + SOON / 3, "took {detected:?}");
+    let reason = node.unhealthy_reason(&gpu_uuid(1));
+    assert!(reason.contains("GPU is lost") && reason.contains("periodic check"), "{reason}");
+    assert!(healthy(&node, 0) && healthy(&node, 2) && healthy(&node, 3), "only GPU 1 is affected");
+    // While it stays lost it does not recover.
+    std::thread::sleep(Duration::from_millis(700));
+    assert!(!healthy(&node, 1), "a lost GPU recovered");
+    fx.control("back 1");
+    assert!(wait_until(SOON, || healthy(&node, 1)), "GPU 1 did not recover after answering again");
+    node.watch_stop();
+}
+
+#[test]
+fn with_the_periodic_check_off_a_silently_lost_gpu_goes_unnoticed() {
+    let (gpus, machine) = four_gpus("");
+    let fx = Fixture::new(&gpus, &machine);
+    let node = fx.open(&[("recovery_period", "never"), ("health_check_interval", "never")]);
+    node.watch_start();
+    fx.control("vanish 1");
+    // An Xid on another GPU shows the fake has read the control file.
+    fx.control("xid 0 79");
+    assert!(wait_until(SOON, || !healthy(&node, 0)));
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(healthy(&node, 1), "without events or checks nothing can notice GPU 1");
+    node.watch_stop();
+}
+
+#[test]
+fn a_gpu_failing_the_check_three_times_in_a_row_is_unhealthy() {
+    let (gpus, machine) = four_gpus("");
+    let fx = Fixture::new(&gpus, &machine);
+    let node = fx.open(&[("recovery_period", "300ms"), ("health_check_interval", "100ms")]);
+    node.watch_start();
+    let failing = Instant::now();
+    fx.control("fail 2 999");
+    assert!(wait_until(SOON, || !healthy(&node, 2)), "a consistently failing GPU stayed Healthy");
+    // Three checks 100 ms apart: not before the third.
+    assert!(failing.elapsed() >= Duration::from_millis(200), "marked after fewer than three checks");
+    let reason = node.unhealthy_reason(&gpu_uuid(2));
+    assert!(reason.contains("3 times in a row"), "{reason}");
+    assert!(healthy(&node, 0) && healthy(&node, 1) && healthy(&node, 3));
+    fx.control("back 2");
+    assert!(wait_until(SOON, || healthy(&node, 2)), "GPU 2 did not recover");
+    node.watch_stop();
+}

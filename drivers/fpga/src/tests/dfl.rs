@@ -192,3 +192,33 @@ fn virtual_function_region_with_a_port_but_no_fme_is_reported() {
     let (r, _) = t.devices(Mode::Region);
     assert_eq!(ids(&r), ["region4"]);
 }
+
+#[test]
+fn a_check_round_notices_what_health_depends_on_and_ignores_the_rest() {
+    let t = Tree::two_dfl_cards();
+    let ((), seen) = crate::seen::recording(|| {
+        t.devices(Mode::Port);
+    });
+    assert!(!crate::seen::changed(&seen, true), "nothing changed yet");
+    let port1 = "devices/pci0000:00/0000:00:01.0/0000:5e:00.0/fpga_region/region0/dfl-port.1";
+    let fme = "devices/pci0000:00/0000:00:01.0/0000:5e:00.0/fpga_region/region0/dfl-fme.0";
+    // Each of these changes a device's health (or its identity): the round sees it,
+    // even with listings skipped (udev working).
+    for (file, bad, good) in [
+        (format!("{port1}/errors/errors"), "0x4\n", "0x0\n"),
+        (format!("{port1}/afu_id"), &format!("{ONES}\n") as &str, &format!("{AFU_NLB3}\n") as &str),
+        (format!("{fme}/errors/catfatal_errors"), "0x1\n", "0x0\n"),
+        (format!("{fme}/dfl-fme-mgr.0/fpga_manager/fpga0/state"), "write error\n", "unknown\n"),
+    ] {
+        t.file(&file, bad);
+        assert!(crate::seen::changed(&seen, false), "{file} = {bad:?} went unnoticed");
+        t.file(&file, good);
+        assert!(!crate::seen::changed(&seen, true), "{file} restored still counts as changed");
+    }
+    t.rm_dev("dfl-port.1");
+    assert!(crate::seen::changed(&seen, false), "a vanished device node went unnoticed");
+    t.dev("dfl-port.1");
+    // Facts that no health rule reads do not wake the host.
+    t.file(&format!("{fme}/bitstream_metadata"), "0x9999\n");
+    assert!(!crate::seen::changed(&seen, true), "a non-health attribute triggered a rescan");
+}

@@ -39,7 +39,7 @@ impl Notify for Recorder {
 fn start(poll: Option<Duration>) -> (Sender<Result<bool, String>>, Arc<Recorder>, Watcher) {
     let (tx, rx) = mpsc::channel();
     let rec = Arc::new(Recorder::default());
-    let w = Watcher::start(Some(Box::new(ChannelEvents(rx))), poll, rec.clone()).unwrap().unwrap();
+    let w = Watcher::start(Some(Box::new(ChannelEvents(rx))), poll, None, rec.clone()).unwrap().unwrap();
     (tx, rec, w)
 }
 
@@ -116,7 +116,7 @@ fn broken_event_source_falls_back_to_polling_with_a_warning() {
 #[test]
 fn polling_alone_rescans_periodically() {
     let rec = Arc::new(Recorder::default());
-    let w = Watcher::start(None, Some(Duration::from_millis(30)), rec.clone()).unwrap().unwrap();
+    let w = Watcher::start(None, Some(Duration::from_millis(30)), None, rec.clone()).unwrap().unwrap();
     assert!(wait_for(|| rec.changed.load(Ordering::SeqCst) >= 3));
     w.stop();
 }
@@ -125,7 +125,7 @@ fn polling_alone_rescans_periodically() {
 fn stop_is_prompt_even_with_a_long_poll_interval() {
     let (_tx, _rec, w) = start(Some(Duration::from_secs(3600)));
     let rec2 = Arc::new(Recorder::default());
-    let w2 = Watcher::start(None, Some(Duration::from_secs(3600)), rec2).unwrap().unwrap();
+    let w2 = Watcher::start(None, Some(Duration::from_secs(3600)), None, rec2).unwrap().unwrap();
     let t0 = Instant::now();
     w.stop();
     w2.stop();
@@ -134,7 +134,7 @@ fn stop_is_prompt_even_with_a_long_poll_interval() {
 
 #[test]
 fn nothing_to_watch_starts_no_thread() {
-    assert!(Watcher::start(None, None, Arc::new(Recorder::default())).unwrap().is_none());
+    assert!(Watcher::start(None, None, None, Arc::new(Recorder::default())).unwrap().is_none());
 }
 
 #[test]
@@ -147,4 +147,51 @@ fn udev_monitor_when_available_never_blocks() {
         assert!(e.poll().is_ok());
         assert!(t0.elapsed() < Duration::from_millis(500));
     }
+}
+
+#[test]
+fn a_kernel_uevent_wakes_the_watcher_at_once() {
+    // Environment-dependent: needs the udev kernel monitor and a PCI device
+    // whose `uevent` file accepts "change" (root on Linux). Elsewhere it
+    // checks nothing; the channel tests above cover the logic.
+    let Ok(events) = UdevEvents::open() else { return };
+    let Some(uevent) = std::fs::read_dir("/sys/bus/pci/devices")
+        .ok()
+        .and_then(|mut d| d.next())
+        .and_then(|e| e.ok())
+        .map(|e| e.path().join("uevent"))
+    else {
+        return;
+    };
+    let rec = Arc::new(Recorder::default());
+    // No polling: only the event can wake the thread.
+    let w = Watcher::start(Some(Box::new(events)), None, None, rec.clone()).unwrap().unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let before = rec.changed.load(Ordering::SeqCst);
+    let t0 = Instant::now();
+    if std::fs::write(&uevent, "change").is_err() {
+        w.stop();
+        return;
+    }
+    assert!(wait_for(|| rec.changed.load(Ordering::SeqCst) > before), "the uevent never arrived");
+    // The thread sleeps on the socket: no drain tick delays it.
+    assert!(t0.elapsed() < Duration::from_millis(800), "took {:?}", t0.elapsed());
+    w.stop();
+}
+
+#[test]
+fn a_poll_round_rescans_only_when_its_check_sees_a_change() {
+    let rec = Arc::new(Recorder::default());
+    let dirty = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = dirty.clone();
+    let check: crate::watch::Check = Box::new(move |_| flag.swap(false, Ordering::SeqCst));
+    let w = Watcher::start(None, Some(Duration::from_millis(50)), Some(check), rec.clone()).unwrap().unwrap();
+    // Six rounds (a full rescan comes after 30, 1.5 s) with nothing changed: no rescan.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(rec.changed.load(Ordering::SeqCst), 0, "rescanned although nothing changed");
+    dirty.store(true, Ordering::SeqCst);
+    assert!(wait_for(|| rec.changed.load(Ordering::SeqCst) == 1), "the change was not passed on");
+    // Every FULL_RESCAN_ROUNDS rounds the host rescans anyway.
+    assert!(wait_for(|| rec.changed.load(Ordering::SeqCst) >= 2), "no periodic full rescan");
+    w.stop();
 }
