@@ -50,7 +50,9 @@ pub enum LoadError {
     Read { path: PathBuf, detail: String },
     #[error("{path}: cannot make a private copy of the module (memfd_create): {detail}")]
     Copy { path: PathBuf, detail: String },
-    #[error("{path}: cannot open its private copy through {proc_path}: /proc is not mounted here (devhost loads every module from a sealed copy through /proc/self/fd)")]
+    #[error(
+        "{path}: cannot open its private copy through {proc_path}: /proc is not mounted here (devhost loads every module from a sealed copy through /proc/self/fd)"
+    )]
     NoProc { path: PathBuf, proc_path: PathBuf },
     #[error("{path}: driver {field} is NULL or not valid UTF-8")]
     BadString { path: PathBuf, field: &'static str },

@@ -33,8 +33,12 @@ pub const BACKOFF_MAX: Duration = Duration::from_secs(10);
 const STABLE: Duration = Duration::from_secs(30);
 /// Deadlines a worker may miss in a row (or stay stuck for) before it is killed.
 pub const MAX_MISSES: u32 = 3;
-/// How often the supervisor looks at a live worker (hangs, a leaked channel).
+/// How often the supervisor looks at a live worker while a call of it is
+/// stuck (to kill it on time), and while none is (a leaked channel: a
+/// driver's forked child holding it open). A call that misses its deadline
+/// wakes the supervisor at once, so an idle worker costs one wake-up a second.
 const TICK: Duration = Duration::from_millis(100);
+const IDLE_TICK: Duration = Duration::from_secs(1);
 /// A worker that does not read its requests for this long is wedged.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -60,6 +64,8 @@ pub(super) enum Event {
     Lost(u64),
     /// Kill this worker generation and restart it, for this reason.
     Kill(u64, String),
+    /// A call of this worker generation missed its deadline: look closely.
+    Stuck,
     Stop,
 }
 
@@ -193,6 +199,8 @@ impl Worker {
                 let n = s.misses.fetch_add(1, Ordering::Relaxed) + 1;
                 if n >= MAX_MISSES {
                     s.event(Event::Kill(conn.generation, format!("missed {n} deadlines in a row (last in {call})")));
+                } else {
+                    s.event(Event::Stuck);
                 }
                 s.changed.notify_one();
                 Err(CallError::Timeout { driver: s.name.clone(), call, timeout: s.timeout })
@@ -375,7 +383,8 @@ fn stop_within(events: &mpsc::Receiver<Event>, delay: Duration) -> bool {
 /// Watches a live worker until it ends, must be killed, or must stop.
 fn watch(s: &Shared, conn: &Conn, child: &mut Child, events: &mpsc::Receiver<Event>) -> End {
     loop {
-        match events.recv_timeout(TICK) {
+        let tick = if conn.stuck().is_some() { TICK } else { IDLE_TICK };
+        match events.recv_timeout(tick) {
             Ok(Event::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => return End::Stop,
             Ok(Event::Lost(g)) if g == conn.generation => return End::Lost,
             Ok(Event::Kill(g, why)) if g == conn.generation => return End::Kill(why),
