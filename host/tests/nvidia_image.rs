@@ -77,12 +77,9 @@ fn copy_with_libraries(bin: &Path, root: &Path) {
 
 /// How to get a private mount namespace here: as root, or in a user namespace.
 fn unshare_args() -> Option<Vec<&'static str>> {
-    for args in [vec!["-m"], vec!["-r", "-m"]] {
-        if Command::new("unshare").args(&args).arg("true").status().is_ok_and(|s| s.success()) {
-            return Some(args);
-        }
-    }
-    None
+    [vec!["-m"], vec!["-r", "-m"]]
+        .into_iter()
+        .find(|args| Command::new("unshare").args(args).arg("true").status().is_ok_and(|s| s.success()))
 }
 
 /// The node: fake NVML for the daemon, a driver root with the "real" driver files, the manifest.
