@@ -560,3 +560,30 @@ pub fn host_api(ctx: *mut c_void) -> abi::devhost_host_api {
         device_health_reason: Some(device_health_reason),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_health_reason_belongs_to_the_current_device_cleaned_and_cut() {
+        let ctx = CallCtx::new(CallKind::Scan);
+        let s = abi::devhost_str::from_str;
+        // SAFETY: a live call handle and borrowed strings, as a driver would pass them.
+        unsafe {
+            assert_eq!(device_health_reason(ctx.as_raw(), s("early")), abi::DEVHOST_ERR_FAILED_PRECONDITION);
+            device_begin(ctx.as_raw(), s("gpu-0"), abi::DEVHOST_HEALTH_UNHEALTHY, -1);
+            assert_eq!(device_health_reason(ctx.as_raw(), s("critical\nXid 79 ")), abi::DEVHOST_OK);
+            device_begin(ctx.as_raw(), s("gpu-1"), abi::DEVHOST_HEALTH_UNHEALTHY, -1);
+            device_health_reason(ctx.as_raw(), s(&"é".repeat(200)));
+            device_begin(ctx.as_raw(), s("gpu-2"), abi::DEVHOST_HEALTH_HEALTHY, -1);
+            device_health_reason(ctx.as_raw(), s(""));
+        }
+        let st = ctx.into_state();
+        assert_eq!(st.devices[0].health_reason.as_deref(), Some("critical Xid 79"));
+        let long = st.devices[1].health_reason.as_deref().unwrap();
+        assert!(long.len() <= MAX_HEALTH_REASON && long.starts_with("éé"), "{long}");
+        assert_eq!(st.devices[2].health_reason, None);
+        assert_eq!(st.problems.len(), 1, "{:?}", st.problems);
+    }
+}
