@@ -17,6 +17,7 @@ fn device(i: usize) -> Device {
     Device {
         id: id.clone(),
         healthy: true,
+        health_reason: None,
         numa_node: Some((i % 2) as i64),
         attributes: BTreeMap::from([
             ("index".to_string(), i.to_string()),

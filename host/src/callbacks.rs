@@ -208,6 +208,7 @@ pub unsafe extern "C" fn device_begin(
         st.devices.push(Device {
             id,
             healthy: health == abi::DEVHOST_HEALTH_HEALTHY,
+            health_reason: None,
             numa_node: (numa_node >= 0).then_some(i64::from(numa_node)),
             attributes: BTreeMap::new(),
             edits: Edits::default(),
@@ -268,6 +269,38 @@ pub unsafe extern "C" fn device_link(
         };
         let other = strs!(st, "device_link", other);
         st.devices[i].links.push((other, score));
+        abi::DEVHOST_OK
+    })
+}
+
+/// The longest health reason kept; a longer one is cut at a character boundary.
+pub const MAX_HEALTH_REASON: usize = 256;
+
+/// `reason` cut to [`MAX_HEALTH_REASON`] bytes, with its line breaks and control characters made
+/// spaces (it ends up in one log line).
+fn health_reason_text(reason: &str) -> String {
+    let mut end = reason.len().min(MAX_HEALTH_REASON);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    reason[..end].chars().map(|c| if c.is_control() { ' ' } else { c }).collect::<String>().trim().to_string()
+}
+
+/// # Safety
+/// Called by a driver per the ABI (1.2): `call` is the live handle of the call in
+/// progress and `reason` is readable for the callback.
+pub unsafe extern "C" fn device_health_reason(
+    call: *mut abi::devhost_call,
+    reason: abi::devhost_str,
+) -> abi::devhost_status {
+    with_call(call, |kind, st| {
+        let i = match current_device(kind, st, "device_health_reason") {
+            Ok(i) => i,
+            Err(s) => return s,
+        };
+        let reason = strs!(st, "device_health_reason", reason);
+        let reason = health_reason_text(&reason);
+        st.devices[i].health_reason = (!reason.is_empty()).then_some(reason);
         abi::DEVHOST_OK
     })
 }
@@ -524,5 +557,33 @@ pub fn host_api(ctx: *mut c_void) -> abi::devhost_host_api {
         add_annotation: Some(add_annotation),
         add_cdi_device: Some(add_cdi_device),
         prefer_device: Some(prefer_device),
+        device_health_reason: Some(device_health_reason),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_health_reason_belongs_to_the_current_device_cleaned_and_cut() {
+        let ctx = CallCtx::new(CallKind::Scan);
+        let s = abi::devhost_str::from_str;
+        // SAFETY: a live call handle and borrowed strings, as a driver would pass them.
+        unsafe {
+            assert_eq!(device_health_reason(ctx.as_raw(), s("early")), abi::DEVHOST_ERR_FAILED_PRECONDITION);
+            device_begin(ctx.as_raw(), s("gpu-0"), abi::DEVHOST_HEALTH_UNHEALTHY, -1);
+            assert_eq!(device_health_reason(ctx.as_raw(), s("critical\nXid 79 ")), abi::DEVHOST_OK);
+            device_begin(ctx.as_raw(), s("gpu-1"), abi::DEVHOST_HEALTH_UNHEALTHY, -1);
+            device_health_reason(ctx.as_raw(), s(&"é".repeat(200)));
+            device_begin(ctx.as_raw(), s("gpu-2"), abi::DEVHOST_HEALTH_HEALTHY, -1);
+            device_health_reason(ctx.as_raw(), s(""));
+        }
+        let st = ctx.into_state();
+        assert_eq!(st.devices[0].health_reason.as_deref(), Some("critical Xid 79"));
+        let long = st.devices[1].health_reason.as_deref().unwrap();
+        assert!(long.len() <= MAX_HEALTH_REASON && long.starts_with("éé"), "{long}");
+        assert_eq!(st.devices[2].health_reason, None);
+        assert_eq!(st.problems.len(), 1, "{:?}", st.problems);
     }
 }

@@ -32,6 +32,8 @@ pub struct Edits {
 pub struct Device {
     pub id: String,
     pub healthy: bool,
+    /// Why the driver gave the device its health (ABI 1.2 `device_health_reason`), if it said.
+    pub health_reason: Option<String>,
     pub numa_node: Option<i64>,
     pub attributes: BTreeMap<String, String>,
     pub edits: Edits,
@@ -181,6 +183,7 @@ mod tests {
         Device {
             id: id.into(),
             healthy: true,
+            health_reason: None,
             numa_node: None,
             attributes: BTreeMap::new(),
             edits: Edits {

@@ -421,6 +421,9 @@ async fn list(config: &Path, json: bool) -> ExitCode {
                 attrs.extend(devhost::sim::links_text(d));
                 let health = if d.healthy { "Healthy" } else { "Unhealthy" };
                 println!("  {:<40} {:<9} numa={:<2} {}", d.id, health, numa, attrs.join(" "));
+                if let Some(why) = d.health_reason.as_ref().filter(|_| !d.healthy) {
+                    println!("  {:<40} reason: {why}", "");
+                }
             }
         }
     }

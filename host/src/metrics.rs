@@ -68,6 +68,7 @@ struct DriverLabels {
 pub struct Metrics {
     registry: Registry,
     devices: Family<DeviceLabels, Gauge>,
+    unhealthy_devices: Family<ResourceLabels, Gauge>,
     allocations: Family<AllocationLabels, Counter>,
     allocate_duration: Family<ResourceLabels, Histogram>,
     registrations: Family<ResourceLabels, Counter>,
@@ -93,6 +94,7 @@ impl Metrics {
     pub fn new() -> Metrics {
         let mut registry = Registry::with_prefix("devhost");
         let devices = Family::<DeviceLabels, Gauge>::default();
+        let unhealthy_devices = Family::<ResourceLabels, Gauge>::default();
         let allocations = Family::<AllocationLabels, Counter>::default();
         let allocate_duration = Family::<ResourceLabels, Histogram>::new_with_constructor(
             (|| Histogram::new(ALLOCATE_BUCKETS)) as fn() -> Histogram,
@@ -106,6 +108,11 @@ impl Metrics {
         let create_failed_attempts = Family::<DriverLabels, Gauge>::default();
         // Counter names get their `_total` and histograms their unit from the encoder.
         registry.register("devices", "Devices advertised per resource and health", devices.clone());
+        registry.register(
+            "unhealthy_devices",
+            "Physical devices of the resource that are Unhealthy now (replicas not counted; why: /status)",
+            unhealthy_devices.clone(),
+        );
         registry.register("allocations", "Allocate container requests per resource and outcome", allocations.clone());
         registry.register_with_unit(
             "allocate_duration",
@@ -149,6 +156,7 @@ impl Metrics {
         Metrics {
             registry,
             devices,
+            unhealthy_devices,
             allocations,
             allocate_duration,
             registrations,
@@ -182,6 +190,13 @@ impl Metrics {
             let labels = DeviceLabels { resource: resource.to_string(), health };
             self.devices.get_or_create(&labels).set(i64::try_from(n).unwrap_or(i64::MAX));
         }
+    }
+
+    /// Sets how many physical devices of a resource are Unhealthy.
+    pub fn set_unhealthy_devices(&self, resource: &str, unhealthy: usize) {
+        self.unhealthy_devices
+            .get_or_create(&self::resource(resource))
+            .set(i64::try_from(unhealthy).unwrap_or(i64::MAX));
     }
 
     /// Counts one Allocate container request and, per call, its latency.
@@ -225,6 +240,7 @@ impl Metrics {
         for outcome in ["ok", "error"] {
             self.allocations.remove(&AllocationLabels { resource: name.to_string(), outcome });
         }
+        self.unhealthy_devices.remove(&resource(name));
         self.allocate_duration.remove(&resource(name));
         self.registrations.remove(&resource(name));
         self.registered.remove(&resource(name));

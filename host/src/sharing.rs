@@ -140,6 +140,7 @@ mod tests {
         Device {
             id: id.into(),
             healthy,
+            health_reason: None,
             numa_node: Some(1),
             attributes: BTreeMap::from([("model".to_string(), "X".to_string())]),
             edits: Edits {

@@ -54,7 +54,32 @@ pub fn unhealthy_reason(scan_error: Option<&str>, poisoned: bool, hung_in: Optio
         (true, _, _) => "driver panicked; its instance is disabled until a reload".to_string(),
         (false, Some(call), _) => format!("driver hung in {call}"),
         (false, None, Some(e)) => format!("scan failed: {e}"),
-        (false, None, None) => "driver reported Unhealthy".to_string(),
+        (false, None, None) => DRIVER_REPORTED.to_string(),
+    }
+}
+
+/// The reason of a publish in which only the driver's own word marks devices Unhealthy; the
+/// device's `health_reason` (ABI 1.2), when it gave one, then says why.
+pub const DRIVER_REPORTED: &str = "driver reported Unhealthy";
+
+/// Why one device turned Unhealthy: the publish's reason, completed by the driver's own reason
+/// when the driver is what said so.
+fn unhealthy_because(publish_reason: &Arc<str>, d: &Device) -> Arc<str> {
+    match &d.health_reason {
+        Some(r) if &**publish_reason == DRIVER_REPORTED => shortened_text(&format!("{DRIVER_REPORTED}: {r}")).into(),
+        _ => publish_reason.clone(),
+    }
+}
+
+/// Logs one recorded transition of a device of `resource`, once (see [`HealthHistory::observe`]):
+/// a warning when a device turns Unhealthy or disappears, info when it is Healthy again, debug
+/// when it first appears Healthy (every device does at start).
+pub fn log_transition(resource: &str, id: &str, t: &Transition) {
+    let reason = &*t.reason;
+    match (t.from, t.to) {
+        (ABSENT, HEALTHY) => tracing::debug!(resource, device = id, "device {id:?}: {ABSENT} -> {HEALTHY} ({reason})"),
+        (_, HEALTHY) => tracing::info!(resource, device = id, "device {id:?}: {} -> {HEALTHY} ({reason})", t.from),
+        (from, to) => tracing::warn!(resource, device = id, "device {id:?}: {from} -> {to} ({reason})"),
     }
 }
 
@@ -88,7 +113,15 @@ impl HealthHistory {
     /// Records what changed between two device lists of the resource (physical devices): devices
     /// that appeared, flipped health or disappeared. `unhealthy_reason` explains every device that
     /// is Unhealthy in `current` and was not before (see [`unhealthy_reason`]).
-    pub fn observe(&mut self, previous: &[Device], current: &[Device], unhealthy_reason: &str, at: SystemTime) {
+    /// Returns what it recorded, device by device, for the caller to log.
+    pub fn observe(
+        &mut self,
+        previous: &[Device],
+        current: &[Device],
+        unhealthy_reason: &str,
+        at: SystemTime,
+    ) -> Vec<(String, Transition)> {
+        let mut recorded = Vec::new();
         let before: HashMap<&str, bool> = previous.iter().map(|d| (d.id.as_str(), d.healthy)).collect();
         let now: HashMap<&str, bool> = current.iter().map(|d| (d.id.as_str(), d.healthy)).collect();
         let unhealthy: Arc<str> = shortened_text(unhealthy_reason).into();
@@ -102,15 +135,18 @@ impl HealthHistory {
             if from == Some(health(d.healthy)) {
                 continue;
             }
-            let reason = match (from, d.healthy) {
-                (_, false) => unhealthy.clone(),
-                (None, true) => appeared.clone(),
-                (Some(_), true) => healthy_again.clone(),
+            let reason = match (from, d.healthy, &d.health_reason) {
+                (_, false, _) => unhealthy_because(&unhealthy, d),
+                (None, true, _) => appeared.clone(),
+                (Some(_), true, Some(r)) => shortened_text(&format!("{healthy_again}: {r}")).into(),
+                (Some(_), true, None) => healthy_again.clone(),
             };
-            self.record(&d.id, from.unwrap_or(ABSENT), health(d.healthy), reason, at, true);
+            let t = self.record(&d.id, from.unwrap_or(ABSENT), health(d.healthy), reason, at, true);
+            recorded.push((d.id.clone(), t));
         }
         for d in previous.iter().filter(|d| !now.contains_key(d.id.as_str())) {
-            self.record(&d.id, health(d.healthy), ABSENT, gone.clone(), at, false);
+            let t = self.record(&d.id, health(d.healthy), ABSENT, gone.clone(), at, false);
+            recorded.push((d.id.clone(), t));
         }
         self.forget_oldest_gone();
         let keep = self.per_device();
@@ -120,6 +156,7 @@ impl HealthHistory {
                 h.transitions.drain(..excess);
             }
         }
+        recorded
     }
 
     /// Transitions kept per device, so that all devices together keep about [`MAX_HISTORY`].
@@ -135,14 +172,16 @@ impl HealthHistory {
         reason: Arc<str>,
         at: SystemTime,
         present: bool,
-    ) {
+    ) -> Transition {
         let keep = self.per_device();
         let h = self.devices.entry(id.to_string()).or_default();
         while h.transitions.len() >= keep {
             h.transitions.pop_front();
         }
-        h.transitions.push_back(Transition { at, from, to, reason });
+        let t = Transition { at, from, to, reason };
+        h.transitions.push_back(t.clone());
         h.present = present;
+        t
     }
 
     fn forget_oldest_gone(&mut self) {
@@ -258,8 +297,13 @@ impl Tracker {
     }
 
     /// See [`HealthHistory::observe`]; the time is now.
-    pub fn observe(&self, previous: &[Device], current: &[Device], unhealthy_reason: &str) {
-        self.lock().0.observe(previous, current, unhealthy_reason, SystemTime::now());
+    pub fn observe(
+        &self,
+        previous: &[Device],
+        current: &[Device],
+        unhealthy_reason: &str,
+    ) -> Vec<(String, Transition)> {
+        self.lock().0.observe(previous, current, unhealthy_reason, SystemTime::now())
     }
 
     /// Records one container request; the time is now.
@@ -355,6 +399,14 @@ pub fn resource_json(info: ResourceInfo<'_>, devices: &[Device], tracker: Option
         {
             v["unhealthy_since"] = Value::String(rfc3339(t.at));
             v["reason"] = Value::String(t.reason.to_string());
+        } else if !d.healthy
+            && let Some(r) = &d.health_reason
+        {
+            // Nothing tracked (`devhost list`): the driver's word is all there is.
+            v["reason"] = Value::String(format!("{DRIVER_REPORTED}: {r}"));
+        }
+        if let Some(r) = &d.health_reason {
+            v["health_reason"] = Value::String(r.clone());
         }
         out_devices.push(v);
     }

@@ -154,7 +154,7 @@ async fn a_critical_xid_turns_the_gpu_unhealthy_until_it_recovers() {
     let node = Node::new();
     let manifest = setup(&node, "recovery_period = \"500ms\"");
     let kubelet = Kubelet::start(&node.kubelet_dir()).unwrap();
-    let _d = Daemon::start(&manifest, &node.kubelet_dir());
+    let d = Daemon::start(&manifest, &node.kubelet_dir());
     kubelet.wait_devices(GPUS, WAIT, |d| d.len() == 4).await.unwrap();
     kubelet.wait_devices(MIG, WAIT, |d| d.len() == 2).await.unwrap();
 
@@ -164,6 +164,12 @@ async fn a_critical_xid_turns_the_gpu_unhealthy_until_it_recovers() {
     let unhealthy = |d: &[kubelet_emu::Device], id: &str| d.iter().any(|x| x.id == id && x.health == "Unhealthy");
     let gpus = kubelet.wait_devices(GPUS, WAIT, |d| unhealthy(d, &uuid(1))).await.unwrap();
     assert_eq!(gpus.iter().filter(|d| d.health == "Unhealthy").count(), 1, "only GPU 1");
+    // The driver says why (ABI 1.2), and the host logs the transition with it.
+    d.wait_log(
+        &format!("device {:?}: Healthy -> Unhealthy (driver reported Unhealthy: critical Xid 79)", uuid(1)),
+        WAIT,
+    )
+    .await;
     // An Xid on the MIG-mode GPU affects both of its MIG devices.
     kubelet.wait_devices(MIG, WAIT, |d| d.iter().all(|x| x.health == "Unhealthy")).await.unwrap();
 

@@ -1,5 +1,5 @@
 /*
- * devhost_driver.h — the devhost driver ABI, version 1.1.
+ * devhost_driver.h — the devhost driver ABI, version 1.2.
  *
  * This header is the contract between the devhost host daemon and a driver
  * module (a shared object the host loads with dlopen). It is the single source
@@ -48,6 +48,7 @@
  *                                                                until destroy returns
  *    set_error, device_*,       the thread    -                  until the call that got the
  *    add_*, prefer_device       of the call                      devhost_call * returns
+ *    (device_* includes device_health_reason, 1.2)
  *
  *    Without DEVHOST_CAP_CONCURRENT the host makes at most one call at a
  *    time into an instance. log and devices_changed are cheap, never block
@@ -61,6 +62,8 @@
  *    declared. Additions bump DEVHOST_ABI_MINOR; a major bump means a new
  *    entry symbol (`devhost_driver_entry_v2`). The host never unloads a module.
  *    1.1 appended `release` to the descriptor; a 1.0 module simply has none.
+ *    1.2 appended `device_health_reason` to the host API; a driver checks
+ *    host->struct_size before calling it (a 1.0 or 1.1 host has none).
  */
 #ifndef DEVHOST_DRIVER_H
 #define DEVHOST_DRIVER_H
@@ -74,7 +77,7 @@ extern "C" {
 
 /* ABI version this header describes. */
 #define DEVHOST_ABI_MAJOR 1u
-#define DEVHOST_ABI_MINOR 1u
+#define DEVHOST_ABI_MINOR 2u
 
 /* First field of the descriptor: the bytes "DVHD" read as a little-endian u32. */
 #define DEVHOST_DRIVER_MAGIC 0x44485644u
@@ -213,6 +216,17 @@ typedef struct devhost_host_api {
 
     /* preferred_allocation: propose one device ID, in order of preference. */
     devhost_status (*prefer_device)(devhost_call *call, devhost_str id);
+
+    /* ---- added in 1.2: check struct_size before use ---- */
+
+    /* scan: why the current device has the health device_begin gave it,
+     * e.g. "critical Xid 79" or "GPU lost" for an Unhealthy device. Short
+     * text for operators (the host keeps at most 256 bytes, cut at a
+     * character boundary); empty means no reason. The host logs it with the
+     * device's next health change and shows it in `devhost list`, /status
+     * and the health history. Calling it again for the same device replaces
+     * the reason. */
+    devhost_status (*device_health_reason)(devhost_call *call, devhost_str reason);
 } devhost_host_api;
 
 /* ---- the driver descriptor (driver → host), static and read-only -------- */

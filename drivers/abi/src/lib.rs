@@ -1,4 +1,4 @@
-//! The devhost driver ABI, version 1.1: a `#[repr(C)]` mirror of
+//! The devhost driver ABI, version 1.2: a `#[repr(C)]` mirror of
 //! `include/devhost_driver.h`, which is the contract. Nothing here has
 //! behaviour; the host's loader and the SDK build on these types, and a layout
 //! test compiles the header and compares every size, offset and constant.
@@ -8,7 +8,7 @@
 use core::ffi::{c_char, c_void};
 
 pub const DEVHOST_ABI_MAJOR: u16 = 1;
-pub const DEVHOST_ABI_MINOR: u16 = 1;
+pub const DEVHOST_ABI_MINOR: u16 = 2;
 pub const DEVHOST_DRIVER_MAGIC: u32 = 0x4448_5644;
 pub const DEVHOST_ENTRY_SYMBOL_V1: &str = "devhost_driver_entry_v1";
 
@@ -134,6 +134,9 @@ pub struct devhost_host_api {
     pub add_annotation: Option<KeyValueFn>,
     pub add_cdi_device: Option<OneStrFn>,
     pub prefer_device: Option<OneStrFn>,
+    // ---- added in 1.2 ----
+    /// Why the current device has its health (`scan`, after `device_begin`).
+    pub device_health_reason: Option<OneStrFn>,
 }
 
 pub type CreateFn = unsafe extern "C" fn(
@@ -201,6 +204,12 @@ pub const DESC_MIN_SIZE_V1: usize = core::mem::offset_of!(devhost_driver_desc, s
 /// `watch_stop`. A driver declaring this size has no `release`.
 pub const DESC_SIZE_V1_0: usize =
     core::mem::offset_of!(devhost_driver_desc, watch_stop) + core::mem::size_of::<usize>();
+
+/// `struct_size` of a v1.0 and v1.1 host API table: everything up to and
+/// including `prefer_device`. A host declaring this size has no
+/// `device_health_reason`.
+pub const HOST_API_SIZE_V1_1: usize =
+    core::mem::offset_of!(devhost_host_api, prefer_device) + core::mem::size_of::<usize>();
 
 /// Whether a field at `offset` of width `width` lies within a struct whose
 /// other side declared `declared` bytes.

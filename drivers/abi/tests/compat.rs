@@ -150,3 +150,16 @@ fn the_v1_0_descriptor_ends_at_watch_stop() {
     assert_eq!(c.structs["devhost_driver_desc"].0, DESC_SIZE_V1_0);
     assert!(!field_present(DESC_SIZE_V1_0, std::mem::offset_of!(devhost_driver_desc, release), size_of::<usize>()));
 }
+
+#[test]
+fn the_v1_1_host_api_ends_at_prefer_device() {
+    // A 1.2 driver decides that its host has no `device_health_reason` from
+    // the host's declared size; a 1.0 or 1.1 host declares HOST_API_SIZE_V1_1.
+    for minor in ["v1_0", "v1_1"] {
+        let (_, c) = probe_frozen(&repo_root().join("tests/compat").join(minor));
+        assert_eq!(c.structs["devhost_host_api"].0, HOST_API_SIZE_V1_1, "{minor}");
+    }
+    let reason = std::mem::offset_of!(devhost_host_api, device_health_reason);
+    assert!(!field_present(HOST_API_SIZE_V1_1, reason, size_of::<usize>()));
+    assert!(field_present(size_of::<devhost_host_api>(), reason, size_of::<usize>()));
+}

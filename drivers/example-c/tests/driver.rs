@@ -73,6 +73,7 @@ async fn defaults_give_two_healthy_paired_devices_on_numa_node_0() {
     let expected = Device {
         id: "example-1".into(),
         healthy: true,
+        health_reason: None,
         numa_node: Some(0),
         attributes,
         edits: Edits {

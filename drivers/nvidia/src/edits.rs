@@ -2,16 +2,42 @@
 //! `NVIDIA_VISIBLE_DEVICES` variable (for the NVIDIA container runtime), CDI
 //! names, or plain device nodes plus the driver's user-space libraries and
 //! tools mounted read-only, for nodes without the NVIDIA container toolkit.
+//! The libraries and tools go where any image already looks (the dynamic
+//! loader's default folders, `/usr/bin`), never through `PATH` or
+//! `LD_LIBRARY_PATH`, which would replace the image's own values.
 
 use crate::config::{Config, IdStrategy};
 use std::path::{Path, PathBuf};
 
-/// Where the driver's libraries appear inside the container.
+/// Where the driver's libraries appear inside the container (CUDA images put
+/// it on their own `LD_LIBRARY_PATH`); they are mounted into
+/// [`CONTAINER_LIB_DIRS`] as well.
 pub const CONTAINER_LIB_DIR: &str = "/usr/local/nvidia/lib64";
-/// Where the driver's tools appear inside the container.
+/// Where the driver's tools appear inside the container (CUDA images put it
+/// on their own `PATH`); they are mounted into [`CONTAINER_BIN_DIRS`] as well.
 pub const CONTAINER_BIN_DIR: &str = "/usr/local/nvidia/bin";
-/// `PATH` given to containers that get the driver's tools.
-pub const CONTAINER_PATH: &str = "/usr/local/nvidia/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// The glibc loader's default folder on Debian-style (multiarch) systems for
+/// this architecture: searched by `ld.so` without any cache entry or variable.
+const MULTIARCH_LIB_DIR: &str = if cfg!(target_arch = "x86_64") {
+    "/usr/lib/x86_64-linux-gnu"
+} else if cfg!(target_arch = "aarch64") {
+    "/usr/lib/aarch64-linux-gnu"
+} else if cfg!(all(target_arch = "powerpc64", target_endian = "little")) {
+    "/usr/lib/powerpc64le-linux-gnu"
+} else {
+    "/usr/lib"
+};
+
+/// Every container folder a library is mounted into: ours, then the loader's
+/// default folders of the Debian/Ubuntu family (multiarch) and of the
+/// RHEL/Fedora/SUSE family (`/usr/lib64`; on Arch it is a link to `/usr/lib`).
+/// The loader finds a library there whatever the image's `LD_LIBRARY_PATH`
+/// and `ld.so.cache` say (a cache entry for the same name still wins).
+pub const CONTAINER_LIB_DIRS: [&str; 3] = [CONTAINER_LIB_DIR, MULTIARCH_LIB_DIR, "/usr/lib64"];
+/// Every container folder a tool is mounted into: ours and `/usr/bin`, which
+/// is on the default `PATH` of every distribution and of container runtimes.
+pub const CONTAINER_BIN_DIRS: [&str; 2] = [CONTAINER_BIN_DIR, "/usr/bin"];
 
 /// Library folders searched under `driver_root`, in order.
 const LIB_DIRS: &[&str] =
@@ -148,15 +174,16 @@ pub fn device_edits(config: &Config, files: &DriverFiles, control_nodes: &[Strin
             let host = config.devfs_root.join(node).to_string_lossy().into_owned();
             edits.device_nodes.push((host, format!("/dev/{node}"), "rw".into()));
         }
-        for m in files.libraries.iter().chain(&files.binaries) {
-            edits.mounts.push((m.host.to_string_lossy().into_owned(), m.container.clone(), true));
-        }
-        if !files.libraries.is_empty() {
-            edits.env.push(("LD_LIBRARY_PATH".into(), CONTAINER_LIB_DIR.into()));
-        }
-        if !files.binaries.is_empty() {
-            edits.env.push(("PATH".into(), CONTAINER_PATH.into()));
-        }
+        // No PATH or LD_LIBRARY_PATH: a variable would replace the image's own value.
+        let spread = |mounts: &[Mount], from: &str, dirs: &[&str], out: &mut Vec<(String, String, bool)>| {
+            for m in mounts {
+                let host = m.host.to_string_lossy().into_owned();
+                let name = m.container.strip_prefix(from).unwrap_or(&m.container);
+                out.extend(dirs.iter().map(|dir| (host.clone(), format!("{dir}{name}"), true)));
+            }
+        };
+        spread(&files.libraries, CONTAINER_LIB_DIR, &CONTAINER_LIB_DIRS, &mut edits.mounts);
+        spread(&files.binaries, CONTAINER_BIN_DIR, &CONTAINER_BIN_DIRS, &mut edits.mounts);
     }
     edits
 }

@@ -37,6 +37,9 @@ impl Driver for NvidiaDriver {
     fn scan(&self, scan: &mut Scan<'_>) -> Result<()> {
         for (device, health) in self.node.devices() {
             let mut out = scan.device(&device.id, health, device.numa_node);
+            if health == devhost_sdk::Health::Unhealthy {
+                out.reason(&self.node.unhealthy_reason(&device.id));
+            }
             for (k, v) in &device.attrs {
                 out.attr(k, v);
             }

@@ -207,30 +207,31 @@ fn device_nodes_strategy_mounts_the_driver_from_driver_root() {
     );
     let real_cuda = lib.join("libcuda.so.550.54.15").to_string_lossy().into_owned();
     let real_ml = lib.join("libnvidia-ml.so.550.54.15").to_string_lossy().into_owned();
+    let real_jit = lib.join("libnvidia-ptxjitcompiler.so.550.54.15").to_string_lossy().into_owned();
+    let real_smi = bin.join("nvidia-smi").to_string_lossy().into_owned();
     let mut mounts = mig.edits.mounts.clone();
     mounts.sort();
-    let mut expected = vec![
-        (real_cuda.clone(), "/usr/local/nvidia/lib64/libcuda.so.1".to_string(), true),
-        (real_cuda, "/usr/local/nvidia/lib64/libcuda.so.550.54.15".to_string(), true),
-        (real_ml.clone(), "/usr/local/nvidia/lib64/libnvidia-ml.so.1".to_string(), true),
-        (real_ml, "/usr/local/nvidia/lib64/libnvidia-ml.so.550.54.15".to_string(), true),
-        (
-            lib.join("libnvidia-ptxjitcompiler.so.550.54.15").to_string_lossy().into_owned(),
-            "/usr/local/nvidia/lib64/libnvidia-ptxjitcompiler.so.550.54.15".to_string(),
-            true,
-        ),
-        (bin.join("nvidia-smi").to_string_lossy().into_owned(), "/usr/local/nvidia/bin/nvidia-smi".to_string(), true),
-    ];
+    // Each library in every folder the loader searches without a variable, plus the one CUDA
+    // images name themselves; each tool in /usr/bin and /usr/local/nvidia/bin.
+    let multiarch = format!("/usr/lib/{}-linux-gnu", std::env::consts::ARCH);
+    let lib_dirs = ["/usr/local/nvidia/lib64", multiarch.as_str(), "/usr/lib64"];
+    let mut expected = Vec::new();
+    for (real, name) in [
+        (&real_cuda, "libcuda.so.1"),
+        (&real_cuda, "libcuda.so.550.54.15"),
+        (&real_ml, "libnvidia-ml.so.1"),
+        (&real_ml, "libnvidia-ml.so.550.54.15"),
+        (&real_jit, "libnvidia-ptxjitcompiler.so.550.54.15"),
+    ] {
+        expected.extend(lib_dirs.iter().map(|d| (real.clone(), format!("{d}/{name}"), true)));
+    }
+    for d in ["/usr/local/nvidia/bin", "/usr/bin"] {
+        expected.push((real_smi.clone(), format!("{d}/nvidia-smi"), true));
+    }
     expected.sort();
     assert_eq!(mounts, expected, "driver libraries and tools, read-only, links resolved inside driver_root");
-    let env: Vec<(&str, &str)> = mig.edits.env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    assert_eq!(
-        env,
-        vec![
-            ("LD_LIBRARY_PATH", "/usr/local/nvidia/lib64"),
-            ("PATH", "/usr/local/nvidia/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-        ]
-    );
+    // The image's own PATH and LD_LIBRARY_PATH are left alone.
+    assert_eq!(mig.edits.env, Vec::<(String, String)>::new());
 }
 
 #[test]

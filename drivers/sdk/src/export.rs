@@ -407,6 +407,6 @@ mod tests {
         let d = desc::<Releasing>();
         assert_eq!(d.struct_size as usize, std::mem::size_of::<abi::devhost_driver_desc>());
         assert!(d.struct_size as usize > abi::DESC_SIZE_V1_0, "release lies past the v1.0 descriptor");
-        assert_eq!((d.abi_major, d.abi_minor), (1, 1));
+        assert_eq!((d.abi_major, d.abi_minor), (1, 2));
     }
 }

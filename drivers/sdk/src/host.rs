@@ -32,6 +32,13 @@ impl Host {
         abi::field_present(self.api().struct_size as usize, offset, std::mem::size_of::<usize>())
     }
 
+    /// Whether this host takes a reason with a device's health
+    /// ([`DeviceBuilder::reason`](crate::DeviceBuilder::reason), ABI 1.2).
+    pub fn takes_health_reasons(&self) -> bool {
+        self.has(std::mem::offset_of!(abi::devhost_host_api, device_health_reason))
+            && self.api().device_health_reason.is_some()
+    }
+
     /// Tells the host that devices or their health may have changed; the
     /// host re-scans soon after. Cheap, never blocks, safe from any thread.
     pub fn devices_changed(&self) {

@@ -122,6 +122,17 @@ impl DeviceBuilder<'_> {
         }
         self
     }
+    /// Why the device has the health it was reported with, e.g. `"critical Xid 79"` for an
+    /// Unhealthy one (ABI 1.2). The host logs it with the device's next health change and shows
+    /// it in `devhost list` and `/status`. A host older than 1.2 has no such callback: the
+    /// reason is then dropped and the health still counts.
+    pub fn reason(&mut self, reason: &str) -> &mut Self {
+        if let Some(f) = callback!(self.call.api, device_health_reason) {
+            // SAFETY: as above.
+            unsafe { f(self.call.call, s(reason)) };
+        }
+        self
+    }
     /// How well this device is connected to `other_id` (higher is better).
     pub fn link(&mut self, other_id: &str, score: u32) -> &mut Self {
         if let Some(f) = callback!(self.call.api, device_link) {

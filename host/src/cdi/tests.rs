@@ -96,6 +96,7 @@ fn dev(id: &str, n: usize, env: &[(&str, &str)]) -> Device {
     Device {
         id: id.into(),
         healthy: true,
+        health_reason: None,
         numa_node: None,
         attributes: BTreeMap::new(),
         edits: Edits {

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::io::{self, Read};
 
 /// Bumped whenever a frame's layout changes.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// The largest frame either side accepts (a scan of 100k devices fits).
 pub const MAX_FRAME: usize = 256 << 20;
 
@@ -146,6 +146,7 @@ impl Enc {
     fn device(&mut self, d: &Device) {
         self.str(&d.id);
         self.u8(u8::from(d.healthy));
+        self.opt_str(d.health_reason.as_deref());
         match d.numa_node {
             Some(n) => {
                 self.u8(1);
@@ -240,12 +241,13 @@ impl<'a> Dec<'a> {
     fn device(&mut self) -> Result<Device, Malformed> {
         let id = self.str()?;
         let healthy = self.bool()?;
+        let health_reason = self.opt_str()?;
         let numa_node = if self.bool()? { Some(self.u64()? as i64) } else { None };
         let attributes: BTreeMap<String, String> = self.pairs()?.into_iter().collect();
         let edits = self.edits()?;
         let n = self.count(8)?;
         let links = (0..n).map(|_| Ok((self.str()?, self.u32()?))).collect::<Result<_, Malformed>>()?;
-        Ok(Device { id, healthy, numa_node, attributes, edits, links })
+        Ok(Device { id, healthy, health_reason, numa_node, attributes, edits, links })
     }
     fn end(&self) -> Result<(), Malformed> {
         match self.buf.len() - self.pos {
@@ -482,6 +484,7 @@ mod tests {
         let dev = Device {
             id: "d-0".into(),
             healthy: false,
+            health_reason: Some("overheated".into()),
             numa_node: Some(3),
             attributes: [("model".to_string(), "m".to_string())].into(),
             edits: edits.clone(),
@@ -489,7 +492,10 @@ mod tests {
         };
         let mut st = CallState::default();
         st.error = Some("boom".into());
-        st.devices = vec![dev.clone(), Device { id: "d-1".into(), numa_node: None, healthy: true, ..dev.clone() }];
+        st.devices = vec![
+            dev.clone(),
+            Device { id: "d-1".into(), numa_node: None, healthy: true, health_reason: None, ..dev.clone() },
+        ];
         st.edits = edits.clone();
         st.preferred = vec!["d-1".into()];
         st.problems = vec!["bad id".into()];

@@ -526,7 +526,9 @@ impl Registry {
             return;
         }
         let name = &res.config.name;
-        res.status.observe(&previous.devices, &mine, &reason);
+        for (id, t) in res.status.observe(&previous.devices, &mine, &reason) {
+            status::log_transition(name, &id, &t);
+        }
         if let Some(cdi) = &self.services.cdi
             && let Err(e) = cdi.write(name, &mine)
         {
@@ -535,6 +537,7 @@ impl Registry {
         let healthy = mine.iter().filter(|d| d.healthy).count();
         let per = res.config.replicas.max(1) as usize;
         self.services.metrics.set_devices(name, healthy * per, (mine.len() - healthy) * per);
+        self.services.metrics.set_unhealthy_devices(name, mine.len() - healthy);
         res.view.send_replace(Arc::new(View::new(mine, res.config.replicas)));
     }
 

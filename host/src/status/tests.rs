@@ -5,6 +5,7 @@ fn dev(id: &str, healthy: bool) -> Device {
     Device {
         id: id.into(),
         healthy,
+        health_reason: None,
         numa_node: Some(0),
         attributes: BTreeMap::new(),
         edits: Edits::default(),
@@ -189,4 +190,29 @@ fn allocation_records_keep_a_few_shortened_ids_and_count_them_all() {
     assert_eq!(v["allocations"][1]["device_count"], 1_200_000);
     assert_eq!(v["allocations"][1]["devices"].as_array().unwrap().len(), 0);
     assert_eq!(v["allocations_total"]["refused"], 1);
+}
+
+#[test]
+fn a_drivers_reason_completes_its_own_verdict_and_yields_to_the_hosts() {
+    let why = |id: &str, healthy: bool, r: &str| Device { health_reason: Some(r.into()), ..dev(id, healthy) };
+    let mut h = HealthHistory::default();
+    h.observe(&[], &[dev("a", true), dev("b", true)], "", t(1));
+    let first = [why("a", false, "critical Xid 79"), dev("b", true)];
+    let recorded = h.observe(&[dev("a", true), dev("b", true)], &first, DRIVER_REPORTED, t(2));
+    // Only what changed is returned (and so logged), with the driver's words.
+    assert_eq!(recorded.len(), 1);
+    assert_eq!((recorded[0].0.as_str(), &*recorded[0].1.reason), ("a", "driver reported Unhealthy: critical Xid 79"));
+    // A failed scan marks every device: the host's reason, not a stale one of the driver.
+    let failed = [why("a", false, "critical Xid 79"), why("b", false, "old")];
+    let recorded = h.observe(&first, &failed, "scan failed: EIO", t(3));
+    assert_eq!(
+        recorded.iter().map(|(id, t)| (id.as_str(), &*t.reason)).collect::<Vec<_>>(),
+        [("b", "scan failed: EIO")]
+    );
+    let back = h.observe(&failed, &[why("a", true, "quiet for 30 s"), dev("b", true)], DRIVER_REPORTED, t(4));
+    assert_eq!(&*back[0].1.reason, "reported Healthy again: quiet for 30 s");
+    // Nothing tracked (`devhost list`): the reason still shows.
+    let v = resource_json(info(1), &[why("a", false, "GPU lost")], None);
+    assert_eq!(v["devices"][0]["reason"], "driver reported Unhealthy: GPU lost");
+    assert_eq!(v["devices"][0]["health_reason"], "GPU lost");
 }

@@ -6,7 +6,9 @@
 //! create refuse with that message, `fail_create_until` makes create fail
 //! (UNAVAILABLE, as a device not ready at boot) until that file exists, `bad_ids` emits invalid and duplicate
 //! IDs next to good ones, `propose` makes the preferred hook propose these
-//! comma-separated IDs verbatim.
+//! comma-separated IDs verbatim. `health_file` names a file read at every
+//! scan: each line `ID REASON…` makes that device Unhealthy with that reason
+//! (ABI 1.2 `device_health_reason`; a line with only the ID gives no reason).
 
 use devhost_sdk::{Driver, Edits, Error, Health, Hooks, Host, Options, Preferred, PreferredRequest, Result, Scan};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -20,6 +22,7 @@ struct TestDriver {
     hang: Duration,
     bad_ids: bool,
     propose: Option<Vec<String>>,
+    health_file: Option<String>,
     scans: AtomicU32,
     host: Host,
 }
@@ -32,6 +35,20 @@ impl TestDriver {
         if self.hang_in == call {
             std::thread::sleep(self.hang);
         }
+    }
+}
+
+impl TestDriver {
+    /// (ID, reason) of every device `health_file` names; none without the file.
+    fn unhealthy(&self) -> Vec<(String, String)> {
+        let Some(path) = &self.health_file else { return Vec::new() };
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        text.lines()
+            .filter_map(|l| {
+                let (id, reason) = l.trim().split_once(' ').unwrap_or((l.trim(), ""));
+                (!id.is_empty()).then(|| (id.to_string(), reason.trim().to_string()))
+            })
+            .collect()
     }
 }
 
@@ -65,6 +82,7 @@ impl Driver for TestDriver {
             "fail_create_until",
             "bad_ids",
             "propose",
+            "health_file",
         ])?;
         misbehave_create(options)?;
         Ok(TestDriver {
@@ -75,6 +93,7 @@ impl Driver for TestDriver {
             hang: Duration::from_millis(options.parse_or("hang_ms", 60_000u64)?),
             bad_ids: options.bool_or("bad_ids", false)?,
             propose: options.list("propose"),
+            health_file: options.get("health_file").map(str::to_string),
             scans: AtomicU32::new(0),
             host,
         })
@@ -88,13 +107,20 @@ impl Driver for TestDriver {
         if n > 0 && (self.hang_in != "scan" || n == 1) {
             self.misbehave("scan");
         }
+        let unhealthy = self.unhealthy();
         for i in 0..self.count {
             let id = format!("{}-{i}", self.prefix);
-            scan.device(&id, Health::Healthy, Some(i % 2))
-                .attr("index", &i.to_string())
-                .attr("model", "testdrv")
-                .env("TESTDRV_VISIBLE", &id)
-                .device_node("/dev/null", "/dev/testdrv", "rw");
+            let reason = unhealthy.iter().find(|(u, _)| *u == id).map(|(_, r)| r.as_str());
+            let health = if reason.is_some() { Health::Unhealthy } else { Health::Healthy };
+            let mut device = scan.device(&id, health, Some(i % 2));
+            if let Some(r) = reason {
+                device.reason(r);
+            }
+            device.attr("index", &i.to_string()).attr("model", "testdrv").env("TESTDRV_VISIBLE", &id).device_node(
+                "/dev/null",
+                "/dev/testdrv",
+                "rw",
+            );
         }
         if self.bad_ids {
             scan.device("", Health::Healthy, None);

@@ -70,6 +70,7 @@ pub fn rust_layouts() -> BTreeMap<String, Layout> {
             add_annotation,
             add_cdi_device,
             prefer_device,
+            device_health_reason,
         }
     );
     rust_layout!(
