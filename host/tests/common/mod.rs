@@ -86,6 +86,10 @@ impl Daemon {
             .arg("--kubelet-dir")
             .arg(kubelet_dir)
             .env("DEVHOST_LOG", "debug")
+            // A driver panic with RUST_BACKTRACE=1 (as a developer's shell
+            // may set it) symbolises a debug build's backtrace, which can
+            // outlast the hostile tests' 300 ms call deadlines.
+            .env("RUST_BACKTRACE", "0")
             .stdout(Stdio::null())
             .stderr(file)
             .spawn()
