@@ -189,6 +189,7 @@ mod tests {
         Device {
             id: id.into(),
             healthy: true,
+            health_reason: None,
             numa_node: None,
             attributes: model.map(|m| ("model".to_string(), m.to_string())).into_iter().collect(),
             edits: Default::default(),
