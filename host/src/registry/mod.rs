@@ -277,17 +277,19 @@ impl Registry {
             retire(e);
         }
         for (name, e) in &next {
-            let retry = match &e.slot {
-                Slot::Ready(i) => i.create_retry(),
-                Slot::Failed(_) => None,
+            let (retry, module) = match &e.slot {
+                Slot::Ready(i) => (i.create_retry(), Some(&i.module)),
+                Slot::Failed(_) => (None, None),
             };
             self.services.metrics.set_create_retry(name, retry.as_ref());
+            self.services.metrics.driver_configured(name, module);
         }
 
         let old_resources = std::mem::take(&mut *write(&self.resources));
         let mut changes = Changes::default();
         let mut resources = Vec::with_capacity(manifest.resources.len());
         for cfg in &manifest.resources {
+            self.services.metrics.resource_configured(&cfg.name);
             let (driver, error) = match next.get(&cfg.driver).map(|e| &e.slot) {
                 Some(Slot::Ready(i)) => (Some(i.clone()), None),
                 Some(Slot::Failed(e)) => (None, Some(e.clone())),
