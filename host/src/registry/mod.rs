@@ -233,6 +233,11 @@ impl Registry {
         let mut fresh = Vec::new();
         while let Some(joined) = creating.join_next().await {
             let Ok((name, cfg, slot)) = joined else { continue };
+            // Where the options the driver complains about are written, or the driver meant.
+            let slot = match slot {
+                Slot::Failed(e) => Slot::Failed(manifest.explain_driver_failure(&name, &e).into_owned()),
+                ready => ready,
+            };
             let previous = replacing.remove(&name);
             match (&slot, previous) {
                 // A changed driver that cannot start keeps the running one: a
@@ -256,6 +261,13 @@ impl Registry {
                 (Slot::Ready(i), prev) => {
                     if let Some(p) = prev {
                         retire(p);
+                    }
+                    // A create that failed and is retried: say once where what it names is written.
+                    if let Some(r) = i.create_retry()
+                        && let explained = manifest.explain_driver_failure(&name, &r.last_error)
+                        && explained != r.last_error
+                    {
+                        tracing::error!(driver = %name, "create failed (retried with backoff): {explained}");
                     }
                     let m = &i.module;
                     tracing::info!(
