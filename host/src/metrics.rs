@@ -144,7 +144,12 @@ impl Metrics {
             "Failed create attempts of the driver since it last started (0 once create succeeded)",
             create_failed_attempts.clone(),
         );
-        let build = Info::new(vec![("version".to_string(), env!("CARGO_PKG_VERSION").to_string())]);
+        let mut build_labels = vec![("version".to_string(), env!("CARGO_PKG_VERSION").to_string())];
+        // The git commit of the build (host/build.rs); none in a build without git.
+        if !env!("DEVHOST_COMMIT").is_empty() {
+            build_labels.push(("commit".to_string(), env!("DEVHOST_COMMIT").to_string()));
+        }
+        let build = Info::new(build_labels);
         registry.register("build", "The devhost build", build);
         Metrics {
             registry,
