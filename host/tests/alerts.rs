@@ -1,7 +1,7 @@
 //! The alerts operators are given (docs/prometheus-rules.yaml) fire where they must, on what a
 //! real daemon exports: the real binary runs a node where one driver's module is missing (its
-//! resource never registers), one driver's create keeps failing, one device is unhealthy and
-//! Allocate calls time out or are refused. Two scrapes of its `/metrics` (before and after the
+//! resource never registers), one driver's create keeps failing, one device is unhealthy,
+//! Allocate calls time out or are refused, and a reload's new driver settings are refused. Two scrapes of its `/metrics` (before and after the
 //! incidents) pass Prometheus's own `promtool check metrics`, and become the input series of a
 //! `promtool test rules` file that evaluates every documented alert.
 //!
@@ -116,11 +116,12 @@ async fn every_documented_alert_fires_on_a_real_scrape() {
     let node = Node::new();
     let addr = free_port();
     std::fs::write(node.path().join("health"), "example-1\n").unwrap();
-    let m = node.write_manifest(&format!(
-        r#"metrics_addr = "{addr}"
+    let manifest_text = |ex_extra: &str| {
+        format!(
+            r#"metrics_addr = "{addr}"
 [driver.ex]
 module = "{ex}"
-options = {{ count = 2, health_file = "{health}" }}
+options = {{ count = 2, health_file = "{health}"{ex_extra} }}
 [driver.slow]
 module = "{t}"
 call_timeout = "300ms"
@@ -143,12 +144,14 @@ driver = "missing"
 name = "example.com/booting"
 driver = "booting"
 "#,
-        ex = module("example_c").display(),
-        t = module("testdrv").display(),
-        health = node.path().join("health").display(),
-        missing = node.path().join("libdevhost_missing.so").display(),
-        never = node.path().join("never").display(),
-    ));
+            ex = module("example_c").display(),
+            t = module("testdrv").display(),
+            health = node.path().join("health").display(),
+            missing = node.path().join("libdevhost_missing.so").display(),
+            never = node.path().join("never").display(),
+        )
+    };
+    let m = node.write_manifest(&manifest_text(""));
     let kubelet = Kubelet::start(&node.kubelet_dir()).unwrap();
     let _d = Daemon::start(&m, &node.kubelet_dir());
     kubelet.wait_devices("example.com/accel", WAIT, |x| x.len() == 2).await.unwrap();
@@ -172,14 +175,19 @@ driver = "booting"
         assert!(before.lines().any(|l| l == line), "no {line:?} at start-up:\n{before}");
     }
 
-    // The incidents: an Allocate of an unknown device, an Allocate whose hook misses its deadline.
+    // The incidents: an Allocate of an unknown device, an Allocate whose hook misses its deadline,
+    // and a reload whose new settings for `ex` its module refuses (the old instance serves on).
     kubelet.allocate("example.com/accel", vec![vec!["nonexistent".into()]]).await.unwrap_err();
     kubelet.allocate("example.com/slow", vec![vec!["t-0".into()]]).await.unwrap_err();
+    let next = node.path().join("next.toml");
+    std::fs::write(&next, manifest_text(", colour = \"blue\"")).unwrap();
+    std::fs::rename(&next, &m).unwrap();
     let after = scrape_until(
         addr,
         &[
             r#"devhost_allocations_total{resource="example.com/accel",outcome="error"} 1"#,
             r#"devhost_driver_calls_total{driver="slow",call="allocate",outcome="timeout"} 1"#,
+            r#"devhost_module_load_failures_total{driver="ex"} 1"#,
         ],
     )
     .await;
@@ -243,7 +251,12 @@ driver = "booting"
             ),
             alert(
                 "DevhostModuleLoadFailed",
-                &[("severity: critical, driver: missing", "driver missing could not be loaded")],
+                &[
+                    // At start-up: the series appeared at 1.
+                    ("severity: critical, driver: missing", "driver missing could not be loaded"),
+                    // By the reload: an increase from 0.
+                    ("severity: critical, driver: ex", "driver ex could not be loaded"),
+                ],
             ),
             alert_at(
                 "12m",
