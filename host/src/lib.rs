@@ -10,12 +10,16 @@
 //! [`status`] (health history and allocations), [`podresources`] and
 //! [`release`] (who holds a device; cleaning it when let go),
 //! [`preferred`] (topology-aware allocation), [`isolation`] (drivers in
-//! worker processes) and [`lock`] (one daemon per kubelet folder). [`sim`]
-//! runs it all against the kubelet emulator, and [`conformance`] runs a
-//! vendor's module through a battery before it ships.
+//! worker processes) and [`lock`] (one daemon per kubelet folder). `sim`
+//! runs it all against the kubelet emulator, and `conformance` runs a
+//! vendor's module through a battery before it ships (both need the kubelet
+//! emulator: the `sim` cargo feature, on by default). [`cli_docs`] generates
+//! the completion scripts and the manual page from the command line.
 
 pub mod callbacks;
 pub mod cdi;
+pub mod cli_docs;
+#[cfg(feature = "sim")]
 pub mod conformance;
 pub mod device;
 pub mod endpoint;
@@ -32,5 +36,6 @@ pub mod preferred;
 pub mod registry;
 pub mod release;
 pub mod sharing;
+#[cfg(feature = "sim")]
 pub mod sim;
 pub mod status;

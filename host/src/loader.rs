@@ -272,7 +272,8 @@ fn file_id(path: &Path) -> Option<FileId> {
     std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino(), m.mtime(), m.mtime_nsec(), m.size()))
 }
 
-/// libloading 0.9 keeps the dlerror text in the error's source.
+/// The whole error chain: the dlerror text may sit in the error or in its source (libloading
+/// 0.8 puts it in the message, 0.9 in the source).
 fn dl_detail(e: &libloading::Error) -> String {
     let mut s = e.to_string();
     let mut src = std::error::Error::source(e);

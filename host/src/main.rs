@@ -1,7 +1,7 @@
 //! The `devhost` command line: run the daemon, or inspect a manifest, its
 //! drivers and what they would advertise without a kubelet.
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use devhost::manifest::Manifest;
 use devhost::registry::{Mode, Registry, Slot};
 use std::path::{Path, PathBuf};
@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 #[derive(Parser)]
-#[command(name = "devhost", version, about = "One kubelet device-plugin host for every accelerator driver module")]
+#[command(name = "devhost", version = env!("DEVHOST_VERSION"), about = "One kubelet device-plugin host for every accelerator driver module")]
 struct Cli {
     /// Log output format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
@@ -51,6 +51,7 @@ enum Command {
         config: PathBuf,
     },
     /// Run a manifest against an embedded kubelet emulator and print what it advertises.
+    #[cfg(feature = "sim")]
     Sim {
         #[arg(long)]
         config: PathBuf,
@@ -59,6 +60,7 @@ enum Command {
         keep_running: bool,
     },
     /// `sim` on the bundled demo node (config/demo.toml).
+    #[cfg(feature = "sim")]
     Demo {
         /// The demo manifest (default: config/demo.toml here or beside the binary's checkout).
         #[arg(long)]
@@ -67,6 +69,7 @@ enum Command {
         keep_running: bool,
     },
     /// Run the conformance battery on one driver module; non-zero exit when a check fails.
+    #[cfg(feature = "sim")]
     Conformance {
         #[arg(long)]
         module: PathBuf,
@@ -79,6 +82,24 @@ enum Command {
         #[arg(long, default_value = devhost::manifest::DEFAULT_DRIVER_DIR)]
         dir: PathBuf,
     },
+    /// Print a shell completion script (e.g. `devhost completions bash > /etc/bash_completion.d/devhost`).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page, generated from this command line (`devhost manpage | man -l -`).
+    Manpage,
+}
+
+impl Command {
+    /// The simulations and the conformance battery print a report: their logs are quieter.
+    fn prints_a_report(&self) -> bool {
+        #[cfg(feature = "sim")]
+        if matches!(self, Command::Sim { .. } | Command::Demo { .. } | Command::Conformance { .. }) {
+            return true;
+        }
+        false
+    }
 }
 
 fn init_logs(format: LogFormat, quiet: bool) {
@@ -124,12 +145,15 @@ fn main() -> ExitCode {
         return code;
     }
     let cli = Cli::parse();
+    // Generated from the command line definition, without logs or a runtime.
+    match cli.command {
+        Command::Completions { shell } => return devhost::cli_docs::completions(Cli::command(), shell),
+        Command::Manpage => return devhost::cli_docs::manpage(Cli::command()),
+        _ => {}
+    }
     ALLOW_UNTRUSTED.store(cli.allow_untrusted_modules, std::sync::atomic::Ordering::Relaxed);
     LOG_JSON.store(matches!(cli.log_format, LogFormat::Json), std::sync::atomic::Ordering::Relaxed);
-    init_logs(
-        cli.log_format,
-        matches!(cli.command, Command::Sim { .. } | Command::Demo { .. } | Command::Conformance { .. }),
-    );
+    init_logs(cli.log_format, cli.command.prints_a_report());
     let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -143,8 +167,12 @@ fn main() -> ExitCode {
             Command::List { config, json } => list(&config, json).await,
             Command::Check { config } => check(&config).await,
             Command::Drivers { dir } => drivers(&dir),
+            #[cfg(feature = "sim")]
             Command::Conformance { module, options } => devhost::conformance::main(&module, &options).await,
+            #[cfg(feature = "sim")]
             Command::Sim { config, keep_running } => sim(&config, keep_running).await,
+            Command::Completions { .. } | Command::Manpage => ExitCode::SUCCESS,
+            #[cfg(feature = "sim")]
             Command::Demo { config, keep_running } => match config.or_else(demo_config) {
                 Some(c) => sim(&c, keep_running).await,
                 None => {
@@ -384,6 +412,7 @@ impl Signals {
     }
 }
 
+#[cfg(feature = "sim")]
 async fn wait_for_signal() {
     match Signals::install() {
         Some(mut s) => while !matches!(s.next().await, Signal::Stop(_)) {},
@@ -418,7 +447,7 @@ async fn list(config: &Path, json: bool) -> ExitCode {
             for d in &view.devices {
                 let numa = d.numa_node.map(|n| n.to_string()).unwrap_or_else(|| "-".into());
                 let mut attrs: Vec<String> = d.attributes.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                attrs.extend(devhost::sim::links_text(d));
+                attrs.extend(links_text(d));
                 let health = if d.healthy { "Healthy" } else { "Unhealthy" };
                 println!("  {:<40} {:<9} numa={:<2} {}", d.id, health, numa, attrs.join(" "));
                 if let Some(why) = d.health_reason.as_ref().filter(|_| !d.healthy) {
@@ -429,6 +458,12 @@ async fn list(config: &Path, json: bool) -> ExitCode {
     }
     registry.shutdown();
     ExitCode::SUCCESS
+}
+
+/// `links=other:score,…` when the device has links.
+fn links_text(d: &devhost::device::Device) -> Option<String> {
+    let links: Vec<String> = d.links.iter().map(|(other, score)| format!("{other}:{score}")).collect();
+    (!links.is_empty()).then(|| format!("links={}", links.join(",")))
 }
 
 /// Who holds each device, from the kubelet's pod-resources socket when
@@ -485,6 +520,7 @@ async fn check(config: &Path) -> ExitCode {
     }
 }
 
+#[cfg(feature = "sim")]
 async fn sim(config: &Path, keep_running: bool) -> ExitCode {
     match devhost::sim::run(config, keep_running, wait_for_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
@@ -497,6 +533,7 @@ async fn sim(config: &Path, keep_running: bool) -> ExitCode {
 
 /// config/demo.toml in the working folder, or in the checkout the binary
 /// was built in (target/<profile>/devhost → ../../config/demo.toml).
+#[cfg(feature = "sim")]
 fn demo_config() -> Option<PathBuf> {
     let here = PathBuf::from("config/demo.toml");
     if here.exists() {

@@ -151,7 +151,12 @@ impl Metrics {
             "Failed create attempts of the driver since it last started (0 once create succeeded)",
             create_failed_attempts.clone(),
         );
-        let build = Info::new(vec![("version".to_string(), env!("CARGO_PKG_VERSION").to_string())]);
+        let mut build_labels = vec![("version".to_string(), env!("CARGO_PKG_VERSION").to_string())];
+        // The git commit of the build (host/build.rs); none in a build without git.
+        if !env!("DEVHOST_COMMIT").is_empty() {
+            build_labels.push(("commit".to_string(), env!("DEVHOST_COMMIT").to_string()));
+        }
+        let build = Info::new(build_labels);
         registry.register("build", "The devhost build", build);
         Metrics {
             registry,
@@ -177,11 +182,56 @@ impl Metrics {
         self.create_failed_attempts.get_or_create(&labels).set(retry.map_or(0, |r| i64::from(r.attempts)));
     }
 
-    /// Drops a driver's create-retry series (it left the manifest).
+    /// Creates, at 0, every series a configured driver may ever have (its load failures and, for
+    /// each call it can receive, every outcome), so that `increase()` and `== 0` alerts see the
+    /// first change instead of a series that appears already changed. Values already counted
+    /// stay.
+    pub fn driver_configured(&self, driver: &str, module: Option<&crate::loader::ModuleInfo>) {
+        drop(self.module_load_failures.get_or_create(&DriverLabels { driver: driver.to_string() }));
+        let Some(m) = module else { return };
+        for (call, offered) in [
+            ("scan", true),
+            ("allocate", m.allocate),
+            ("preferred_allocation", m.preferred_allocation),
+            ("pre_start", m.pre_start),
+        ] {
+            for outcome in CALL_OUTCOMES.iter().filter(|_| offered) {
+                let labels =
+                    CallLabels { driver: driver.to_string(), call: call.to_string(), outcome: outcome.to_string() };
+                drop(self.driver_calls.get_or_create(&labels));
+            }
+        }
+    }
+
+    /// Creates, at 0, every series of a configured resource (devices, allocations, Allocate
+    /// latency, registrations, `resource_registered`), whether or not its driver loaded. Values
+    /// already set stay.
+    pub fn resource_configured(&self, name: &str) {
+        for health in ["healthy", "unhealthy"] {
+            drop(self.devices.get_or_create(&DeviceLabels { resource: name.to_string(), health }));
+        }
+        for outcome in ["ok", "error"] {
+            drop(self.allocations.get_or_create(&AllocationLabels { resource: name.to_string(), outcome }));
+        }
+        drop(self.allocate_duration.get_or_create(&resource(name)));
+        drop(self.registrations.get_or_create(&resource(name)));
+        drop(self.registered.get_or_create(&resource(name)));
+        drop(self.unhealthy_devices.get_or_create(&resource(name)));
+    }
+
+    /// Drops a driver's series (it left the manifest).
     pub fn forget_driver(&self, driver: &str) {
         let labels = DriverLabels { driver: driver.to_string() };
         self.create_retrying.remove(&labels);
         self.create_failed_attempts.remove(&labels);
+        self.module_load_failures.remove(&labels);
+        for call in ["scan", "allocate", "preferred_allocation", "pre_start"] {
+            for outcome in CALL_OUTCOMES {
+                let labels =
+                    CallLabels { driver: driver.to_string(), call: call.to_string(), outcome: outcome.to_string() };
+                self.driver_calls.remove(&labels);
+            }
+        }
     }
 
     /// Sets a resource's advertised device counts (replicas count as devices).
@@ -257,6 +307,9 @@ impl Metrics {
         Ok(out)
     }
 }
+
+/// Every value of a driver call's `outcome` label.
+pub const CALL_OUTCOMES: [&str; 5] = ["ok", "error", "timeout", "panic", "refused"];
 
 /// The `outcome` label of a driver call's result.
 pub fn call_outcome<T>(result: &Result<T, CallError>) -> &'static str {

@@ -150,11 +150,6 @@ fn links_list(d: &crate::device::Device) -> String {
     d.links.iter().map(|(other, score)| format!("{other}:{score}")).collect::<Vec<_>>().join(",")
 }
 
-/// `links=other:score,…` for `devhost list`, when the device has links.
-pub fn links_text(d: &crate::device::Device) -> Option<String> {
-    Some(links_list(d)).filter(|l| !l.is_empty()).map(|l| format!("links={l}"))
-}
-
 /// The attributes worth a glance, trimmed so the table stays readable.
 fn short_attrs(attrs: &BTreeMap<String, String>) -> String {
     trim(attrs.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" "), 90)

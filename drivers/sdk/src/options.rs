@@ -71,24 +71,29 @@ impl Options {
         self.pairs.iter().map(|(k, v)| (k.as_str(), v.as_str()))
     }
 
-    /// Fails on the first option whose key is not in `known` (a key `a.b` is
+    /// Fails when an option's key is not in `known`, naming every such key (a key `a.b` is
     /// known when `a` or `a.*` is listed as `"a.*"`).
     pub fn deny_unknown(&self, known: &[&str]) -> Result<()> {
-        for (k, _) in &self.pairs {
-            let ok = known.iter().any(|n| match n.strip_suffix(".*") {
-                Some(prefix) => k.starts_with(prefix) && k[prefix.len()..].starts_with('.'),
-                None => n == k,
-            });
-            if !ok {
-                let mut names: Vec<&str> = known.to_vec();
-                names.sort_unstable();
-                return Err(Error::invalid_argument(format!(
-                    "unknown option \"{k}\" (known options: {})",
-                    names.join(", ")
-                )));
-            }
+        let unknown: Vec<String> = self
+            .pairs
+            .iter()
+            .map(|(k, _)| k)
+            .filter(|k| {
+                !known.iter().any(|n| match n.strip_suffix(".*") {
+                    Some(prefix) => k.starts_with(prefix) && k[prefix.len()..].starts_with('.'),
+                    None => n == k,
+                })
+            })
+            .map(|k| format!("\"{k}\""))
+            .collect();
+        if unknown.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        // Every unknown key at once: the host points at each one in the manifest.
+        let mut names: Vec<&str> = known.to_vec();
+        names.sort_unstable();
+        let what = if unknown.len() == 1 { "unknown option" } else { "unknown options" };
+        Err(Error::invalid_argument(format!("{what} {} (known options: {})", unknown.join(", "), names.join(", "))))
     }
 }
 
@@ -113,6 +118,13 @@ mod tests {
         assert!(e.message.contains("\"bogus\""), "{e}");
         assert!(opts(&[("topology.x", "1")]).deny_unknown(&["topology.*"]).is_ok());
         assert!(opts(&[("topologyx", "1")]).deny_unknown(&["topology.*"]).is_err());
+    }
+
+    #[test]
+    fn deny_unknown_names_every_unknown_key() {
+        let o = opts(&[("bogus", "1"), ("count", "1"), ("prefx", "a")]);
+        let e = o.deny_unknown(&["count", "prefix"]).unwrap_err();
+        assert_eq!(e.message, "unknown options \"bogus\", \"prefx\" (known options: count, prefix)");
     }
 
     #[test]

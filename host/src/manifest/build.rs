@@ -117,6 +117,8 @@ pub(super) fn parse(text: &str, path: &Path, kubelet_dir_override: Option<&Path>
         default_timeout,
         drivers: BTreeMap::new(),
         declared_at: BTreeMap::new(),
+        option_locations: BTreeMap::new(),
+        driver_hints: BTreeMap::new(),
         resources: Vec::new(),
         // Set even when the path itself is bad, so resources do not also report it missing.
         cdi_dir_set: top.cdi_dir.is_some(),
@@ -172,6 +174,8 @@ struct Builder<'a> {
     drivers: BTreeMap<String, DriverConfig>,
     /// Byte offset of each `[driver.X]` header, for the unused-driver warning.
     declared_at: BTreeMap<String, usize>,
+    option_locations: BTreeMap<String, Vec<(String, String)>>,
+    driver_hints: BTreeMap<String, super::DriverHint>,
     resources: Vec<ResourceConfig>,
     /// Whether the manifest sets `cdi_dir` (resources may then use the `cdi` strategy).
     cdi_dir_set: bool,
@@ -229,6 +233,8 @@ impl Builder<'_> {
             });
             let isolation = self.isolation(&raw, &section);
             self.declared_at.insert(name_text.clone(), value.span().start);
+            self.option_locations
+                .insert(name_text.clone(), super::notes::option_locations(value.get_ref(), &self.diags));
             let config = DriverConfig {
                 name: name_text.clone(),
                 module_candidates,
@@ -358,6 +364,17 @@ impl Builder<'_> {
                     isolation: Isolation::default(),
                 };
                 self.drivers.insert(driver.clone(), config);
+                let declared = self.declared_at.keys().map(String::as_str);
+                if let Some((similar, &offset)) =
+                    super::notes::similar(&driver, declared).and_then(|s| self.declared_at.get_key_value(s))
+                {
+                    let hint = super::DriverHint {
+                        at: self.diags.location(raw.driver.span().start),
+                        similar: similar.clone(),
+                        similar_at: self.diags.location(offset),
+                    };
+                    self.driver_hints.insert(driver.clone(), hint);
+                }
             }
             Ok(()) => {}
         }
@@ -423,6 +440,8 @@ impl Builder<'_> {
             pod_resources_interval: DEFAULT_POD_RESOURCES_INTERVAL,
             lock_dir: PathBuf::from(DEFAULT_LOCK_DIR),
             state_dir: PathBuf::from(DEFAULT_STATE_DIR),
+            option_locations: self.option_locations,
+            driver_hints: self.driver_hints,
         })
     }
 }

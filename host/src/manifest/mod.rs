@@ -8,6 +8,7 @@
 mod build;
 mod features;
 mod names;
+mod notes;
 mod pod_resources;
 mod source;
 mod values;
@@ -22,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use names::{check_resource_name, glob_match, socket_name};
+pub use notes::DriverHint;
 
 /// Where the kubelet looks for device-plugin sockets unless the manifest says otherwise.
 pub const DEFAULT_KUBELET_DIR: &str = "/var/lib/kubelet/device-plugins";
@@ -76,6 +78,12 @@ pub struct Manifest {
     /// Folder of the files that outlive a restart: which container held which device and which
     /// releases are pending (`state_dir`).
     pub state_dir: PathBuf,
+    /// Per declared driver: each flattened option key and the `file:line:col` of its key, so
+    /// that a driver's complaint about an option can point at it.
+    pub option_locations: BTreeMap<String, Vec<(String, String)>>,
+    /// Per implicit driver (named by a resource, with no `[driver.X]` table) whose name is
+    /// close to a declared one: that one, offered when no module file is found.
+    pub driver_hints: BTreeMap<String, DriverHint>,
 }
 
 /// One driver instance: a module plus the options it is created with.

@@ -173,3 +173,50 @@ async fn a_taken_port_fails_bind_naming_the_address() {
     let err = bind(addr).await.unwrap_err();
     assert!(err.to_string().contains(&format!("metrics_addr {addr}")), "{err}");
 }
+
+#[test]
+fn configured_resources_and_drivers_have_their_series_at_zero_until_something_happens() {
+    let m = Metrics::new();
+    let info = crate::loader::ModuleInfo {
+        name: "nv".into(),
+        version: "1".into(),
+        description: String::new(),
+        abi_major: 1,
+        abi_minor: 1,
+        allocate: true,
+        preferred_allocation: false,
+        pre_start: false,
+        watch: false,
+        release: false,
+        concurrent: false,
+    };
+    m.driver_configured("nv", Some(&info));
+    m.driver_configured("broken", None);
+    m.resource_configured(R);
+    let text = m.encode(false).unwrap();
+    assert_eq!(sample(&text, "devhost_resource_registered", &[("resource", R)]), Some(0.0));
+    assert_eq!(sample(&text, "devhost_allocations_total", &[("resource", R), ("outcome", "error")]), Some(0.0));
+    assert_eq!(sample(&text, "devhost_devices", &[("resource", R), ("health", "unhealthy")]), Some(0.0));
+    assert_eq!(sample(&text, "devhost_unhealthy_devices", &[("resource", R)]), Some(0.0));
+    assert_eq!(sample(&text, "devhost_module_load_failures_total", &[("driver", "broken")]), Some(0.0));
+    for outcome in CALL_OUTCOMES {
+        let labels = [("driver", "nv"), ("call", "allocate"), ("outcome", outcome)];
+        assert_eq!(sample(&text, "devhost_driver_calls_total", &labels), Some(0.0), "{outcome}");
+    }
+    // Only the calls the module offers.
+    assert_eq!(sample(&text, "devhost_driver_calls_total", &[("driver", "nv"), ("call", "pre_start")]), None);
+
+    // Configuring again (a reload) keeps what was counted; forgetting drops the series.
+    m.registered(R);
+    m.module_load_failure("broken");
+    m.resource_configured(R);
+    m.driver_configured("broken", None);
+    let text = m.encode(false).unwrap();
+    assert_eq!(sample(&text, "devhost_resource_registered", &[("resource", R)]), Some(1.0));
+    assert_eq!(sample(&text, "devhost_module_load_failures_total", &[("driver", "broken")]), Some(1.0));
+    m.forget_driver("nv");
+    m.forget_resource(R);
+    let text = m.encode(false).unwrap();
+    assert_eq!(sample(&text, "devhost_driver_calls_total", &[("driver", "nv")]), None);
+    assert_eq!(sample(&text, "devhost_resource_registered", &[("resource", R)]), None);
+}

@@ -241,6 +241,11 @@ impl Registry {
         let mut fresh = Vec::new();
         while let Some(joined) = creating.join_next().await {
             let Ok((name, cfg, slot)) = joined else { continue };
+            // Where the options the driver complains about are written, or the driver meant.
+            let slot = match slot {
+                Slot::Failed(e) => Slot::Failed(manifest.explain_driver_failure(&name, &e).into_owned()),
+                ready => ready,
+            };
             let previous = replacing.remove(&name);
             match (&slot, previous) {
                 // A changed driver that cannot start keeps the running one: a
@@ -265,6 +270,13 @@ impl Registry {
                     if let Some(p) = prev {
                         retire(p);
                     }
+                    // A create that failed and is retried: say once where what it names is written.
+                    if let Some(r) = i.create_retry()
+                        && let explained = manifest.explain_driver_failure(&name, &r.last_error)
+                        && explained != r.last_error
+                    {
+                        tracing::error!(driver = %name, "create failed (retried with backoff): {explained}");
+                    }
                     let m = &i.module;
                     tracing::info!(
                         driver = %name,
@@ -285,17 +297,19 @@ impl Registry {
             retire(e);
         }
         for (name, e) in &next {
-            let retry = match &e.slot {
-                Slot::Ready(i) => i.create_retry(),
-                Slot::Failed(_) => None,
+            let (retry, module) = match &e.slot {
+                Slot::Ready(i) => (i.create_retry(), Some(&i.module)),
+                Slot::Failed(_) => (None, None),
             };
             self.services.metrics.set_create_retry(name, retry.as_ref());
+            self.services.metrics.driver_configured(name, module);
         }
 
         let old_resources = std::mem::take(&mut *write(&self.resources));
         let mut changes = Changes::default();
         let mut resources = Vec::with_capacity(manifest.resources.len());
         for cfg in &manifest.resources {
+            self.services.metrics.resource_configured(&cfg.name);
             let (driver, error) = match next.get(&cfg.driver).map(|e| &e.slot) {
                 Some(Slot::Ready(i)) => (Some(i.clone()), None),
                 Some(Slot::Failed(e)) => (None, Some(e.clone())),
