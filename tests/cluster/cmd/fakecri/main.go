@@ -1,0 +1,83 @@
+// Command fakecri serves the kubelet's own fake CRI runtime (k8s.io/cri-client/pkg/fake) on a
+// unix socket, so that a real kubelet runs pods without a container runtime on the machine.
+// It runs nothing. Each CreateContainer request is also written as JSON to
+// <record-dir>/<pod namespace>_<pod name>_<container>.json, so that tests can read the options
+// the kubelet handed the runtime (env, devices, mounts, CDI devices, annotations).
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+
+	"google.golang.org/grpc"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	"k8s.io/cri-client/pkg/fake"
+	"k8s.io/cri-client/pkg/util"
+)
+
+type recordingRuntime struct {
+	*fake.RemoteRuntime
+	dir string
+}
+
+func (r *recordingRuntime) CreateContainer(ctx context.Context, req *runtimeapi.CreateContainerRequest) (*runtimeapi.CreateContainerResponse, error) {
+	if err := r.record(req); err != nil {
+		log.Printf("fakecri: recording CreateContainer: %v", err)
+	}
+	return r.RemoteRuntime.CreateContainer(ctx, req)
+}
+
+func (r *recordingRuntime) record(req *runtimeapi.CreateContainerRequest) error {
+	meta := req.GetSandboxConfig().GetMetadata()
+	name := fmt.Sprintf("%s_%s_%s.json", meta.GetNamespace(), meta.GetName(), req.GetConfig().GetMetadata().GetName())
+	data, err := json.MarshalIndent(req.GetConfig(), "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(r.dir, "."+name)
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(r.dir, name))
+}
+
+func main() {
+	endpoint := flag.String("endpoint", "", "unix:///path/to/cri.sock to serve")
+	dir := flag.String("record-dir", "", "folder for one JSON file per CreateContainer request")
+	flag.Parse()
+	if *endpoint == "" || *dir == "" {
+		log.Fatal("fakecri: --endpoint and --record-dir are required")
+	}
+	if err := os.MkdirAll(*dir, 0o755); err != nil {
+		log.Fatalf("fakecri: %v", err)
+	}
+	rt := &recordingRuntime{RemoteRuntime: fake.NewFakeRemoteRuntime(), dir: *dir}
+	rt.RuntimeService.FakeStatus = &runtimeapi.RuntimeStatus{Conditions: []*runtimeapi.RuntimeCondition{
+		{Type: runtimeapi.RuntimeReady, Status: true},
+		{Type: runtimeapi.NetworkReady, Status: true},
+	}}
+	// The kubelet asks the runtime for its cgroup driver (RuntimeConfig RPC).
+	rt.RuntimeService.FakeLinuxConfiguration = &runtimeapi.LinuxRuntimeConfiguration{CgroupDriver: runtimeapi.CgroupDriver_CGROUPFS}
+
+	lis, err := util.CreateListener(*endpoint)
+	if err != nil {
+		log.Fatalf("fakecri: listen on %s: %v", *endpoint, err)
+	}
+	srv := grpc.NewServer()
+	runtimeapi.RegisterRuntimeServiceServer(srv, rt)
+	runtimeapi.RegisterImageServiceServer(srv, rt)
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	go func() { <-sig; srv.Stop() }()
+	log.Printf("fakecri: serving on %s, recording into %s", *endpoint, *dir)
+	if err := srv.Serve(lis); err != nil {
+		log.Fatalf("fakecri: %v", err)
+	}
+}
