@@ -1,8 +1,9 @@
 // Command fakecri serves the kubelet's own fake CRI runtime (k8s.io/cri-client/pkg/fake) on a
 // unix socket, so that a real kubelet runs pods without a container runtime on the machine.
-// It runs nothing. Each CreateContainer request is also written as JSON to
+// It runs nothing. What each CreateContainer request asks for (env, devices, mounts, CDI devices, annotations) is
+// also written as JSON to
 // <record-dir>/<pod namespace>_<pod name>_<container>.json, so that tests can read the options
-// the kubelet handed the runtime (env, devices, mounts, CDI devices, annotations).
+// the kubelet handed the runtime.
 package main
 
 import (
@@ -14,6 +15,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 
 	"google.golang.org/grpc"
@@ -21,6 +23,15 @@ import (
 	"k8s.io/cri-client/pkg/fake"
 	"k8s.io/cri-client/pkg/util"
 )
+
+// record is the part of a ContainerConfig that devices change.
+type record struct {
+	Env         map[string]string `json:"env"`
+	Devices     []string          `json:"devices"` // "host -> container (permissions)"
+	Mounts      []string          `json:"mounts"`  // "host -> container (ro|rw)"
+	CDIDevices  []string          `json:"cdi_devices"`
+	Annotations map[string]string `json:"annotations"`
+}
 
 type recordingRuntime struct {
 	*fake.RemoteRuntime
@@ -37,7 +48,25 @@ func (r *recordingRuntime) CreateContainer(ctx context.Context, req *runtimeapi.
 func (r *recordingRuntime) record(req *runtimeapi.CreateContainerRequest) error {
 	meta := req.GetSandboxConfig().GetMetadata()
 	name := fmt.Sprintf("%s_%s_%s.json", meta.GetNamespace(), meta.GetName(), req.GetConfig().GetMetadata().GetName())
-	data, err := json.MarshalIndent(req.GetConfig(), "", "  ")
+	cfg := req.GetConfig()
+	rec := record{Env: map[string]string{}, Annotations: cfg.GetAnnotations()}
+	for _, e := range cfg.GetEnvs() {
+		rec.Env[e.GetKey()] = string(e.GetValue())
+	}
+	for _, d := range cfg.GetDevices() {
+		rec.Devices = append(rec.Devices, fmt.Sprintf("%s -> %s (%s)", d.GetHostPath(), d.GetContainerPath(), d.GetPermissions()))
+	}
+	for _, m := range cfg.GetMounts() {
+		ro := "rw"
+		if m.GetReadonly() {
+			ro = "ro"
+		}
+		rec.Mounts = append(rec.Mounts, fmt.Sprintf("%s -> %s (%s)", m.GetHostPath(), m.GetContainerPath(), ro))
+	}
+	for _, c := range cfg.GetCDIDevices() {
+		rec.CDIDevices = append(rec.CDIDevices, c.GetName())
+	}
+	data, err := json.MarshalIndent(rec, "", "  ")
 	if err != nil {
 		return err
 	}
@@ -51,6 +80,7 @@ func (r *recordingRuntime) record(req *runtimeapi.CreateContainerRequest) error 
 func main() {
 	endpoint := flag.String("endpoint", "", "unix:///path/to/cri.sock to serve")
 	dir := flag.String("record-dir", "", "folder for one JSON file per CreateContainer request")
+	images := flag.String("images", "devhost.test/pause:1", "comma-separated images present from the start")
 	flag.Parse()
 	if *endpoint == "" || *dir == "" {
 		log.Fatal("fakecri: --endpoint and --record-dir are required")
@@ -63,6 +93,9 @@ func main() {
 		{Type: runtimeapi.RuntimeReady, Status: true},
 		{Type: runtimeapi.NetworkReady, Status: true},
 	}}
+	// Images "pulled" get a size: the kubelet refuses an image whose ID or size is unset.
+	rt.ImageService.SetFakeImageSize(1 << 20)
+	rt.ImageService.SetFakeImages(strings.Split(*images, ","))
 	// The kubelet asks the runtime for its cgroup driver (RuntimeConfig RPC).
 	rt.RuntimeService.FakeLinuxConfiguration = &runtimeapi.LinuxRuntimeConfiguration{CgroupDriver: runtimeapi.CgroupDriver_CGROUPFS}
 

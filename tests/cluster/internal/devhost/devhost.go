@@ -41,6 +41,7 @@ type Options struct {
 	PodResourcesSocket string // pod_resources_socket ("" = a path that does not exist)
 	CDIDir             string // cdi_dir; with it every resource uses device_list_strategy = "cdi"
 	HealthFile         string // the example_c driver's health file
+	ReleaseFile        string // the example_c driver's release record ("" = none)
 }
 
 // WriteDemoConfig writes config/demo.toml, changed by opts, into dir and returns its path.
@@ -53,10 +54,14 @@ func WriteDemoConfig(t testing.TB, dir string, opts Options) string {
 	}
 	debug := filepath.Join(Root(), "target", "debug")
 	text := string(src)
+	health := fmt.Sprintf("%q", opts.HealthFile)
+	if opts.ReleaseFile != "" {
+		health += fmt.Sprintf(", release_file = %q", opts.ReleaseFile)
+	}
 	for _, r := range [][2]string{
 		{`driver_dir = "../target/release"`, fmt.Sprintf("driver_dir = %q", debug)},
 		{`"target/release/libfake_nvml.so"`, fmt.Sprintf("%q", filepath.Join(debug, "libfake_nvml.so"))},
-		{`"/tmp/devhost-demo-health"`, fmt.Sprintf("%q", opts.HealthFile)},
+		{`"/tmp/devhost-demo-health"`, health},
 	} {
 		if !strings.Contains(text, r[0]) {
 			t.Fatalf("config/demo.toml no longer contains %s: update tests/cluster/internal/devhost", r[0])

@@ -1,6 +1,6 @@
 // Package nodens gives a test binary a private mount namespace, so that tests can use the
 // kubelet's fixed paths (/var/lib/kubelet/...) without touching the machine's: the binary
-// re-executes itself in a new mount namespace, mounts a tmpfs on /var/lib/kubelet's parent
+// re-executes itself in a new mount namespace, mounts a tmpfs on /var/lib and /var/log
 // and, optionally, turns the simulated device files under config/sim into character devices
 // (bind mounts of /dev/null) as a container runtime expects device nodes to be.
 package nodens
@@ -41,7 +41,9 @@ func Enter(simDev ...string) {
 		}
 		os.Exit(0)
 	}
+	// /var/lib for the kubelet's folders, /var/log for its pod logs.
 	must(syscall.Mount("devhost-test", "/var/lib", "tmpfs", 0, "mode=0755"), "mount tmpfs on /var/lib")
+	must(syscall.Mount("devhost-test", "/var/log", "tmpfs", 0, "mode=0755"), "mount tmpfs on /var/log")
 	must(os.MkdirAll("/var/lib/kubelet/device-plugins", 0o750), "mkdir /var/lib/kubelet/device-plugins")
 	must(os.MkdirAll("/var/lib/kubelet/pod-resources", 0o750), "mkdir /var/lib/kubelet/pod-resources")
 	for _, root := range simDev {
