@@ -42,7 +42,18 @@ func (r *recordingRuntime) CreateContainer(ctx context.Context, req *runtimeapi.
 	if err := r.record(req); err != nil {
 		log.Printf("fakecri: recording CreateContainer: %v", err)
 	}
-	return r.RemoteRuntime.CreateContainer(ctx, req)
+	resp, err := r.RemoteRuntime.CreateContainer(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	// The fake leaves the container's log path empty, and the kubelet, removing a container,
+	// deletes "<log path>*": every file in its working folder. Give it the real path.
+	r.RuntimeService.Lock()
+	if c, ok := r.RuntimeService.Containers[resp.GetContainerId()]; ok {
+		c.LogPath = filepath.Join(req.GetSandboxConfig().GetLogDirectory(), req.GetConfig().GetLogPath())
+	}
+	r.RuntimeService.Unlock()
+	return resp, nil
 }
 
 func (r *recordingRuntime) record(req *runtimeapi.CreateContainerRequest) error {

@@ -72,6 +72,8 @@ func (c *Cluster) start(name string, args ...string) (*Proc, error) {
 	bin := filepath.Join(c.Bin, name)
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = f, f
+	// Never the test's package folder: see fakecri's log path.
+	cmd.Dir = c.Dir
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		f.Close()
