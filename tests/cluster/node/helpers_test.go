@@ -32,7 +32,11 @@ type node struct {
 	release string
 }
 
-func startDevhost(t *testing.T) *node {
+func startDevhost(t *testing.T) *node { return startDevhostCDI(t, "") }
+
+// startDevhostCDI starts devhost with device_list_strategy = "cdi" and cdi_dir = cdiDir
+// ("" = the demo's "edits").
+func startDevhostCDI(t *testing.T, cdiDir string) *node {
 	t.Helper()
 	needCluster(t)
 	dir := t.TempDir()
@@ -42,7 +46,7 @@ func startDevhost(t *testing.T) *node {
 	}
 	n.config = devhost.WriteDemoConfig(t, dir, devhost.Options{
 		KubeletDir: pluginDir, PodResourcesSocket: cluster.PodResourcesSocket,
-		HealthFile: n.health, ReleaseFile: n.release,
+		HealthFile: n.health, ReleaseFile: n.release, CDIDir: cdiDir,
 	})
 	n.list = devhost.List(t, n.config)
 	n.dh = devhost.Start(t, n.config)

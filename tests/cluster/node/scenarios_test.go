@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -78,6 +79,36 @@ func TestPodRunsWithDevhostsPreferredDevicesAndAllocateEdits(t *testing.T) {
 	if rec.Env["NVIDIA_VISIBLE_DEVICES"] != pref["nvidia.com/gpu"][0] {
 		t.Errorf("NVIDIA_VISIBLE_DEVICES = %q, want %s", rec.Env["NVIDIA_VISIBLE_DEVICES"], pref["nvidia.com/gpu"][0])
 	}
+}
+
+// With device_list_strategy = "cdi" the kubelet hands the runtime devhost's CDI names in the
+// CRI's CDIDevices field (and the cdi.k8s.io annotation), for a CDI-aware runtime to resolve.
+func TestCDIStrategyReachesTheRuntimeAsCDIDevices(t *testing.T) {
+	n := startDevhostCDI(t, t.TempDir())
+	pref := preferred(t, n, "example.com/accel", 2)
+	createPod(t, "cdi-accel", map[string]int64{"example.com/accel": 2})
+	waitPodPhase(t, "cdi-accel", v1.PodRunning, 60*time.Second)
+	rec := criRecord(t, "cdi-accel")
+	a := allocate(t, "example.com/accel", pref)
+	var want []string
+	for _, c := range a.CdiDevices {
+		want = append(want, c.Name)
+	}
+	if len(want) != 2 {
+		t.Fatalf("Allocate with the cdi strategy gave CDI devices %v for %v", want, pref)
+	}
+	sort.Strings(want)
+	got := append([]string(nil), rec.CDIDevices...)
+	sort.Strings(got)
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("the runtime got CDI devices %v, devhost's Allocate gives %v", got, want)
+	}
+	for k, v := range a.Annotations {
+		if sortedList(rec.Annotations[k]) != sortedList(v) {
+			t.Errorf("annotation %s: the runtime got %q, Allocate gives %q", k, rec.Annotations[k], v)
+		}
+	}
+	t.Logf("CreateContainer: CDI devices %v, annotations %v", rec.CDIDevices, rec.Annotations)
 }
 
 func TestUnhealthyDeviceDropsNodeAllocatableAndHealthyRestoresIt(t *testing.T) {
