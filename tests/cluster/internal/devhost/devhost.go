@@ -94,7 +94,8 @@ type Process struct {
 }
 
 // Start runs `devhost run --config config` from the repository root, logging to
-// <log dir>/devhost-<n>.log; the log's tail is printed if the test fails. The process is
+// <log dir>/devhost-<n>.log; the log's tail is printed if the test fails (always with
+// DEVHOST_TEST_LOG set). The process is
 // stopped (SIGTERM) when the test ends, if it is still running.
 func Start(t testing.TB, config string) *Process {
 	t.Helper()
@@ -113,7 +114,7 @@ func Start(t testing.TB, config string) *Process {
 	go func() { p.done <- cmd.Wait(); logf.Close() }()
 	t.Cleanup(func() {
 		p.Stop(t)
-		if t.Failed() {
+		if t.Failed() || os.Getenv("DEVHOST_TEST_LOG") != "" {
 			data, _ := os.ReadFile(p.Log)
 			lines := strings.Split(string(data), "\n")
 			if len(lines) > 60 {
