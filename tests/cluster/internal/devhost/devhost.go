@@ -95,8 +95,8 @@ type Process struct {
 
 // Start runs `devhost run --config config` from the repository root, logging to
 // <log dir>/devhost-<n>.log; the log's tail is printed if the test fails (always with
-// DEVHOST_TEST_LOG set). The process is
-// stopped (SIGTERM) when the test ends, if it is still running.
+// DEVHOST_TEST_LOG set). The process is stopped (SIGTERM) when the test ends, if it is
+// still running.
 func Start(t testing.TB, config string) *Process {
 	t.Helper()
 	logf, err := os.CreateTemp(filepath.Dir(config), "devhost-*.log")
