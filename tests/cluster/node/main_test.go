@@ -51,8 +51,9 @@ func run(m *testing.M) int {
 	cl, err = cluster.Start(bin, dir)
 	if err != nil {
 		// Every scenario skips with this reason; the device-manager tests still run.
-		skipReason = fmt.Sprintf("the one-node cluster could not start on this machine: %v", err)
-		fmt.Fprintln(os.Stderr, skipReason)
+		first, _, _ := strings.Cut(err.Error(), "\n")
+		skipReason = "the one-node cluster could not start on this machine: " + first
+		fmt.Fprintf(os.Stderr, "the one-node cluster could not start on this machine: %v\n", err)
 		return m.Run()
 	}
 	fmt.Printf("one-node cluster (etcd, kube-apiserver, fakecri, kubelet) Ready in %v\n", time.Since(start).Round(time.Millisecond))
