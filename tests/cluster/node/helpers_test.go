@@ -49,6 +49,18 @@ func startDevhostCDI(t *testing.T, cdiDir string) *node {
 		HealthFile: n.health, ReleaseFile: n.release, CDIDir: cdiDir,
 	})
 	n.list = devhost.List(t, n.config)
+	// The Node lags the kubelet by up to one status update: wait until it shows the previous
+	// test's devhost gone (allocatable 0), so that the wait below sees this devhost register
+	// and a pod is not admitted before the kubelet has its endpoints again.
+	devhost.Eventually(t, 30*time.Second, "the previous devhost gone from the Node", func() string {
+		_, a := nodeCounts(t)
+		for _, r := range n.list {
+			if a[r.Resource] != 0 {
+				return fmt.Sprintf("%s: allocatable %d", r.Resource, a[r.Resource])
+			}
+		}
+		return ""
+	})
 	n.dh = devhost.Start(t, n.config)
 	took := waitNodeResources(t, n.list, 60*time.Second)
 	t.Logf("the Node shows every resource %v after devhost started", took.Round(time.Millisecond))
