@@ -11,6 +11,11 @@
 //!
 //! [`PodResourcesServer`] emulates the kubelet's PodResources API on its own
 //! socket, with the pods and devices a test sets.
+//!
+//! The real kubelet is run against devhost in `tests/cluster` (docs/testing.md). Unlike the
+//! kubelet, this emulator leaves the order of device IDs and the merging of several resources'
+//! Allocate answers into one container's options to its callers: the kubelet sends IDs in
+//! random order and keeps the first value of an env key two resources set.
 
 mod kubelet;
 mod names;

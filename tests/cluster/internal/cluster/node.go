@@ -1,0 +1,72 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	podresources "k8s.io/kubelet/pkg/apis/podresources/v1"
+)
+
+// Node reads the Node object.
+func (c *Cluster) Node() (*v1.Node, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return c.Client.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
+}
+
+// WaitNodeReady waits until the Node exists with condition Ready=True.
+func (c *Cluster) WaitNodeReady(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	last := "not registered"
+	for time.Now().Before(deadline) {
+		if c.kubelet.Exited() {
+			return fmt.Errorf("the kubelet exited")
+		}
+		if n, err := c.Node(); err == nil {
+			last = "no Ready condition"
+			for _, cond := range n.Status.Conditions {
+				if cond.Type == v1.NodeReady {
+					if cond.Status == v1.ConditionTrue {
+						return nil
+					}
+					last = fmt.Sprintf("Ready=%s: %s", cond.Status, cond.Message)
+				}
+			}
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	return fmt.Errorf("node %s not Ready within %v: %s", NodeName, timeout, last)
+}
+
+// PodDevices lists, through the kubelet's PodResources API, the device IDs per resource that
+// the kubelet holds for a pod's containers (all containers together).
+func PodDevices(namespace, pod string) (map[string][]string, error) {
+	conn, err := grpc.NewClient("unix://"+PodResourcesSocket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := podresources.NewPodResourcesListerClient(conn).List(ctx, &podresources.ListPodResourcesRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("PodResources List: %w", err)
+	}
+	out := map[string][]string{}
+	for _, p := range resp.PodResources {
+		if p.Namespace != namespace || p.Name != pod {
+			continue
+		}
+		for _, ctr := range p.Containers {
+			for _, d := range ctr.Devices {
+				out[d.ResourceName] = append(out[d.ResourceName], d.DeviceIds...)
+			}
+		}
+	}
+	return out, nil
+}

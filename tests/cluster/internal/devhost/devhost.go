@@ -1,0 +1,196 @@
+// Package devhost runs the real devhost binary for the cluster tests: it writes a copy of
+// config/demo.toml pointed at the debug build and at the test's folders, starts
+// `devhost run` on it, and reads `devhost list --json`.
+package devhost
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Root is the repository root (four folders above this one).
+func Root() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", "..", "..", ".."))
+}
+
+// Bin is the devhost binary the tests drive: $DEVHOST_BIN, else target/debug/devhost.
+func Bin(t testing.TB) string {
+	bin := os.Getenv("DEVHOST_BIN")
+	if bin == "" {
+		bin = filepath.Join(Root(), "target", "debug", "devhost")
+	}
+	if _, err := os.Stat(bin); err != nil {
+		t.Fatalf("devhost binary %s: %v (run `cargo build --workspace` first)", bin, err)
+	}
+	return bin
+}
+
+// Options change the demo manifest for one test.
+type Options struct {
+	KubeletDir         string // kubelet_dir
+	PodResourcesSocket string // pod_resources_socket ("" = a path that does not exist)
+	CDIDir             string // cdi_dir; with it every resource uses device_list_strategy = "cdi"
+	HealthFile         string // the example_c driver's health file
+	ReleaseFile        string // the example_c driver's release record ("" = none)
+}
+
+// WriteDemoConfig writes config/demo.toml, changed by opts, into dir and returns its path.
+// Driver modules come from target/debug; the simulated trees stay relative to the
+// repository root, where Start runs devhost.
+func WriteDemoConfig(t testing.TB, dir string, opts Options) string {
+	src, err := os.ReadFile(filepath.Join(Root(), "config", "demo.toml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	debug := filepath.Join(Root(), "target", "debug")
+	text := string(src)
+	health := fmt.Sprintf("%q", opts.HealthFile)
+	if opts.ReleaseFile != "" {
+		health += fmt.Sprintf(", release_file = %q", opts.ReleaseFile)
+	}
+	for _, r := range [][2]string{
+		{`driver_dir = "../target/release"`, fmt.Sprintf("driver_dir = %q", debug)},
+		{`"target/release/libfake_nvml.so"`, fmt.Sprintf("%q", filepath.Join(debug, "libfake_nvml.so"))},
+		{`"/tmp/devhost-demo-health"`, health},
+	} {
+		if !strings.Contains(text, r[0]) {
+			t.Fatalf("config/demo.toml no longer contains %s: update tests/cluster/internal/devhost", r[0])
+		}
+		text = strings.Replace(text, r[0], r[1], 1)
+	}
+	if opts.CDIDir != "" {
+		text = strings.ReplaceAll(text, "[[resource]]\n", "[[resource]]\ndevice_list_strategy = \"cdi\"\n")
+	}
+	podRes := opts.PodResourcesSocket
+	if podRes == "" {
+		podRes = filepath.Join(dir, "no-pod-resources.sock")
+	}
+	head := fmt.Sprintf("kubelet_dir = %q\npod_resources_socket = %q\npod_resources_interval = \"500ms\"\n", opts.KubeletDir, podRes)
+	if opts.CDIDir != "" {
+		head += fmt.Sprintf("cdi_dir = %q\n", opts.CDIDir)
+	}
+	path := filepath.Join(dir, "devhost.toml")
+	if err := os.WriteFile(path, []byte(head+text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// Process is a running `devhost run`.
+type Process struct {
+	Cmd  *exec.Cmd
+	Log  string
+	done chan error
+}
+
+// Start runs `devhost run --config config` from the repository root, logging to
+// <log dir>/devhost-<n>.log; the log's tail is printed if the test fails (always with
+// DEVHOST_TEST_LOG set). The process is stopped (SIGTERM) when the test ends, if it is
+// still running.
+func Start(t testing.TB, config string) *Process {
+	t.Helper()
+	logf, err := os.CreateTemp(filepath.Dir(config), "devhost-*.log")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(Bin(t), "run", "--config", config)
+	cmd.Dir = Root()
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = append(os.Environ(), "DEVHOST_LOG=info,devhost::kubelet=debug")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &Process{Cmd: cmd, Log: logf.Name(), done: make(chan error, 1)}
+	go func() { p.done <- cmd.Wait(); logf.Close() }()
+	t.Cleanup(func() {
+		p.Stop(t)
+		if t.Failed() || os.Getenv("DEVHOST_TEST_LOG") != "" {
+			data, _ := os.ReadFile(p.Log)
+			lines := strings.Split(string(data), "\n")
+			if len(lines) > 60 {
+				lines = lines[len(lines)-60:]
+			}
+			t.Logf("devhost log %s (tail):\n%s", p.Log, strings.Join(lines, "\n"))
+		}
+	})
+	return p
+}
+
+// Stop sends SIGTERM and waits up to 20 s for a clean exit (then kills it).
+func (p *Process) Stop(t testing.TB) {
+	if p.Cmd.ProcessState != nil {
+		return
+	}
+	_ = p.Cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-p.done:
+		if err != nil {
+			t.Errorf("devhost exited with %v after SIGTERM", err)
+		}
+		p.done <- err
+	case <-time.After(20 * time.Second):
+		_ = p.Cmd.Process.Kill()
+		t.Errorf("devhost did not exit within 20 s of SIGTERM")
+	}
+}
+
+// Resource is one entry of `devhost list --json`.
+type Resource struct {
+	Resource   string   `json:"resource"`
+	Healthy    int      `json:"healthy"`
+	Unhealthy  int      `json:"unhealthy"`
+	Devices    []Device `json:"devices"`
+	Registered bool     `json:"registered"`
+}
+
+// Device is one device of a Resource.
+type Device struct {
+	ID       string            `json:"id"`
+	Health   string            `json:"health"`
+	NUMANode *int              `json:"numa_node"`
+	Attrs    map[string]string `json:"attributes"`
+}
+
+// List runs `devhost list --json --config config`.
+func List(t testing.TB, config string) []Resource {
+	t.Helper()
+	cmd := exec.Command(Bin(t), "list", "--json", "--config", config)
+	cmd.Dir = Root()
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("devhost list: %v\n%s", err, stderr.String())
+	}
+	var out []Resource
+	if err := json.Unmarshal(stdout.Bytes(), &out); err != nil {
+		t.Fatalf("devhost list --json: %v\n%s", err, stdout.String())
+	}
+	return out
+}
+
+// Eventually polls cond every 20 ms until it returns "" (success) or timeout passes, and
+// fails the test with the last message. It returns how long it took.
+func Eventually(t testing.TB, timeout time.Duration, what string, cond func() string) time.Duration {
+	t.Helper()
+	start := time.Now()
+	last := ""
+	for {
+		if last = cond(); last == "" {
+			return time.Since(start)
+		}
+		if time.Since(start) > timeout {
+			t.Fatalf("%s: not within %v: %s", what, timeout, last)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
