@@ -1,7 +1,7 @@
 // Package nodens gives a test binary a private mount namespace, so that tests can use the
 // kubelet's fixed paths (/var/lib/kubelet/...) without touching the machine's: the binary
-// re-executes itself in a new mount namespace, mounts a tmpfs on /var/lib and /var/log
-// and, optionally, turns the simulated device files under config/sim into character devices
+// re-executes itself in a new mount namespace, mounts a tmpfs on /var/lib, /var/log and
+// /run/devhost (devhost's lock folder) and, optionally, turns the simulated device files under config/sim into character devices
 // (bind mounts of /dev/null) as a container runtime expects device nodes to be.
 package nodens
 
@@ -44,6 +44,12 @@ func Enter(simDev ...string) {
 	// /var/lib for the kubelet's folders, /var/log for its pod logs.
 	must(syscall.Mount("devhost-test", "/var/lib", "tmpfs", 0, "mode=0755"), "mount tmpfs on /var/lib")
 	must(syscall.Mount("devhost-test", "/var/log", "tmpfs", 0, "mode=0755"), "mount tmpfs on /var/log")
+	// devhost's lock_dir default: the lock there is per kubelet folder path, and every test
+	// binary (and any devhost on the machine) uses the same /var/lib/kubelet/device-plugins,
+	// so each binary gets a /run/devhost of its own. (state_dir, /var/lib/devhost, is under
+	// the tmpfs above already.)
+	must(os.MkdirAll("/run/devhost", 0o755), "mkdir /run/devhost")
+	must(syscall.Mount("devhost-test", "/run/devhost", "tmpfs", 0, "mode=0755"), "mount tmpfs on /run/devhost")
 	must(os.MkdirAll("/var/lib/kubelet/device-plugins", 0o750), "mkdir /var/lib/kubelet/device-plugins")
 	must(os.MkdirAll("/var/lib/kubelet/pod-resources", 0o750), "mkdir /var/lib/kubelet/pod-resources")
 	for _, root := range simDev {
