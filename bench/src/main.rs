@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use devhost_bench::node::{Artifacts, Node};
 use devhost_bench::report::{self, Report};
-use devhost_bench::{demo, events, footprint, latency, micro, null, scale};
+use devhost_bench::{demo, events, footprint, icount, latency, micro, null, scale};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
@@ -43,6 +43,17 @@ enum Sub {
         #[arg(long, default_value_t = 1)]
         resources: usize,
     },
+    /// Count the instructions of the hot paths under callgrind (release
+    /// build, already built) and record them in, or check them against, the
+    /// "Instruction counts" section of a report.
+    Icount {
+        /// Fail when a count grew more than 10 % over the one recorded in this file.
+        #[arg(long, conflicts_with = "record")]
+        check: Option<PathBuf>,
+        /// Write the counts into this file's section (created if missing).
+        #[arg(long)]
+        record: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -51,6 +62,7 @@ fn main() -> ExitCode {
         Some(Sub::NullServer { socket, register, resources }) => {
             null::serve_main(null::ServerArgs { socket, register, resources })
         }
+        Some(Sub::Icount { check, record }) => icount_main(check, record),
         None => bench(&cli.out, Duration::from_secs(cli.idle_secs), cli.no_build, cli.no_micro),
     };
     match result {
@@ -80,6 +92,44 @@ fn build(art: &Artifacts) -> Result<()> {
         if !run(&["-p", "devhost", "-p", "devhost-example-c", "-p", "devhost-benchdrv"])? {
             anyhow::bail!("cannot build devhost, the C example and the bench driver");
         }
+    }
+    Ok(())
+}
+
+/// The `icount` subcommand: measure, print, then check or record.
+fn icount_main(check: Option<PathBuf>, record: Option<PathBuf>) -> Result<()> {
+    let art = Artifacts::locate()?;
+    art.require()?;
+    if art.profile() != "release" {
+        anyhow::bail!("instruction counts are recorded for the release build: run target/release/devhost-bench");
+    }
+    if !icount::available() {
+        anyhow::bail!("valgrind (with callgrind_control) is not installed");
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let figures = rt.block_on(icount::measure(&art))?;
+    for f in &figures {
+        println!("{:<20} {:>10} instructions per call  ({})", f.key, f.per_call, f.what);
+    }
+    if let Some(path) = record {
+        let md = std::fs::read_to_string(&path).unwrap_or_default();
+        let md = icount::replace_section(&md, &icount::section(&figures));
+        std::fs::write(&path, md).with_context(|| format!("cannot write {}", path.display()))?;
+        println!("recorded in {}", path.display());
+    }
+    if let Some(path) = check {
+        let md = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+        let recorded = icount::recorded(&md).with_context(|| format!("in {}", path.display()))?;
+        let bad = icount::compare(&recorded, &figures);
+        if !bad.is_empty() {
+            anyhow::bail!(
+                "instruction counts grew more than {:.0} % over {}:\n  {}",
+                icount::TOLERANCE * 100.0,
+                path.display(),
+                bad.join("\n  ")
+            );
+        }
+        println!("every count is within {:.0} % of {}", icount::TOLERANCE * 100.0, path.display());
     }
     Ok(())
 }
@@ -149,6 +199,15 @@ fn bench(out: &Path, idle: Duration, no_build: bool, no_micro: bool) -> Result<(
                 }
             }
             Err(e) => report.failures.push(format!("4. and 5. (no demo node): {e:#}")),
+        }
+        if icount::available() && art.profile() == "release" {
+            step("instruction counts (callgrind)");
+            match icount::measure(&art).await {
+                Ok(f) => report.section(icount::HEADING, icount::section(&f)),
+                Err(e) => report.failures.push(format!("instruction counts: {e:#}")),
+            }
+        } else {
+            report.failures.push("instruction counts: valgrind is not installed or the build is not release".into());
         }
         step("6. scale");
         if let Err(e) = scale::run(&art, &floor, &mut report).await {
