@@ -8,6 +8,7 @@
 pub mod demo;
 pub mod events;
 pub mod footprint;
+pub mod handoff;
 pub mod icount;
 pub mod latency;
 pub mod micro;

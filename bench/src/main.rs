@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use devhost_bench::node::{Artifacts, Node};
 use devhost_bench::report::{self, Report};
-use devhost_bench::{demo, events, footprint, icount, latency, micro, null, scale};
+use devhost_bench::{demo, events, footprint, handoff, icount, latency, micro, null, scale};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
@@ -46,6 +46,13 @@ enum Sub {
     /// Count the instructions of the hot paths under callgrind (release
     /// build, already built) and record them in, or check them against, the
     /// "Instruction counts" section of a report.
+    /// Allocate through the driver hook against the null RPC and devhost's
+    /// own GetDevicePluginOptions, in process and isolated, with context
+    /// switches per call; prints a markdown table.
+    Handoff {
+        #[arg(long, default_value_t = 1000)]
+        calls: usize,
+    },
     Icount {
         /// Fail when a count grew more than 10 % over the one recorded in this file.
         #[arg(long, conflicts_with = "record")]
@@ -62,6 +69,7 @@ fn main() -> ExitCode {
         Some(Sub::NullServer { socket, register, resources }) => {
             null::serve_main(null::ServerArgs { socket, register, resources })
         }
+        Some(Sub::Handoff { calls }) => handoff_main(calls),
         Some(Sub::Icount { check, record }) => icount_main(check, record),
         None => bench(&cli.out, Duration::from_secs(cli.idle_secs), cli.no_build, cli.no_micro),
     };
@@ -93,6 +101,14 @@ fn build(art: &Artifacts) -> Result<()> {
             anyhow::bail!("cannot build devhost, the C example and the bench driver");
         }
     }
+    Ok(())
+}
+
+fn handoff_main(calls: usize) -> Result<()> {
+    let art = Artifacts::locate()?;
+    art.require()?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    print!("{}", rt.block_on(handoff::run(&art, calls))?);
     Ok(())
 }
 
