@@ -336,8 +336,13 @@ pub fn recorded(md: &str) -> Result<Vec<(String, u64)>> {
 
 /// Replaces (or appends) the section in the markdown text.
 pub fn replace_section(md: &str, body: &str) -> String {
-    let new = format!("## {HEADING}\n\n{}\n", body.trim_end());
-    match md.find(&format!("## {HEADING}")) {
+    replace_named(md, HEADING, body)
+}
+
+/// Replaces (or appends) the section `## heading` of the markdown text.
+pub fn replace_named(md: &str, heading: &str, body: &str) -> String {
+    let new = format!("## {heading}\n\n{}\n", body.trim_end());
+    match md.find(&format!("\n## {heading}\n")).map(|i| i + 1) {
         Some(start) => {
             let rest = &md[start + 3..];
             let end = rest.find("\n## ").map_or(md.len(), |e| start + 3 + e + 1);

@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use devhost_bench::node::{Artifacts, Node};
 use devhost_bench::report::{self, Report};
-use devhost_bench::{demo, events, footprint, handoff, icount, latency, micro, null, scale};
+use devhost_bench::{demo, events, footprint, handoff, icount, latency, micro, nodescale, null, peers, scale};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
@@ -53,6 +53,24 @@ enum Sub {
         #[arg(long, default_value_t = 1000)]
         calls: usize,
     },
+    /// Nodes of many driver instances and resources: start-up, re-registration
+    /// after kubelet restarts, RSS, one reload; prints a markdown table.
+    NodeScale {
+        /// instances:resources pairs.
+        #[arg(long, value_delimiter = ',', default_value = "1:1,8:8,16:64")]
+        sizes: Vec<String>,
+        #[arg(long, default_value_t = 5)]
+        starts: usize,
+        #[arg(long, default_value_t = 50)]
+        restarts: usize,
+    },
+    /// NVIDIA's k8s-device-plugin (built from bench/peer) beside devhost's
+    /// NVIDIA driver on the fake NVML machine; prints the "Peers" table.
+    Peers {
+        /// Replace (or add) the "Peers" section of this file.
+        #[arg(long)]
+        record: Option<PathBuf>,
+    },
     Icount {
         /// Fail when a count grew more than 10 % over the one recorded in this file.
         #[arg(long, conflicts_with = "record")]
@@ -70,6 +88,8 @@ fn main() -> ExitCode {
             null::serve_main(null::ServerArgs { socket, register, resources })
         }
         Some(Sub::Handoff { calls }) => handoff_main(calls),
+        Some(Sub::Peers { record }) => peers_main(record),
+        Some(Sub::NodeScale { sizes, starts, restarts }) => node_scale_main(&sizes, starts, restarts),
         Some(Sub::Icount { check, record }) => icount_main(check, record),
         None => bench(&cli.out, Duration::from_secs(cli.idle_secs), cli.no_build, cli.no_micro),
     };
@@ -100,6 +120,43 @@ fn build(art: &Artifacts) -> Result<()> {
         if !run(&["-p", "devhost", "-p", "devhost-example-c", "-p", "devhost-benchdrv"])? {
             anyhow::bail!("cannot build devhost, the C example and the bench driver");
         }
+    }
+    Ok(())
+}
+
+fn node_scale_main(sizes: &[String], starts: usize, restarts: usize) -> Result<()> {
+    let art = Artifacts::locate()?;
+    art.require()?;
+    let mut pairs = Vec::new();
+    for s in sizes {
+        let (i, r) = s.split_once(':').with_context(|| format!("size {s:?} is not instances:resources"))?;
+        let (i, r): (usize, usize) = (i.parse()?, r.parse()?);
+        if i == 0 || r < i {
+            anyhow::bail!("size {s:?}: need at least one instance and one resource per instance");
+        }
+        pairs.push((i, r));
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let mut rows = Vec::new();
+    for (i, r) in pairs {
+        eprintln!("devhost-bench: {i} instances, {r} resources");
+        rows.push(rt.block_on(nodescale::one(&art, i, r, starts, restarts)).with_context(|| format!("{i}:{r}"))?);
+    }
+    print!("{}", nodescale::table(&rows));
+    Ok(())
+}
+
+fn peers_main(record: Option<PathBuf>) -> Result<()> {
+    let art = Artifacts::locate()?;
+    art.require()?;
+    let peer = devhost_bench::peers::build(&art)?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let md = rt.block_on(peers::run(&art, &peer))?;
+    print!("{md}");
+    if let Some(path) = record {
+        let old = std::fs::read_to_string(&path).unwrap_or_default();
+        std::fs::write(&path, icount::replace_named(&old, "Peers", &md))
+            .with_context(|| format!("cannot write {}", path.display()))?;
     }
     Ok(())
 }
@@ -224,6 +281,14 @@ fn bench(out: &Path, idle: Duration, no_build: bool, no_micro: bool) -> Result<(
             }
         } else {
             report.failures.push("instruction counts: valgrind is not installed or the build is not release".into());
+        }
+        step("peers (NVIDIA's k8s-device-plugin)");
+        match peers::build(&art) {
+            Ok(peer) => match peers::run(&art, &peer).await {
+                Ok(md) => report.section("Peers", md),
+                Err(e) => report.failures.push(format!("peers: {e:#}")),
+            },
+            Err(e) => report.failures.push(format!("peers (NVIDIA's plugin not built): {e:#}")),
         }
         step("6. scale");
         if let Err(e) = scale::run(&art, &floor, &mut report).await {
