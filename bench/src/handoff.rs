@@ -11,6 +11,8 @@ use anyhow::{Context, Result};
 use kubelet_emu::Kubelet;
 use std::fmt::Write as _;
 
+/// The section of `docs/benchmarks.md`.
+pub const HEADING: &str = "Driver hand-off";
 const RESOURCE: &str = "bench.example.com/c";
 const DEVICES: usize = 8;
 const WARMUP: usize = 200;
@@ -97,8 +99,12 @@ pub async fn run(art: &Artifacts, n: usize) -> Result<String> {
     let null = crate::null::client(&null_sock).await?;
     sequential(&null, WARMUP, options_call).await?;
     let mut md = format!(
-        "{n} calls of each kind, in turn (null, Allocate, GetDevicePluginOptions). Context switches: all \
-         threads of devhost and its worker process, read from /proc before and after each call.\n\n\
+        "What handing an Allocate to the driver and back costs (`devhost-bench handoff`): the C example driver \
+         in process and in a worker process, {n} calls of each kind, in turn (null plugin, devhost Allocate, \
+         devhost GetDevicePluginOptions, which calls no driver). Context switches: every thread of devhost and \
+         its worker process, from /proc before and after each call; unlike latencies they do not move with the \
+         machine's load. An in-process caller waits up to 50 µs for the driver thread's answer, yielding its \
+         CPU, before it parks its task (`host/src/instance.rs`).\n\n\
          | isolation | null p50 | devhost options p50 | Allocate p50 | Allocate ÷ null | Allocate ÷ options | \
          switches per options call | per Allocate |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n"
     );

@@ -52,6 +52,9 @@ enum Sub {
     Handoff {
         #[arg(long, default_value_t = 1000)]
         calls: usize,
+        /// Replace (or add) the section "Driver hand-off" of this file.
+        #[arg(long)]
+        record: Option<PathBuf>,
     },
     /// Nodes of many driver instances and resources: start-up, re-registration
     /// after kubelet restarts, RSS, one reload; prints a markdown table.
@@ -63,6 +66,9 @@ enum Sub {
         starts: usize,
         #[arg(long, default_value_t = 50)]
         restarts: usize,
+        /// Replace (or add) the section "Many driver instances" of this file.
+        #[arg(long)]
+        record: Option<PathBuf>,
     },
     /// NVIDIA's k8s-device-plugin (built from bench/peer) beside devhost's
     /// NVIDIA driver on the fake NVML machine; prints the "Peers" table.
@@ -87,9 +93,9 @@ fn main() -> ExitCode {
         Some(Sub::NullServer { socket, register, resources }) => {
             null::serve_main(null::ServerArgs { socket, register, resources })
         }
-        Some(Sub::Handoff { calls }) => handoff_main(calls),
+        Some(Sub::Handoff { calls, record }) => handoff_main(calls, record),
         Some(Sub::Peers { record }) => peers_main(record),
-        Some(Sub::NodeScale { sizes, starts, restarts }) => node_scale_main(&sizes, starts, restarts),
+        Some(Sub::NodeScale { sizes, starts, restarts, record }) => node_scale_main(&sizes, starts, restarts, record),
         Some(Sub::Icount { check, record }) => icount_main(check, record),
         None => bench(&cli.out, Duration::from_secs(cli.idle_secs), cli.no_build, cli.no_micro),
     };
@@ -124,7 +130,14 @@ fn build(art: &Artifacts) -> Result<()> {
     Ok(())
 }
 
-fn node_scale_main(sizes: &[String], starts: usize, restarts: usize) -> Result<()> {
+/// Writes `md` as the section `heading` of the file `path`.
+fn record_section(path: &Path, heading: &str, md: &str) -> Result<()> {
+    let old = std::fs::read_to_string(path).unwrap_or_default();
+    std::fs::write(path, icount::replace_named(&old, heading, md))
+        .with_context(|| format!("cannot write {}", path.display()))
+}
+
+fn node_scale_main(sizes: &[String], starts: usize, restarts: usize, record: Option<PathBuf>) -> Result<()> {
     let art = Artifacts::locate()?;
     art.require()?;
     let mut pairs = Vec::new();
@@ -142,7 +155,11 @@ fn node_scale_main(sizes: &[String], starts: usize, restarts: usize) -> Result<(
         eprintln!("devhost-bench: {i} instances, {r} resources");
         rows.push(rt.block_on(nodescale::one(&art, i, r, starts, restarts)).with_context(|| format!("{i}:{r}"))?);
     }
-    print!("{}", nodescale::table(&rows));
+    let md = nodescale::section(&rows, starts, restarts);
+    print!("{md}");
+    if let Some(path) = record {
+        record_section(&path, nodescale::HEADING, &md)?;
+    }
     Ok(())
 }
 
@@ -154,18 +171,20 @@ fn peers_main(record: Option<PathBuf>) -> Result<()> {
     let md = rt.block_on(peers::run(&art, &peer))?;
     print!("{md}");
     if let Some(path) = record {
-        let old = std::fs::read_to_string(&path).unwrap_or_default();
-        std::fs::write(&path, icount::replace_named(&old, "Peers", &md))
-            .with_context(|| format!("cannot write {}", path.display()))?;
+        record_section(&path, "Peers", &md)?;
     }
     Ok(())
 }
 
-fn handoff_main(calls: usize) -> Result<()> {
+fn handoff_main(calls: usize, record: Option<PathBuf>) -> Result<()> {
     let art = Artifacts::locate()?;
     art.require()?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    print!("{}", rt.block_on(handoff::run(&art, calls))?);
+    let md = rt.block_on(handoff::run(&art, calls))?;
+    print!("{md}");
+    if let Some(path) = record {
+        record_section(&path, handoff::HEADING, &md)?;
+    }
     Ok(())
 }
 
@@ -290,6 +309,20 @@ fn bench(out: &Path, idle: Duration, no_build: bool, no_micro: bool) -> Result<(
             },
             Err(e) => report.failures.push(format!("peers (NVIDIA's plugin not built): {e:#}")),
         }
+        step("driver hand-off");
+        match handoff::run(&art, 1000).await {
+            Ok(md) => report.section(handoff::HEADING, md),
+            Err(e) => report.failures.push(format!("driver hand-off: {e:#}")),
+        }
+        step("many driver instances");
+        let mut rows = Vec::new();
+        for (i, r) in [(1, 1), (8, 8), (16, 64)] {
+            match nodescale::one(&art, i, r, 5, 50).await {
+                Ok(row) => rows.push(row),
+                Err(e) => report.failures.push(format!("{i} instances, {r} resources: {e:#}")),
+            }
+        }
+        report.section(nodescale::HEADING, nodescale::section(&rows, 5, 50));
         step("6. scale");
         if let Err(e) = scale::run(&art, &floor, &mut report).await {
             report.failures.push(format!("6. scale: {e:#}"));

@@ -13,6 +13,22 @@ use kubelet_emu::Kubelet;
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
+/// The section of `docs/benchmarks.md`.
+pub const HEADING: &str = "Many driver instances";
+
+/// The section: what was run, then the table.
+pub fn section(rows: &[Sized], starts: usize, restarts: usize) -> String {
+    format!(
+        "Nodes of many driver instances (`devhost-bench node-scale`): instances alternate between the C example \
+         and the bench driver, each in its own worker process (the default isolation), and feed resources of \
+         one device each. Start-up: p50 of {starts} starts, against the null plugin registering as many \
+         resources. Then {restarts} emulated kubelet restarts (clock: restart → every resource registered \
+         again), RSS of the host and its workers, and one reload: the last resource's manifest entry moves to \
+         another device, SIGHUP, until the kubelet holds the new device.\n\n{}",
+        table(rows)
+    )
+}
+
 /// What one node size gave.
 pub struct Sized {
     pub instances: usize,
