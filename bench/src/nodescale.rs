@@ -24,7 +24,8 @@ pub fn section(rows: &[Sized], starts: usize, restarts: usize) -> String {
          one device each. Start-up: p50 of {starts} starts, against the null plugin registering as many \
          resources. Then {restarts} emulated kubelet restarts (clock: restart → every resource registered \
          again), RSS of the host and its workers, and one reload: the last resource's manifest entry moves to \
-         another device, SIGHUP, until the kubelet holds the new device.\n\n{}",
+         another device, SIGHUP, until the kubelet holds the new device. Wall-clock figures taken on a loaded \
+         2-CPU machine (other builds running): compare within a row.\n\n{}",
         table(rows)
     )
 }
