@@ -8,10 +8,14 @@
 pub mod demo;
 pub mod events;
 pub mod footprint;
+pub mod handoff;
+pub mod icount;
 pub mod latency;
 pub mod micro;
 pub mod node;
+pub mod nodescale;
 pub mod null;
+pub mod peers;
 pub mod prefer;
 pub mod report;
 pub mod scale;

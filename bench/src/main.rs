@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use devhost_bench::node::{Artifacts, Node};
 use devhost_bench::report::{self, Report};
-use devhost_bench::{demo, events, footprint, latency, micro, null, scale};
+use devhost_bench::{demo, events, footprint, handoff, icount, latency, micro, nodescale, null, peers, scale};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
@@ -43,6 +43,48 @@ enum Sub {
         #[arg(long, default_value_t = 1)]
         resources: usize,
     },
+    /// Count the instructions of the hot paths under callgrind (release
+    /// build, already built) and record them in, or check them against, the
+    /// "Instruction counts" section of a report.
+    /// Allocate through the driver hook against the null RPC and devhost's
+    /// own GetDevicePluginOptions, in process and isolated, with context
+    /// switches per call; prints a markdown table.
+    Handoff {
+        #[arg(long, default_value_t = 1000)]
+        calls: usize,
+        /// Replace (or add) the section "Driver hand-off" of this file.
+        #[arg(long)]
+        record: Option<PathBuf>,
+    },
+    /// Nodes of many driver instances and resources: start-up, re-registration
+    /// after kubelet restarts, RSS, one reload; prints a markdown table.
+    NodeScale {
+        /// instances:resources pairs.
+        #[arg(long, value_delimiter = ',', default_value = "1:1,8:8,16:64")]
+        sizes: Vec<String>,
+        #[arg(long, default_value_t = 5)]
+        starts: usize,
+        #[arg(long, default_value_t = 50)]
+        restarts: usize,
+        /// Replace (or add) the section "Many driver instances" of this file.
+        #[arg(long)]
+        record: Option<PathBuf>,
+    },
+    /// NVIDIA's k8s-device-plugin (built from bench/peer) beside devhost's
+    /// NVIDIA driver on the fake NVML machine; prints the "Peers" table.
+    Peers {
+        /// Replace (or add) the "Peers" section of this file.
+        #[arg(long)]
+        record: Option<PathBuf>,
+    },
+    Icount {
+        /// Fail when a count grew more than 10 % over the one recorded in this file.
+        #[arg(long, conflicts_with = "record")]
+        check: Option<PathBuf>,
+        /// Write the counts into this file's section (created if missing).
+        #[arg(long)]
+        record: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -51,6 +93,10 @@ fn main() -> ExitCode {
         Some(Sub::NullServer { socket, register, resources }) => {
             null::serve_main(null::ServerArgs { socket, register, resources })
         }
+        Some(Sub::Handoff { calls, record }) => handoff_main(calls, record),
+        Some(Sub::Peers { record }) => peers_main(record),
+        Some(Sub::NodeScale { sizes, starts, restarts, record }) => node_scale_main(&sizes, starts, restarts, record),
+        Some(Sub::Icount { check, record }) => icount_main(check, record),
         None => bench(&cli.out, Duration::from_secs(cli.idle_secs), cli.no_build, cli.no_micro),
     };
     match result {
@@ -80,6 +126,102 @@ fn build(art: &Artifacts) -> Result<()> {
         if !run(&["-p", "devhost", "-p", "devhost-example-c", "-p", "devhost-benchdrv"])? {
             anyhow::bail!("cannot build devhost, the C example and the bench driver");
         }
+    }
+    Ok(())
+}
+
+/// Writes `md` as the section `heading` of the file `path`.
+fn record_section(path: &Path, heading: &str, md: &str) -> Result<()> {
+    let old = std::fs::read_to_string(path).unwrap_or_default();
+    std::fs::write(path, icount::replace_named(&old, heading, md))
+        .with_context(|| format!("cannot write {}", path.display()))
+}
+
+fn node_scale_main(sizes: &[String], starts: usize, restarts: usize, record: Option<PathBuf>) -> Result<()> {
+    let art = Artifacts::locate()?;
+    art.require()?;
+    let mut pairs = Vec::new();
+    for s in sizes {
+        let (i, r) = s.split_once(':').with_context(|| format!("size {s:?} is not instances:resources"))?;
+        let (i, r): (usize, usize) = (i.parse()?, r.parse()?);
+        if i == 0 || r < i {
+            anyhow::bail!("size {s:?}: need at least one instance and one resource per instance");
+        }
+        pairs.push((i, r));
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let mut rows = Vec::new();
+    for (i, r) in pairs {
+        eprintln!("devhost-bench: {i} instances, {r} resources");
+        rows.push(rt.block_on(nodescale::one(&art, i, r, starts, restarts)).with_context(|| format!("{i}:{r}"))?);
+    }
+    let md = nodescale::section(&rows, starts, restarts);
+    print!("{md}");
+    if let Some(path) = record {
+        record_section(&path, nodescale::HEADING, &md)?;
+    }
+    Ok(())
+}
+
+fn peers_main(record: Option<PathBuf>) -> Result<()> {
+    let art = Artifacts::locate()?;
+    art.require()?;
+    let peer = devhost_bench::peers::build(&art)?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let md = rt.block_on(peers::run(&art, &peer))?;
+    print!("{md}");
+    if let Some(path) = record {
+        record_section(&path, "Peers", &md)?;
+    }
+    Ok(())
+}
+
+fn handoff_main(calls: usize, record: Option<PathBuf>) -> Result<()> {
+    let art = Artifacts::locate()?;
+    art.require()?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let md = rt.block_on(handoff::run(&art, calls))?;
+    print!("{md}");
+    if let Some(path) = record {
+        record_section(&path, handoff::HEADING, &md)?;
+    }
+    Ok(())
+}
+
+/// The `icount` subcommand: measure, print, then check or record.
+fn icount_main(check: Option<PathBuf>, record: Option<PathBuf>) -> Result<()> {
+    let art = Artifacts::locate()?;
+    art.require()?;
+    if art.profile() != "release" {
+        anyhow::bail!("instruction counts are recorded for the release build: run target/release/devhost-bench");
+    }
+    if !icount::available() {
+        anyhow::bail!("valgrind (with callgrind_control) is not installed");
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let figures = rt.block_on(icount::measure(&art))?;
+    for f in &figures {
+        println!("{:<20} {:>10} instructions per call  ({})", f.key, f.per_call, f.what);
+    }
+    if let Some(path) = record {
+        let md = std::fs::read_to_string(&path).unwrap_or_default();
+        let md = icount::replace_section(&md, &icount::section(&figures));
+        std::fs::write(&path, md).with_context(|| format!("cannot write {}", path.display()))?;
+        println!("recorded in {}", path.display());
+    }
+    if let Some(path) = check {
+        let md = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+        let recorded = icount::recorded(&md).with_context(|| format!("in {}", path.display()))?;
+        let bad = icount::compare(&recorded, &figures);
+        if !bad.is_empty() {
+            anyhow::bail!(
+                "instruction counts grew more than {:.0} % over {}:\n  {}",
+                icount::TOLERANCE * 100.0,
+                path.display(),
+                bad.join("\n  ")
+            );
+        }
+        println!("every count is within {:.0} % of {}", icount::TOLERANCE * 100.0, path.display());
     }
     Ok(())
 }
@@ -150,6 +292,37 @@ fn bench(out: &Path, idle: Duration, no_build: bool, no_micro: bool) -> Result<(
             }
             Err(e) => report.failures.push(format!("4. and 5. (no demo node): {e:#}")),
         }
+        if icount::available() && art.profile() == "release" {
+            step("instruction counts (callgrind)");
+            match icount::measure(&art).await {
+                Ok(f) => report.section(icount::HEADING, icount::section(&f)),
+                Err(e) => report.failures.push(format!("instruction counts: {e:#}")),
+            }
+        } else {
+            report.failures.push("instruction counts: valgrind is not installed or the build is not release".into());
+        }
+        step("peers (NVIDIA's k8s-device-plugin)");
+        match peers::build(&art) {
+            Ok(peer) => match peers::run(&art, &peer).await {
+                Ok(md) => report.section("Peers", md),
+                Err(e) => report.failures.push(format!("peers: {e:#}")),
+            },
+            Err(e) => report.failures.push(format!("peers (NVIDIA's plugin not built): {e:#}")),
+        }
+        step("driver hand-off");
+        match handoff::run(&art, 1000).await {
+            Ok(md) => report.section(handoff::HEADING, md),
+            Err(e) => report.failures.push(format!("driver hand-off: {e:#}")),
+        }
+        step("many driver instances");
+        let mut rows = Vec::new();
+        for (i, r) in [(1, 1), (8, 8), (16, 64)] {
+            match nodescale::one(&art, i, r, 5, 50).await {
+                Ok(row) => rows.push(row),
+                Err(e) => report.failures.push(format!("{i} instances, {r} resources: {e:#}")),
+            }
+        }
+        report.section(nodescale::HEADING, nodescale::section(&rows, 5, 50));
         step("6. scale");
         if let Err(e) = scale::run(&art, &floor, &mut report).await {
             report.failures.push(format!("6. scale: {e:#}"));

@@ -408,6 +408,14 @@ impl Instance {
                 return Err(CallError::WorkerGone { driver: self.name.clone() });
             }
         }
+        let mut rx = rx;
+        match wait_briefly(&mut rx) {
+            Ok(v) => return Ok(v),
+            Err(oneshot::error::TryRecvError::Closed) => {
+                return Err(CallError::WorkerGone { driver: self.name.clone() });
+            }
+            Err(oneshot::error::TryRecvError::Empty) => {}
+        }
         match tokio::time::timeout(self.timeout, rx).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(_)) => Err(CallError::WorkerGone { driver: self.name.clone() }),
@@ -691,6 +699,27 @@ async fn retry_create(
                 backoff = (backoff * 2).min(BACKOFF_MAX);
                 inst.note_failed_create(&e, backoff);
             }
+        }
+    }
+}
+
+/// How long a caller waits for a driver call's answer on its own thread
+/// before it parks its task. Most hooks answer within a few microseconds:
+/// catching the answer here saves the driver thread waking the runtime and
+/// the runtime's thread parking and unparking (a cross-thread wake-up that
+/// costs tens of microseconds on a loaded machine), at the price of at most
+/// this much busy time on a runtime thread for a slow call.
+const ANSWER_SPIN: Duration = Duration::from_micros(50);
+
+/// The answer, if the driver thread sends it within [`ANSWER_SPIN`]. The
+/// caller yields its CPU between looks: the woken driver thread often
+/// waits for exactly this CPU, and a yield lets it run at once.
+fn wait_briefly<T>(rx: &mut oneshot::Receiver<T>) -> Result<T, oneshot::error::TryRecvError> {
+    let start = Instant::now();
+    loop {
+        match rx.try_recv() {
+            Err(oneshot::error::TryRecvError::Empty) if start.elapsed() < ANSWER_SPIN => std::thread::yield_now(),
+            done => return done,
         }
     }
 }

@@ -1,0 +1,128 @@
+//! The cost of handing an Allocate to the driver's own thread (in process)
+//! or worker process (isolated) and back, in one run: p50 of Allocate
+//! against the null plugin's and devhost's own GetDevicePluginOptions (no
+//! driver call), taken call by call in turn, and the context switches per
+//! call of the devhost process (and its worker), which do not depend on load.
+
+use crate::latency::{Client, allocate, options_call, sequential};
+use crate::node::{self, Artifacts, Node, Proc};
+use crate::stats::{Samples, fmt_dur, ratio};
+use anyhow::{Context, Result};
+use kubelet_emu::Kubelet;
+use std::fmt::Write as _;
+
+/// The section of `docs/benchmarks.md`.
+pub const HEADING: &str = "Driver hand-off";
+const RESOURCE: &str = "bench.example.com/c";
+const DEVICES: usize = 8;
+const WARMUP: usize = 200;
+
+/// Voluntary + involuntary context switches of every thread of `pid`.
+fn switches(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
+    let mut n = 0;
+    for t in tasks.flatten() {
+        let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+        for l in status.lines() {
+            if let Some(v) =
+                l.strip_prefix("voluntary_ctxt_switches:").or(l.strip_prefix("nonvoluntary_ctxt_switches:"))
+            {
+                n += v.trim().parse::<u64>().unwrap_or(0);
+            }
+        }
+    }
+    n
+}
+
+/// Switches of devhost and its driver workers.
+fn all_switches(pid: u32) -> u64 {
+    switches(pid) + node::workers_of(pid).into_iter().map(switches).sum::<u64>()
+}
+
+/// One line of the result: p50 of null, options, allocate; switches per call.
+pub struct Line {
+    pub isolation: &'static str,
+    pub null_p50: std::time::Duration,
+    pub opts_p50: std::time::Duration,
+    pub alloc_p50: std::time::Duration,
+    pub opts_switches: f64,
+    pub alloc_switches: f64,
+}
+
+async fn one(art: &Artifacts, isolation: &'static str, null: &Client, n: usize) -> Result<Line> {
+    let node = Node::new()?;
+    let kubelet = Kubelet::start(&node.kubelet_dir()).context("cannot start the kubelet emulator")?;
+    let manifest = node.write_manifest(
+        "devhost.toml",
+        &format!(
+            "[driver.c]\nmodule = \"{}\"\nisolation = \"{isolation}\"\noptions = {{ count = {DEVICES} }}\n\n\
+             [[resource]]\nname = \"{RESOURCE}\"\ndriver = \"c\"\n",
+            art.module("example_c").display()
+        ),
+    )?;
+    let daemon = Proc::devhost(art, &manifest, &node.kubelet_dir())?;
+    node::wait_all_registered(&kubelet, &[RESOURCE.to_string()], 1, Some(&daemon)).await?;
+    kubelet.wait_devices(RESOURCE, node::WAIT, |d| d.len() == DEVICES).await?;
+    let dh = node::plugin_client(&kubelet, RESOURCE).await?;
+    let alloc = |c: Client, i: usize| allocate(c, vec![format!("example-{}", i % DEVICES)]);
+    sequential(&dh, WARMUP, alloc).await?;
+    sequential(&dh, WARMUP, options_call).await?;
+    let pid = daemon.pid();
+    let (mut base, mut a, mut o) = (Samples::default(), Samples::default(), Samples::default());
+    let (mut sw_a, mut sw_o) = (0, 0);
+    for i in 0..n {
+        base.extend(sequential(null, 1, options_call).await?);
+        let s0 = all_switches(pid);
+        a.extend(sequential(&dh, 1, |c, _| alloc(c, i)).await?);
+        let s1 = all_switches(pid);
+        o.extend(sequential(&dh, 1, options_call).await?);
+        let s2 = all_switches(pid);
+        sw_a += s1 - s0;
+        sw_o += s2 - s1;
+    }
+    let s = |x: &Samples| x.summary().context("no samples");
+    Ok(Line {
+        isolation,
+        null_p50: s(&base)?.p50,
+        opts_p50: s(&o)?.p50,
+        alloc_p50: s(&a)?.p50,
+        opts_switches: sw_o as f64 / n as f64,
+        alloc_switches: sw_a as f64 / n as f64,
+    })
+}
+
+/// Measures both isolation modes against one null plugin; returns a markdown table.
+pub async fn run(art: &Artifacts, n: usize) -> Result<String> {
+    let node = Node::new()?;
+    let null_sock = node.path().join("null.sock");
+    let _null = crate::null::spawn(art, &null_sock, None, &node.path().join("null.log"))?;
+    let null = crate::null::client(&null_sock).await?;
+    sequential(&null, WARMUP, options_call).await?;
+    let mut md = format!(
+        "What handing an Allocate to the driver and back costs (`devhost-bench handoff`): the C example driver \
+         in process and in a worker process, {n} calls of each kind, in turn (null plugin, devhost Allocate, \
+         devhost GetDevicePluginOptions, which calls no driver). Context switches: every thread of devhost and \
+         its worker process, from /proc before and after each call; unlike latencies they do not move with the \
+         machine's load. An in-process caller waits up to 50 µs for the driver thread's answer, yielding its \
+         CPU, before it parks its task (`host/src/instance.rs`). Latencies taken on a loaded 2-CPU machine: \
+         the ratios and switch counts are the figures to quote.\n\n\
+         | isolation | null p50 | devhost options p50 | Allocate p50 | Allocate ÷ null | Allocate ÷ options | \
+         switches per options call | per Allocate |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n"
+    );
+    for iso in ["in-process", "process"] {
+        let l = one(art, iso, &null, n).await.with_context(|| format!("isolation = {iso}"))?;
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {:.2} | {:.2} |",
+            l.isolation,
+            fmt_dur(l.null_p50),
+            fmt_dur(l.opts_p50),
+            fmt_dur(l.alloc_p50),
+            ratio(l.alloc_p50, l.null_p50),
+            ratio(l.alloc_p50, l.opts_p50),
+            l.opts_switches,
+            l.alloc_switches
+        );
+    }
+    Ok(md)
+}
