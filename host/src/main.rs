@@ -494,14 +494,26 @@ async fn add_holders(out: &mut [serde_json::Value], manifest: &Manifest) {
 async fn check(config: &Path) -> ExitCode {
     let Some(manifest) = load_manifest(config, None) else { return ExitCode::from(2) };
     let registry = Registry::open(&manifest, Mode::Inspect).await;
-    let problems: Vec<String> = registry
-        .drivers()
-        .into_values()
-        .filter_map(|slot| match slot {
-            Slot::Failed(e) => Some(e),
-            Slot::Ready(_) => None,
-        })
-        .collect();
+    let mut problems = Vec::new();
+    for (name, slot) in registry.drivers() {
+        match slot {
+            Slot::Failed(e) => problems.push(e),
+            // A device is served by exactly one kubelet API: only the devices decide whether
+            // a DRA resource's `match` overlaps another resource's.
+            Slot::Ready(inst)
+                if manifest.resources.iter().any(|r| r.driver == name && r.api.dra_driver().is_some()) =>
+            {
+                match inst.scan().await {
+                    Ok(out) => {
+                        let devices = out.devices.iter().map(|d| (d.id.as_str(), &d.attributes));
+                        problems.extend(devhost::manifest::api_conflicts(&manifest.resources, &name, devices));
+                    }
+                    Err(e) => problems.push(format!("driver {name}: scan failed: {e}")),
+                }
+            }
+            Slot::Ready(_) => {}
+        }
+    }
     registry.shutdown();
     if problems.is_empty() {
         println!(

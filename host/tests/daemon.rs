@@ -271,3 +271,17 @@ async fn pre_start_is_called_through_the_hook() {
     kubelet.pre_start("example.com/c", vec!["example-1".into()]).await.unwrap();
     d.wait_log("example-1", WAIT).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dra_resource_is_not_served_as_a_device_plugin() {
+    let node = Node::new();
+    let kubelet = Kubelet::start(&node.kubelet_dir()).unwrap();
+    let d = Daemon::start(&mixed_manifest(&node, "api = \"dra\"\n"), &node.kubelet_dir());
+    kubelet.wait_registered("example.com/c", WAIT).await.unwrap();
+    let line = d.wait_log("DRA serving is not yet available", WAIT).await;
+    assert!(line.contains("example.com/r") && line.contains("r.example.com"), "{line}");
+    // Both endpoints are started together; give a wrongly started one time to register anyway.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(kubelet.endpoint("example.com/r"), None, "a DRA resource must not register as a device plugin");
+    assert!(!node.kubelet_dir().join("devhost-example.com_r.sock").exists());
+}

@@ -68,6 +68,8 @@ struct RawResource {
     replicas: Option<Spanned<i64>>,
     one_replica_per_container: Option<bool>,
     device_list_strategy: Option<Spanned<DeviceListStrategy>>,
+    api: Option<Spanned<String>>,
+    dra_driver: Option<Spanned<String>>,
 }
 
 pub(super) fn parse(text: &str, path: &Path, kubelet_dir_override: Option<&Path>) -> Result<Manifest, ManifestErrors> {
@@ -384,6 +386,18 @@ impl Builder<'_> {
         if name_ok && self.cdi_dir_set {
             features::cdi_kind(&raw.name, section, &mut self.diags);
         }
+        let api =
+            super::dra::api(raw.api.as_ref(), raw.dra_driver.as_ref(), &raw.name, name_ok, section, &mut self.diags);
+        if let Some(dra) = api.dra_driver()
+            && let Some(first) = self.resources.iter().find(|r| r.api.dra_driver() == Some(dra))
+        {
+            let message = format!(
+                "DRA driver name `{dra}` is already used by resource `{}` at {}; set `dra_driver` to tell them apart",
+                first.name, first.location
+            );
+            let span = raw.dra_driver.as_ref().or(raw.api.as_ref()).map_or(raw.name.span(), Spanned::span);
+            self.diags.error(span, &format!("{section}.dra_driver"), message);
+        }
         let mut matches = Vec::new();
         for (key, pattern) in raw.matches.unwrap_or_default() {
             let field = format!("{section}.match.{key}");
@@ -409,6 +423,7 @@ impl Builder<'_> {
             replicas,
             one_replica_per_container: raw.one_replica_per_container.unwrap_or(false),
             device_list_strategy: strategy,
+            api,
         });
     }
 

@@ -6,6 +6,7 @@
 //! The key reference is `docs/config-reference.md`.
 
 mod build;
+mod dra;
 mod features;
 mod names;
 mod notes;
@@ -22,6 +23,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use dra::{ResourceApi, api_conflicts, check_dra_driver_name, derive_dra_driver_name};
 pub use names::{check_resource_name, glob_match, socket_name};
 pub use notes::DriverHint;
 
@@ -144,6 +146,8 @@ pub struct ResourceConfig {
     pub one_replica_per_container: bool,
     /// What Allocate answers with: raw container edits or CDI device names.
     pub device_list_strategy: DeviceListStrategy,
+    /// The kubelet API that serves this resource (`api`, with `dra_driver`).
+    pub api: ResourceApi,
 }
 
 /// `device_list_strategy` of a resource.
