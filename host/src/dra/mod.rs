@@ -5,6 +5,7 @@
 //! does not read yet: until then [`plugin`] fails each claim with an error saying so.
 
 pub mod plugin;
+pub mod prepare;
 pub mod registration;
 
 use std::io;
