@@ -65,7 +65,9 @@ async fn prepare_answers_every_claim_with_an_error_until_allocations_can_be_read
     let mut plugin = DraPluginClient::new(devhost_proto::connect_uds(&endpoint).await.unwrap());
     let answer = plugin.node_prepare_resources(NodePrepareResourcesRequest { claims: claims() }).await.unwrap();
     let answer = answer.into_inner().claims;
-    assert_eq!(answer.keys().collect::<Vec<_>>(), ["uid-a", "uid-b"], "one entry per claim UID");
+    let mut uids: Vec<&String> = answer.keys().collect();
+    uids.sort();
+    assert_eq!(uids, ["uid-a", "uid-b"], "one entry per claim UID");
     let a = &answer["uid-a"];
     assert!(a.devices.is_empty());
     assert!(
