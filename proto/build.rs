@@ -1,6 +1,6 @@
 //! Compiles `v1beta1/api.proto` (Device Plugin API),
-//! `podresources/v1/api.proto` (PodResources API), `dra/v1/api.proto` (DRA
-//! kubelet plugin API) and `pluginregistration/v1/api.proto` (the kubelet's
+//! `podresources/v1/api.proto` (PodResources API), `dra/v1/api.proto` and
+//! `dra/v1beta1/api.proto` (DRA kubelet plugin API) and `pluginregistration/v1/api.proto` (the kubelet's
 //! plugin registration) with protox (pure Rust), so
 //! building needs no system `protoc`, then generates tonic clients and servers
 //! for every service.
@@ -8,8 +8,13 @@
 use std::error::Error;
 
 fn main() -> Result<(), Box<dyn Error>> {
-    let protos =
-        ["v1beta1/api.proto", "podresources/v1/api.proto", "dra/v1/api.proto", "pluginregistration/v1/api.proto"];
+    let protos = [
+        "v1beta1/api.proto",
+        "podresources/v1/api.proto",
+        "dra/v1/api.proto",
+        "dra/v1beta1/api.proto",
+        "pluginregistration/v1/api.proto",
+    ];
     for proto in protos {
         println!("cargo:rerun-if-changed={proto}");
     }

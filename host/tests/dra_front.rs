@@ -26,7 +26,11 @@ async fn register(root: &Path) -> String {
     let info = client.get_info(InfoRequest {}).await.unwrap().into_inner();
     assert_eq!(info.r#type, "DRAPlugin");
     assert_eq!(info.name, DRIVER);
-    assert_eq!(info.supported_versions, ["v1.DRAPlugin"]);
+    assert_eq!(
+        info.supported_versions,
+        ["v1.DRAPlugin", "v1beta1.DRAPlugin"],
+        "v1 first: the kubelet takes the first it knows"
+    );
     let status = RegistrationStatus { plugin_registered: true, error: String::new() };
     client.notify_registration_status(status).await.unwrap();
     info.endpoint
@@ -117,4 +121,22 @@ async fn a_socket_path_over_the_unix_limit_is_refused_by_name() {
     let deep = root.path().join("k".repeat(100));
     let error = DraFront::start(&deep, DRIVER).await.err().expect("refused").to_string();
     assert!(error.contains(DRIVER) && error.contains("at most 107 bytes"), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_v1beta1_kubelet_is_answered_on_the_same_socket() {
+    use devhost_proto::dra::v1beta1;
+    let root = tempfile::tempdir().unwrap();
+    let front = DraFront::start(root.path(), DRIVER).await.unwrap();
+    let endpoint = register(root.path()).await;
+    let channel = devhost_proto::connect_uds(&endpoint).await.unwrap();
+    let mut plugin = v1beta1::dra_plugin_client::DraPluginClient::new(channel);
+    let claim = v1beta1::Claim { namespace: "ns".into(), uid: "uid-a".into(), name: "claim-a".into() };
+    let request = v1beta1::NodeUnprepareResourcesRequest { claims: vec![claim.clone()] };
+    let answer = plugin.node_unprepare_resources(request).await.unwrap().into_inner().claims;
+    assert_eq!(answer["uid-a"].error, "");
+    let request = v1beta1::NodePrepareResourcesRequest { claims: vec![claim] };
+    let answer = plugin.node_prepare_resources(request).await.unwrap().into_inner().claims;
+    assert!(answer["uid-a"].error.contains("not yet available"), "{answer:?}");
+    front.stop().await;
 }

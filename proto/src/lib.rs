@@ -35,6 +35,11 @@ pub mod dra {
     pub mod v1 {
         tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1");
     }
+    /// The same service as v1beta1 (Kubernetes 1.32+), without `Device.share_id`: the only
+    /// version a 1.32 or 1.33 kubelet calls.
+    pub mod v1beta1 {
+        tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1beta1");
+    }
 }
 
 /// The kubelet's plugin registration API, served by a plugin on its socket in
@@ -50,6 +55,9 @@ pub const DRA_PLUGIN_TYPE: &str = "DRAPlugin";
 
 /// `PluginInfo.supported_versions` entry for the DRA plugin service v1.
 pub const DRA_V1_SERVICE: &str = "v1.DRAPlugin";
+
+/// `PluginInfo.supported_versions` entry for the DRA plugin service v1beta1.
+pub const DRA_V1BETA1_SERVICE: &str = "v1beta1.DRAPlugin";
 
 /// Where the kubelet serves the PodResources API. Mount the folder, not the
 /// socket, into a container: the kubelet recreates the socket on restart.

@@ -109,3 +109,31 @@ fn registration_status_uses_registered_1_and_error_2() {
     assert!(round_trip(RegistrationStatusResponse {}).is_empty());
     assert!(round_trip(InfoRequest {}).is_empty());
 }
+
+#[test]
+fn v1beta1_is_v1_without_the_share_id() {
+    use devhost_proto::dra::v1beta1;
+    assert_eq!(v1beta1::dra_plugin_server::SERVICE_NAME, "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin");
+    assert_eq!(devhost_proto::DRA_V1BETA1_SERVICE, "v1beta1.DRAPlugin");
+    let v1 = Device {
+        request_names: vec!["r".into()],
+        pool_name: "p".into(),
+        device_name: "d".into(),
+        cdi_device_ids: vec!["v/c=x".into()],
+        share_id: None,
+    };
+    let beta = v1beta1::Device::decode(round_trip(v1).as_slice()).unwrap();
+    assert_eq!(
+        beta,
+        v1beta1::Device {
+            request_names: vec!["r".into()],
+            pool_name: "p".into(),
+            device_name: "d".into(),
+            cdi_device_ids: vec!["v/c=x".into()],
+        }
+    );
+    let request = v1beta1::NodePrepareResourcesRequest {
+        claims: vec![v1beta1::Claim { namespace: "n".into(), uid: "u".into(), name: "c".into() }],
+    };
+    assert_eq!(round_trip(request), round_trip(NodePrepareResourcesRequest { claims: vec![claim()] }));
+}

@@ -1,5 +1,5 @@
 //! The DRA front (in progress): serves one Dynamic Resource Allocation driver to the kubelet,
-//! with the plugin service on `<kubelet root>/plugins/<driver>/dra.sock` and the registration
+//! with the plugin service (v1 and v1beta1) on `<kubelet root>/plugins/<driver>/dra.sock` and the registration
 //! service on `<kubelet root>/plugins_registry/<driver>-reg.sock`, where the kubelet's plugin
 //! watcher finds it. Preparing a claim needs its allocation from the API server, which devhost
 //! does not read yet: until then [`plugin`] fails each claim with an error saying so.
@@ -13,12 +13,13 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use devhost_proto::dra::v1::dra_plugin_server::DraPluginServer;
+use devhost_proto::dra::{v1, v1beta1};
 use devhost_proto::pluginregistration::registration_server::RegistrationServer;
 use tokio::net::UnixListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::UnixListenerStream;
+use tonic::service::Routes;
 
 use crate::manifest::MAX_SOCKET_PATH;
 
@@ -90,8 +91,14 @@ impl DraFront {
                 return Err(e);
             }
         };
-        let dra = DraPluginServer::new(plugin::Plugin::new(driver));
-        let reg = RegistrationServer::new(registration::Registration::new(driver, &paths.plugin, verdict.clone()));
+        let service = Arc::new(plugin::Plugin::new(driver));
+        let dra = Routes::new(v1::dra_plugin_server::DraPluginServer::from_arc(service.clone()))
+            .add_service(v1beta1::dra_plugin_server::DraPluginServer::from_arc(service));
+        let reg = Routes::new(RegistrationServer::new(registration::Registration::new(
+            driver,
+            &paths.plugin,
+            verdict.clone(),
+        )));
         let tasks = vec![
             spawn_server(driver, "plugin", dra, plugin, stop_rx.clone()),
             spawn_server(driver, "registration", reg, registration, stop_rx),
@@ -153,32 +160,20 @@ fn remove_socket(path: &Path) {
     }
 }
 
-fn spawn_server<S>(
+fn spawn_server(
     driver: &str,
     which: &'static str,
-    service: S,
+    routes: Routes,
     listener: UnixListener,
     mut stop: watch::Receiver<bool>,
-) -> JoinHandle<()>
-where
-    S: tower::Service<
-            tonic::codegen::http::Request<tonic::body::Body>,
-            Response = tonic::codegen::http::Response<tonic::body::Body>,
-            Error = std::convert::Infallible,
-        > + tonic::server::NamedService
-        + Clone
-        + Send
-        + Sync
-        + 'static,
-    S::Future: Send + 'static,
-{
+) -> JoinHandle<()> {
     let driver = driver.to_owned();
     tokio::spawn(async move {
         let shutdown = async move {
             let _ = stop.wait_for(|stopped| *stopped).await;
         };
         let served = tonic::transport::Server::builder()
-            .add_service(service)
+            .add_routes(routes)
             .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
             .await;
         if let Err(e) = served {

@@ -8,7 +8,8 @@
 //! `-`, at most 63, starting and ending with a letter or digit). A device ID that already is one
 //! is its own name; any other is lower-cased, every other character becomes `-`, the ends are
 //! trimmed, the body is cut to 54 characters and `-` plus 8 hex digits of the ID's hash is
-//! appended, so two IDs never share a name and a name never changes across restarts.
+//! appended, so a name never changes across restarts and two IDs share a name only on a 32-bit
+//! hash collision.
 
 use devhost_proto::dra::v1 as pb;
 

@@ -10,8 +10,8 @@ use tonic::{Request, Response, Status};
 use super::RegistrationVerdict;
 
 /// The services offered on the plugin socket, most preferred first (the kubelet takes the first
-/// it knows). Only v1 is served so far; a 1.32/1.33 kubelet, which knows only v1beta1, refuses it.
-pub const SUPPORTED_VERSIONS: &[&str] = &[devhost_proto::DRA_V1_SERVICE];
+/// it knows): v1 first, v1beta1 for 1.32 and 1.33 kubelets.
+pub const SUPPORTED_VERSIONS: &[&str] = &[devhost_proto::DRA_V1_SERVICE, devhost_proto::DRA_V1BETA1_SERVICE];
 
 /// Answers the plugin watcher for one DRA driver.
 pub struct Registration {
