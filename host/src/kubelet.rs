@@ -177,18 +177,9 @@ impl Endpoints {
     /// and stops the ones no longer listed. Resources served already keep
     /// their socket, registration and streams.
     pub async fn sync(&self, resources: &[Arc<Resource>]) {
+        // A DRA resource is served by the DRA front (crate::dra), never also as a device plugin.
         let wanted: Vec<&Arc<Resource>> =
             resources.iter().filter(|r| r.driver.is_some() && r.config.api.dra_driver().is_none()).collect();
-        for r in resources.iter().filter(|r| r.driver.is_some()) {
-            if let Some(dra) = r.config.api.dra_driver() {
-                tracing::warn!(
-                    resource = %r.config.name,
-                    dra_driver = dra,
-                    "not served: api = \"dra\", and DRA serving is not yet available in this devhost build; the \
-                     resource is also not served as a device plugin"
-                );
-            }
-        }
         for r in resources.iter().filter(|r| r.driver.is_none()) {
             tracing::error!(resource = %r.config.name, "not served: {}", r.error.as_deref().unwrap_or("driver unavailable"));
         }

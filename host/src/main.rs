@@ -259,6 +259,8 @@ async fn run(config: &Path, kubelet_dir: Option<&Path>) -> ExitCode {
     }
     let endpoints = devhost::kubelet::Endpoints::start(manifest.kubelet_dir.clone(), registry.services.clone());
     endpoints.sync(&registry.resources()).await;
+    let mut dra = devhost::dra::Fronts::new(manifest.kubelet_root_dir.clone());
+    dra.sync(&registry.resources()).await;
     let nfd = manifest.nfd_features_dir.clone().map(|dir| devhost::nfd::spawn(dir, registry.clone()));
     // A ConfigMap update replaces the file (through a symlink swap): watch
     // its folder and reload when the text really changed and then stayed
@@ -339,8 +341,10 @@ async fn run(config: &Path, kubelet_dir: Option<&Path>) -> ExitCode {
             "reload applied"
         );
         endpoints.sync(&registry.resources()).await;
+        dra.sync(&registry.resources()).await;
     }
     endpoints.shutdown().await;
+    dra.shutdown().await;
     if let Some(task) = nfd {
         task.abort();
     }

@@ -140,3 +140,14 @@ async fn a_v1beta1_kubelet_is_answered_on_the_same_socket() {
     assert!(answer["uid-a"].error.contains("not yet available"), "{answer:?}");
     front.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_that_is_not_a_socket_is_left_alone_and_named() {
+    let root = tempfile::tempdir().unwrap();
+    let paths = Paths::new(root.path(), DRIVER);
+    std::fs::create_dir_all(paths.plugin.parent().unwrap()).unwrap();
+    std::fs::write(&paths.plugin, "not ours").unwrap();
+    let error = DraFront::start(root.path(), DRIVER).await.err().expect("refused").to_string();
+    assert!(error.contains("dra.sock") && error.contains("not a socket"), "{error}");
+    assert_eq!(std::fs::read_to_string(&paths.plugin).unwrap(), "not ours");
+}

@@ -1,14 +1,17 @@
 //! The DRA front (in progress): serves one Dynamic Resource Allocation driver to the kubelet,
 //! with the plugin service (v1 and v1beta1) on `<kubelet root>/plugins/<driver>/dra.sock` and the registration
 //! service on `<kubelet root>/plugins_registry/<driver>-reg.sock`, where the kubelet's plugin
-//! watcher finds it. Preparing a claim needs its allocation from the API server, which devhost
-//! does not read yet: until then [`plugin`] fails each claim with an error saying so.
+//! watcher finds it; [`Fronts`] keeps one per `api = "dra"` resource. Preparing a claim needs its
+//! allocation from the API server, which devhost does not read yet: until then [`plugin`] fails
+//! each claim with an error saying so.
 
+mod fronts;
 pub mod plugin;
 pub mod prepare;
 pub mod registration;
 
 use std::io;
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -22,6 +25,8 @@ use tokio_stream::wrappers::UnixListenerStream;
 use tonic::service::Routes;
 
 use crate::manifest::MAX_SOCKET_PATH;
+
+pub use fronts::Fronts;
 
 /// The kubelet's plugin watcher folder, under its root directory (`--root-dir`).
 pub const PLUGINS_REGISTRY: &str = "plugins_registry";
@@ -144,8 +149,15 @@ fn listen(driver: &str, path: &Path) -> Result<UnixListener, FrontError> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(io)?;
     }
-    match std::fs::remove_file(path) {
-        Ok(()) => tracing::info!(dra_driver = driver, path = %path.display(), "replaced a stale DRA socket"),
+    // Only a socket is ever removed: anything else at the path is someone else's file.
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            std::fs::remove_file(path).map_err(io)?;
+            tracing::info!(dra_driver = driver, path = %path.display(), "replaced a stale DRA socket");
+        }
+        Ok(_) => {
+            return Err(io(io::Error::new(io::ErrorKind::AlreadyExists, "a file that is not a socket is in the way")));
+        }
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(io(e)),
     }
@@ -153,6 +165,9 @@ fn listen(driver: &str, path: &Path) -> Result<UnixListener, FrontError> {
 }
 
 fn remove_socket(path: &Path) {
+    if !std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
+        return;
+    }
     if let Err(e) = std::fs::remove_file(path)
         && e.kind() != io::ErrorKind::NotFound
     {

@@ -28,6 +28,7 @@ use super::{
 struct RawTop {
     kubelet_dir: Option<Spanned<String>>,
     driver_dir: Option<Spanned<String>>,
+    kubelet_root_dir: Option<Spanned<String>>,
     call_timeout: Option<DurationSetting>,
     allow_untrusted_modules: Option<bool>,
     cdi_dir: Option<Spanned<String>>,
@@ -100,6 +101,8 @@ pub(super) fn parse(text: &str, path: &Path, kubelet_dir_override: Option<&Path>
         None => resolve_dir(&top.kubelet_dir, "kubelet_dir", DEFAULT_KUBELET_DIR, base, &mut diags),
     };
     let driver_dir = resolve_dir(&top.driver_dir, "driver_dir", DEFAULT_DRIVER_DIR, base, &mut diags);
+    let kubelet_root_dir =
+        resolve_dir(&top.kubelet_root_dir, "kubelet_root_dir", super::DEFAULT_KUBELET_ROOT_DIR, base, &mut diags);
     let default_timeout = top.call_timeout.map_or(DEFAULT_CALL_TIMEOUT, |t| t.0);
     let cdi_dir = features::cdi_dir(&top.cdi_dir, base, &mut diags);
     let nfd_features_dir = features::nfd_features_dir(&top.nfd_features_dir, base, &mut diags);
@@ -140,6 +143,7 @@ pub(super) fn parse(text: &str, path: &Path, kubelet_dir_override: Option<&Path>
     manifest.pod_resources_interval = pod_resources_interval;
     manifest.lock_dir = lock_dir;
     manifest.state_dir = state_dir;
+    manifest.kubelet_root_dir = kubelet_root_dir;
     for (index, r) in manifest.resources.iter().enumerate() {
         if r.one_replica_per_container && r.replicas == 1 {
             let field = format!("resource[{index}].one_replica_per_container");
@@ -444,6 +448,7 @@ impl Builder<'_> {
             path: path.to_path_buf(),
             kubelet_dir: self.kubelet_dir,
             driver_dir: self.driver_dir,
+            kubelet_root_dir: PathBuf::from(super::DEFAULT_KUBELET_ROOT_DIR),
             drivers: self.drivers,
             resources: self.resources,
             warnings,

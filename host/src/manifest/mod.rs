@@ -29,6 +29,9 @@ pub use notes::DriverHint;
 
 /// Where the kubelet looks for device-plugin sockets unless the manifest says otherwise.
 pub const DEFAULT_KUBELET_DIR: &str = "/var/lib/kubelet/device-plugins";
+/// The kubelet's root directory (`--root-dir`), home of `plugins_registry/` and `plugins/` where
+/// DRA drivers are served, unless the manifest says otherwise.
+pub const DEFAULT_KUBELET_ROOT_DIR: &str = "/var/lib/kubelet";
 /// Where driver modules are looked up unless the manifest says otherwise.
 pub const DEFAULT_DRIVER_DIR: &str = "/usr/lib/devhost/drivers";
 /// Deadline of one driver call unless the manifest says otherwise.
@@ -55,6 +58,8 @@ pub struct Manifest {
     pub kubelet_dir: PathBuf,
     /// Folder relative module paths and conventional module names are looked up in.
     pub driver_dir: PathBuf,
+    /// The kubelet's root directory, under which DRA resources are served (`kubelet_root_dir`).
+    pub kubelet_root_dir: PathBuf,
     /// Every driver instance: declared with `[driver.X]` and implicit (named only by a resource).
     pub drivers: BTreeMap<String, DriverConfig>,
     /// The `[[resource]]` entries, in file order.

@@ -108,3 +108,12 @@ fn device_plugin_resources_may_still_share_a_device() {
     // Another driver's resources are not this driver's business.
     assert!(api_conflicts(&two_resources("dra", "dra"), "y", [("d0", &v1)]).is_empty());
 }
+
+#[test]
+fn kubelet_root_dir_defaults_to_the_kubelets_and_resolves_relative_paths() {
+    assert_eq!(parse(RESOURCE).unwrap().kubelet_root_dir, std::path::PathBuf::from("/var/lib/kubelet"));
+    let manifest = parse(&format!("kubelet_root_dir = \"root\"\n{RESOURCE}")).unwrap();
+    assert_eq!(manifest.kubelet_root_dir, std::path::PathBuf::from("/etc/devhost/root"));
+    let error = only_error(&format!("kubelet_root_dir = \"\"\n{RESOURCE}"));
+    assert!(error.starts_with(&format!("{PATH}:1:20: kubelet_root_dir: the path is empty")), "{error}");
+}
