@@ -1,12 +1,20 @@
-//! Compiles `v1beta1/api.proto` (Device Plugin API) and
-//! `podresources/v1/api.proto` (PodResources API) with protox (pure Rust), so
+//! Compiles `v1beta1/api.proto` (Device Plugin API),
+//! `podresources/v1/api.proto` (PodResources API), `dra/v1/api.proto` and
+//! `dra/v1beta1/api.proto` (DRA kubelet plugin API) and `pluginregistration/v1/api.proto` (the kubelet's
+//! plugin registration) with protox (pure Rust), so
 //! building needs no system `protoc`, then generates tonic clients and servers
 //! for every service.
 
 use std::error::Error;
 
 fn main() -> Result<(), Box<dyn Error>> {
-    let protos = ["v1beta1/api.proto", "podresources/v1/api.proto"];
+    let protos = [
+        "v1beta1/api.proto",
+        "podresources/v1/api.proto",
+        "dra/v1/api.proto",
+        "dra/v1beta1/api.proto",
+        "pluginregistration/v1/api.proto",
+    ];
     for proto in protos {
         println!("cargo:rerun-if-changed={proto}");
     }

@@ -177,7 +177,9 @@ impl Endpoints {
     /// and stops the ones no longer listed. Resources served already keep
     /// their socket, registration and streams.
     pub async fn sync(&self, resources: &[Arc<Resource>]) {
-        let wanted: Vec<&Arc<Resource>> = resources.iter().filter(|r| r.driver.is_some()).collect();
+        // A DRA resource is served by the DRA front (crate::dra), never also as a device plugin.
+        let wanted: Vec<&Arc<Resource>> =
+            resources.iter().filter(|r| r.driver.is_some() && r.config.api.dra_driver().is_none()).collect();
         for r in resources.iter().filter(|r| r.driver.is_none()) {
             tracing::error!(resource = %r.config.name, "not served: {}", r.error.as_deref().unwrap_or("driver unavailable"));
         }

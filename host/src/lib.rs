@@ -15,6 +15,8 @@
 //! vendor's module through a battery before it ships (both need the kubelet
 //! emulator: the `sim` cargo feature, on by default). [`cli_docs`] generates
 //! the completion scripts and the manual page from the command line.
+//! [`dra`] is the second kubelet front (Dynamic Resource Allocation), in
+//! progress: it serves a DRA driver's sockets but cannot prepare claims yet.
 
 pub mod callbacks;
 pub mod cdi;
@@ -22,6 +24,7 @@ pub mod cli_docs;
 #[cfg(feature = "sim")]
 pub mod conformance;
 pub mod device;
+pub mod dra;
 pub mod endpoint;
 pub mod instance;
 pub mod isolation;

@@ -259,6 +259,8 @@ async fn run(config: &Path, kubelet_dir: Option<&Path>) -> ExitCode {
     }
     let endpoints = devhost::kubelet::Endpoints::start(manifest.kubelet_dir.clone(), registry.services.clone());
     endpoints.sync(&registry.resources()).await;
+    let mut dra = devhost::dra::Fronts::new(manifest.kubelet_root_dir.clone());
+    dra.sync(&registry.resources()).await;
     let nfd = manifest.nfd_features_dir.clone().map(|dir| devhost::nfd::spawn(dir, registry.clone()));
     // A ConfigMap update replaces the file (through a symlink swap): watch
     // its folder and reload when the text really changed and then stayed
@@ -339,8 +341,10 @@ async fn run(config: &Path, kubelet_dir: Option<&Path>) -> ExitCode {
             "reload applied"
         );
         endpoints.sync(&registry.resources()).await;
+        dra.sync(&registry.resources()).await;
     }
     endpoints.shutdown().await;
+    dra.shutdown().await;
     if let Some(task) = nfd {
         task.abort();
     }
@@ -494,14 +498,26 @@ async fn add_holders(out: &mut [serde_json::Value], manifest: &Manifest) {
 async fn check(config: &Path) -> ExitCode {
     let Some(manifest) = load_manifest(config, None) else { return ExitCode::from(2) };
     let registry = Registry::open(&manifest, Mode::Inspect).await;
-    let problems: Vec<String> = registry
-        .drivers()
-        .into_values()
-        .filter_map(|slot| match slot {
-            Slot::Failed(e) => Some(e),
-            Slot::Ready(_) => None,
-        })
-        .collect();
+    let mut problems = Vec::new();
+    for (name, slot) in registry.drivers() {
+        match slot {
+            Slot::Failed(e) => problems.push(e),
+            // A device is served by exactly one kubelet API: only the devices decide whether
+            // a DRA resource's `match` overlaps another resource's.
+            Slot::Ready(inst)
+                if manifest.resources.iter().any(|r| r.driver == name && r.api.dra_driver().is_some()) =>
+            {
+                match inst.scan().await {
+                    Ok(out) => {
+                        let devices = out.devices.iter().map(|d| (d.id.as_str(), &d.attributes));
+                        problems.extend(devhost::manifest::api_conflicts(&manifest.resources, &name, devices));
+                    }
+                    Err(e) => problems.push(format!("driver {name}: scan failed: {e}")),
+                }
+            }
+            Slot::Ready(_) => {}
+        }
+    }
     registry.shutdown();
     if problems.is_empty() {
         println!(

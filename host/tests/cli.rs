@@ -134,3 +134,38 @@ fn sim_registers_lists_and_allocates_one_device_per_resource() {
     assert!(out.contains("device      /dev/null -> /dev/rex0 (rw)"), "{out}");
     assert!(out.contains("REX_ALLOCATED_COUNT=1"), "{out}");
 }
+
+#[test]
+fn check_refuses_a_device_served_by_dra_and_the_device_plugin() {
+    let node = Node::new();
+    let body = |second_match: &str| {
+        format!(
+            r#"
+driver_dir = "{dir}"
+[driver.example_rust]
+options = {{ count = 3 }}
+[[resource]]
+name = "example.com/rex-dra"
+driver = "example_rust"
+api = "dra"
+match = {{ id = "rex-1" }}
+[[resource]]
+name = "example.com/rex"
+driver = "example_rust"
+{second_match}
+"#,
+            dir = module("example_c").parent().unwrap().display()
+        )
+    };
+    let m = node.write_manifest(&body(""));
+    let (code, _, err) = devhost(&["check", "--config", m.to_str().unwrap()]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("devhost.toml:10:1: device `rex-1` of driver `example_rust`"), "{err}");
+    assert!(err.contains("`example.com/rex-dra` (api = \"dra\", at ") && err.contains("exactly one API"), "{err}");
+    assert!(!err.contains("rex-0") && !err.contains("rex-2"), "only the shared device is named: {err}");
+    // Split apart, the same two resources pass.
+    let m = node.write_manifest(&body("match = { index = \"0\" }\n"));
+    let (code, out, err) = devhost(&["check", "--config", m.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("OK"), "{out}");
+}

@@ -271,3 +271,36 @@ async fn pre_start_is_called_through_the_hook() {
     kubelet.pre_start("example.com/c", vec!["example-1".into()]).await.unwrap();
     d.wait_log("example-1", WAIT).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dra_resource_is_served_through_dra_and_not_as_a_device_plugin() {
+    use devhost_proto::pluginregistration::registration_client::RegistrationClient;
+    use devhost_proto::pluginregistration::{InfoRequest, RegistrationStatus};
+    let node = Node::new();
+    let root = node.path().join("kubelet-root");
+    let kubelet = Kubelet::start(&node.kubelet_dir()).unwrap();
+    let extra = "api = \"dra\"\n";
+    let manifest = mixed_manifest(&node, extra);
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    let manifest = node.write_manifest(&format!("kubelet_root_dir = \"{}\"\n{text}", root.display()));
+    let mut d = Daemon::start(&manifest, &node.kubelet_dir());
+    kubelet.wait_registered("example.com/c", WAIT).await.unwrap();
+    let line = d.wait_log("served through DRA, which is in progress", WAIT).await;
+    assert!(line.contains("example.com/r") && line.contains("r.example.com"), "{line}");
+    // The kubelet's plugin watcher: the registration socket, GetInfo, the verdict.
+    let reg = root.join("plugins_registry/r.example.com-reg.sock");
+    let mut client = RegistrationClient::new(devhost_proto::connect_uds(&reg).await.expect("registration socket"));
+    let info = client.get_info(InfoRequest {}).await.unwrap().into_inner();
+    assert_eq!((info.r#type.as_str(), info.name.as_str()), ("DRAPlugin", "r.example.com"));
+    assert_eq!(info.endpoint, root.join("plugins/r.example.com/dra.sock").display().to_string());
+    let status = RegistrationStatus { plugin_registered: true, error: String::new() };
+    client.notify_registration_status(status).await.unwrap();
+    d.wait_log("the kubelet registered the DRA driver", WAIT).await;
+    // Both endpoints were started together; give a wrongly started one time to register anyway.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(kubelet.endpoint("example.com/r"), None, "a DRA resource must not register as a device plugin");
+    assert!(!node.kubelet_dir().join("devhost-example.com_r.sock").exists());
+    assert!(d.terminate(Duration::from_secs(20)).is_some(), "devhost stops on SIGTERM");
+    assert!(!reg.exists(), "stopping removes the registration socket, which deregisters the driver");
+    assert!(!root.join("plugins/r.example.com/dra.sock").exists());
+}

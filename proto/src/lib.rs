@@ -1,6 +1,7 @@
-//! The kubelet Device Plugin API v1beta1 and PodResources API v1 as Rust
-//! types, tonic clients and tonic servers, generated at build time from
-//! `v1beta1/api.proto` and `podresources/v1/api.proto`.
+//! The kubelet Device Plugin API v1beta1, PodResources API v1, DRA kubelet
+//! plugin API v1 and plugin registration API v1 as Rust types, tonic clients
+//! and tonic servers, generated at build time from the `.proto` files beside
+//! this crate.
 //!
 //! Both the devhost host and the kubelet emulator speak these APIs over unix
 //! sockets; [`connect_uds`] is the shared client-side dialer.
@@ -25,6 +26,38 @@ pub mod podresources {
         tonic::include_proto!("v1");
     }
 }
+
+/// The DRA kubelet plugin API v1 (Kubernetes 1.34+). Generated messages plus
+/// `dra_plugin_client` and `dra_plugin_server`; the proto package is the
+/// dotted upstream one, so the wire paths are
+/// `/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/<Method>`.
+pub mod dra {
+    pub mod v1 {
+        tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1");
+    }
+    /// The same service as v1beta1 (Kubernetes 1.32+), without `Device.share_id`: the only
+    /// version a 1.32 or 1.33 kubelet calls.
+    pub mod v1beta1 {
+        tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1beta1");
+    }
+}
+
+/// The kubelet's plugin registration API, served by a plugin on its socket in
+/// `plugins_registry`. Generated messages plus `registration_client` and
+/// `registration_server`; the proto package is plainly `pluginregistration`,
+/// so the wire paths are `/pluginregistration.Registration/<Method>`.
+pub mod pluginregistration {
+    tonic::include_proto!("pluginregistration");
+}
+
+/// `PluginInfo.type` of a DRA driver.
+pub const DRA_PLUGIN_TYPE: &str = "DRAPlugin";
+
+/// `PluginInfo.supported_versions` entry for the DRA plugin service v1.
+pub const DRA_V1_SERVICE: &str = "v1.DRAPlugin";
+
+/// `PluginInfo.supported_versions` entry for the DRA plugin service v1beta1.
+pub const DRA_V1BETA1_SERVICE: &str = "v1beta1.DRAPlugin";
 
 /// Where the kubelet serves the PodResources API. Mount the folder, not the
 /// socket, into a container: the kubelet recreates the socket on restart.

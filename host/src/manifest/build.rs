@@ -28,6 +28,7 @@ use super::{
 struct RawTop {
     kubelet_dir: Option<Spanned<String>>,
     driver_dir: Option<Spanned<String>>,
+    kubelet_root_dir: Option<Spanned<String>>,
     call_timeout: Option<DurationSetting>,
     allow_untrusted_modules: Option<bool>,
     cdi_dir: Option<Spanned<String>>,
@@ -68,6 +69,8 @@ struct RawResource {
     replicas: Option<Spanned<i64>>,
     one_replica_per_container: Option<bool>,
     device_list_strategy: Option<Spanned<DeviceListStrategy>>,
+    api: Option<Spanned<String>>,
+    dra_driver: Option<Spanned<String>>,
 }
 
 pub(super) fn parse(text: &str, path: &Path, kubelet_dir_override: Option<&Path>) -> Result<Manifest, ManifestErrors> {
@@ -98,6 +101,8 @@ pub(super) fn parse(text: &str, path: &Path, kubelet_dir_override: Option<&Path>
         None => resolve_dir(&top.kubelet_dir, "kubelet_dir", DEFAULT_KUBELET_DIR, base, &mut diags),
     };
     let driver_dir = resolve_dir(&top.driver_dir, "driver_dir", DEFAULT_DRIVER_DIR, base, &mut diags);
+    let kubelet_root_dir =
+        resolve_dir(&top.kubelet_root_dir, "kubelet_root_dir", super::DEFAULT_KUBELET_ROOT_DIR, base, &mut diags);
     let default_timeout = top.call_timeout.map_or(DEFAULT_CALL_TIMEOUT, |t| t.0);
     let cdi_dir = features::cdi_dir(&top.cdi_dir, base, &mut diags);
     let nfd_features_dir = features::nfd_features_dir(&top.nfd_features_dir, base, &mut diags);
@@ -138,6 +143,7 @@ pub(super) fn parse(text: &str, path: &Path, kubelet_dir_override: Option<&Path>
     manifest.pod_resources_interval = pod_resources_interval;
     manifest.lock_dir = lock_dir;
     manifest.state_dir = state_dir;
+    manifest.kubelet_root_dir = kubelet_root_dir;
     for (index, r) in manifest.resources.iter().enumerate() {
         if r.one_replica_per_container && r.replicas == 1 {
             let field = format!("resource[{index}].one_replica_per_container");
@@ -384,6 +390,18 @@ impl Builder<'_> {
         if name_ok && self.cdi_dir_set {
             features::cdi_kind(&raw.name, section, &mut self.diags);
         }
+        let api =
+            super::dra::api(raw.api.as_ref(), raw.dra_driver.as_ref(), &raw.name, name_ok, section, &mut self.diags);
+        if let Some(dra) = api.dra_driver()
+            && let Some(first) = self.resources.iter().find(|r| r.api.dra_driver() == Some(dra))
+        {
+            let message = format!(
+                "DRA driver name `{dra}` is already used by resource `{}` at {}; set `dra_driver` to tell them apart",
+                first.name, first.location
+            );
+            let span = raw.dra_driver.as_ref().or(raw.api.as_ref()).map_or(raw.name.span(), Spanned::span);
+            self.diags.error(span, &format!("{section}.dra_driver"), message);
+        }
         let mut matches = Vec::new();
         for (key, pattern) in raw.matches.unwrap_or_default() {
             let field = format!("{section}.match.{key}");
@@ -409,6 +427,7 @@ impl Builder<'_> {
             replicas,
             one_replica_per_container: raw.one_replica_per_container.unwrap_or(false),
             device_list_strategy: strategy,
+            api,
         });
     }
 
@@ -429,6 +448,7 @@ impl Builder<'_> {
             path: path.to_path_buf(),
             kubelet_dir: self.kubelet_dir,
             driver_dir: self.driver_dir,
+            kubelet_root_dir: PathBuf::from(super::DEFAULT_KUBELET_ROOT_DIR),
             drivers: self.drivers,
             resources: self.resources,
             warnings,

@@ -6,6 +6,7 @@
 //! The key reference is `docs/config-reference.md`.
 
 mod build;
+mod dra;
 mod features;
 mod names;
 mod notes;
@@ -22,11 +23,15 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use dra::{ResourceApi, api_conflicts, check_dra_driver_name, derive_dra_driver_name};
 pub use names::{check_resource_name, glob_match, socket_name};
 pub use notes::DriverHint;
 
 /// Where the kubelet looks for device-plugin sockets unless the manifest says otherwise.
 pub const DEFAULT_KUBELET_DIR: &str = "/var/lib/kubelet/device-plugins";
+/// The kubelet's root directory (`--root-dir`), home of `plugins_registry/` and `plugins/` where
+/// DRA drivers are served, unless the manifest says otherwise.
+pub const DEFAULT_KUBELET_ROOT_DIR: &str = "/var/lib/kubelet";
 /// Where driver modules are looked up unless the manifest says otherwise.
 pub const DEFAULT_DRIVER_DIR: &str = "/usr/lib/devhost/drivers";
 /// Deadline of one driver call unless the manifest says otherwise.
@@ -53,6 +58,8 @@ pub struct Manifest {
     pub kubelet_dir: PathBuf,
     /// Folder relative module paths and conventional module names are looked up in.
     pub driver_dir: PathBuf,
+    /// The kubelet's root directory, under which DRA resources are served (`kubelet_root_dir`).
+    pub kubelet_root_dir: PathBuf,
     /// Every driver instance: declared with `[driver.X]` and implicit (named only by a resource).
     pub drivers: BTreeMap<String, DriverConfig>,
     /// The `[[resource]]` entries, in file order.
@@ -144,6 +151,8 @@ pub struct ResourceConfig {
     pub one_replica_per_container: bool,
     /// What Allocate answers with: raw container edits or CDI device names.
     pub device_list_strategy: DeviceListStrategy,
+    /// The kubelet API that serves this resource (`api`, with `dra_driver`).
+    pub api: ResourceApi,
 }
 
 /// `device_list_strategy` of a resource.

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use super::*;
 
+mod dra;
 mod errors;
 mod features;
 
