@@ -340,15 +340,24 @@ async fn sleep_until(at: Option<Instant>) {
 pub const SETTLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Waits until the pod-resources follower has an answer (or has failed) and
-/// each runner has taken it in, at most `timeout`. Without an answer the
-/// runners compare their kept state with the first one that comes later.
+/// each runner has taken an answer in, at most `timeout`. Without an answer
+/// the runners compare their kept state with the first one that comes later.
+///
+/// Any answer will do: a runner marks what it must release Unhealthy as soon
+/// as it has compared one List with its kept state. Waiting for the newest
+/// generation instead would wait for a release hook to finish (the follower
+/// counts every List, but wakes a runner only when the holders change, and a
+/// busy runner reads the next one after its hook), holding back every
+/// resource's registration meanwhile.
 pub async fn settle(mut holders: watch::Receiver<Snapshot>, runners: &[&ReleaseRunner], timeout: std::time::Duration) {
     let waiting = async {
-        let generation = match holders.wait_for(|s| s.generation > 0 || s.error.is_some()).await {
-            Ok(s) => s.generation,
+        match holders.wait_for(|s| s.generation > 0 || s.error.is_some()).await {
+            // No answer yet, only an error: nothing to compare with.
+            Ok(s) if s.generation == 0 => return,
+            Ok(_) => {}
             Err(_) => return,
-        };
-        while runners.iter().any(|r| r.seen_generation() < generation) {
+        }
+        while runners.iter().any(|r| r.seen_generation() == 0) {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
     };

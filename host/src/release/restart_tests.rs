@@ -328,3 +328,28 @@ async fn settle_returns_once_runners_saw_the_first_answer_or_it_failed() {
         tokio::time::timeout(Duration::from_secs(5), settle(failed.tx.subscribe(), &[], Duration::from_secs(10)));
     quick.await.expect("a failed first answer ends the wait");
 }
+
+#[tokio::test]
+async fn settle_does_not_wait_for_a_newer_list_the_runner_was_not_woken_for() {
+    // The follower counts every List but wakes runners only when the holders
+    // change; a runner busy with a release hook reads the next one later.
+    let lists = Lists::new();
+    let runner = ReleaseRunner::start("x.com/gpu", Fake::with(vec![]), lists.tx.subscribe(), FAST);
+    lists.tx.send_modify(|s| {
+        s.generation = 1;
+        s.resources = Some(Arc::new(crate::podresources::HolderMap::new()));
+    });
+    let start = std::time::Instant::now();
+    while runner.seen_generation() == 0 {
+        assert!(start.elapsed() < Duration::from_secs(5), "the runner never took the first answer in");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    lists.tx.send_if_modified(|s| {
+        s.generation = 2;
+        false
+    });
+    let r = [&runner];
+    let settled =
+        tokio::time::timeout(Duration::from_secs(2), settle(lists.tx.subscribe(), &r, Duration::from_secs(10)));
+    settled.await.expect("settle waited for a List the runner was never woken for");
+}
