@@ -92,6 +92,11 @@ func WriteDemoConfig(t testing.TB, dir string, opts Options) string {
 		podRes = filepath.Join(dir, "no-pod-resources.sock")
 	}
 	head := fmt.Sprintf("kubelet_dir = %q\npod_resources_socket = %q\npod_resources_interval = \"500ms\"\n", opts.KubeletDir, podRes)
+	// The default lock_dir, /run/devhost, is the machine's and shared by both test binaries
+	// (go test runs packages at once): their devhosts, each on its own namespace's
+	// /var/lib/kubelet/device-plugins, would take the same lock and one would exit. The
+	// namespace's /var/lib is private (internal/nodens), so the lock is per test binary.
+	head += "lock_dir = \"/var/lib/devhost-test-lock\"\n"
 	if opts.CDIDir != "" {
 		head += fmt.Sprintf("cdi_dir = %q\n", opts.CDIDir)
 	}
