@@ -85,8 +85,10 @@ func releaseCalls(record string) (calls int, perDevice map[string]int) {
 // SIGKILL to devhost while two pods hold devices of the example C driver (which has a release
 // hook); one pod is deleted while devhost is down and the real kubelet's PodResources stops
 // listing it; devhost started again on the same state_dir releases that pod's devices once,
-// keeps them Unhealthy until the hook is done (on the Node and in /status), and leaves the
-// device the other, still running pod holds alone.
+// never lets the Node count them allocatable nor /status call them Healthy again before the
+// hook is done, and leaves the device the other, still running pod holds alone. (Whether the
+// Node shows them Unhealthy meanwhile is logged, not asserted: see docs/testing.md, "A release
+// at start holds back every resource's registration".)
 func TestDevicesLetGoOfWhileDevhostWasKilledAreReleasedOnceAtTheNextStart(t *testing.T) {
 	const res = "example.com/accel"
 	// The hook takes this long, so that a freed device served as allocatable while its hook
