@@ -38,16 +38,22 @@ func startDevhost(t *testing.T) *node { return startDevhostCDI(t, "") }
 // ("" = the demo's "edits").
 func startDevhostCDI(t *testing.T, cdiDir string) *node {
 	t.Helper()
+	return startDevhostWith(t, devhost.Options{CDIDir: cdiDir})
+}
+
+// startDevhostWith starts devhost on the demo manifest changed by opts; the kubelet folders,
+// the health file and the release record are the test's own.
+func startDevhostWith(t *testing.T, opts devhost.Options) *node {
+	t.Helper()
 	needCluster(t)
 	dir := t.TempDir()
 	n := &node{health: filepath.Join(dir, "health"), release: filepath.Join(dir, "released")}
 	if err := os.WriteFile(n.health, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	n.config = devhost.WriteDemoConfig(t, dir, devhost.Options{
-		KubeletDir: pluginDir, PodResourcesSocket: cluster.PodResourcesSocket,
-		HealthFile: n.health, ReleaseFile: n.release, CDIDir: cdiDir,
-	})
+	opts.KubeletDir, opts.PodResourcesSocket = pluginDir, cluster.PodResourcesSocket
+	opts.HealthFile, opts.ReleaseFile = n.health, n.release
+	n.config = devhost.WriteDemoConfig(t, dir, opts)
 	n.list = devhost.List(t, n.config)
 	// The Node lags the kubelet by up to one status update: wait until it shows the previous
 	// test's devhost gone (allocatable 0), so that the wait below sees this devhost register

@@ -42,6 +42,11 @@ type Options struct {
 	CDIDir             string // cdi_dir; with it every resource uses device_list_strategy = "cdi"
 	HealthFile         string // the example_c driver's health file
 	ReleaseFile        string // the example_c driver's release record ("" = none)
+	// ReleaseDelayMs is how long the example_c driver's release hook takes (its
+	// release_delay_ms; 0 = at once). With it the instance's call_timeout is 60 s.
+	ReleaseDelayMs int
+	StateDir       string // state_dir ("" = devhost's default, /var/lib/devhost in the test's namespace)
+	MetricsAddr    string // metrics_addr, for /status ("" = none)
 }
 
 // WriteDemoConfig writes config/demo.toml, changed by opts, into dir and returns its path.
@@ -58,6 +63,9 @@ func WriteDemoConfig(t testing.TB, dir string, opts Options) string {
 	if opts.ReleaseFile != "" {
 		health += fmt.Sprintf(", release_file = %q", opts.ReleaseFile)
 	}
+	if opts.ReleaseDelayMs > 0 {
+		health += fmt.Sprintf(", release_delay_ms = %d", opts.ReleaseDelayMs)
+	}
 	for _, r := range [][2]string{
 		{`driver_dir = "../target/release"`, fmt.Sprintf("driver_dir = %q", debug)},
 		{`"target/release/libfake_nvml.so"`, fmt.Sprintf("%q", filepath.Join(debug, "libfake_nvml.so"))},
@@ -68,6 +76,14 @@ func WriteDemoConfig(t testing.TB, dir string, opts Options) string {
 		}
 		text = strings.Replace(text, r[0], r[1], 1)
 	}
+	if opts.ReleaseDelayMs > 0 {
+		// The hook's delay must stay under the instance's call deadline (10 s by default).
+		const table = "[driver.example_c]\n"
+		if !strings.Contains(text, table) {
+			t.Fatalf("config/demo.toml no longer contains %s: update tests/cluster/internal/devhost", table)
+		}
+		text = strings.Replace(text, table, table+"call_timeout = \"60s\"\n", 1)
+	}
 	if opts.CDIDir != "" {
 		text = strings.ReplaceAll(text, "[[resource]]\n", "[[resource]]\ndevice_list_strategy = \"cdi\"\n")
 	}
@@ -76,8 +92,19 @@ func WriteDemoConfig(t testing.TB, dir string, opts Options) string {
 		podRes = filepath.Join(dir, "no-pod-resources.sock")
 	}
 	head := fmt.Sprintf("kubelet_dir = %q\npod_resources_socket = %q\npod_resources_interval = \"500ms\"\n", opts.KubeletDir, podRes)
+	// The default lock_dir, /run/devhost, is the machine's and shared by both test binaries
+	// (go test runs packages at once): their devhosts, each on its own namespace's
+	// /var/lib/kubelet/device-plugins, would take the same lock and one would exit. The
+	// namespace's /var/lib is private (internal/nodens), so the lock is per test binary.
+	head += "lock_dir = \"/var/lib/devhost-test-lock\"\n"
 	if opts.CDIDir != "" {
 		head += fmt.Sprintf("cdi_dir = %q\n", opts.CDIDir)
+	}
+	if opts.StateDir != "" {
+		head += fmt.Sprintf("state_dir = %q\n", opts.StateDir)
+	}
+	if opts.MetricsAddr != "" {
+		head += fmt.Sprintf("metrics_addr = %q\n", opts.MetricsAddr)
 	}
 	path := filepath.Join(dir, "devhost.toml")
 	if err := os.WriteFile(path, []byte(head+text), 0o644); err != nil {
@@ -141,6 +168,22 @@ func (p *Process) Stop(t testing.TB) {
 	case <-time.After(20 * time.Second):
 		_ = p.Cmd.Process.Kill()
 		t.Errorf("devhost did not exit within 20 s of SIGTERM")
+	}
+}
+
+// Kill sends SIGKILL (a crash: no clean-up, sockets and the lock file left behind) and
+// waits for the process to be gone.
+func (p *Process) Kill(t testing.TB) {
+	t.Helper()
+	if p.Cmd.ProcessState != nil {
+		return
+	}
+	_ = p.Cmd.Process.Kill()
+	select {
+	case err := <-p.done:
+		p.done <- err
+	case <-time.After(20 * time.Second):
+		t.Fatalf("devhost (pid %d) still running 20 s after SIGKILL", p.Cmd.Process.Pid)
 	}
 }
 
