@@ -315,61 +315,74 @@ async fn serve_resource(
         kubelet_gen.borrow_and_update();
         // Register, retrying while the kubelet is absent or refuses.
         let kubelet_sock = dir.join(devhost_proto::KUBELET_SOCKET);
-        let mut registered_with;
-        loop {
-            registered_with = inode(&kubelet_sock);
-            // A kubelet that never answers must not hold up a shutdown.
-            let attempt = tokio::select! {
-                r = register(&dir, &res) => r,
-                _ = stop.changed() => { let _ = retire_tx.send(true); break 'outer; }
-            };
-            match attempt {
-                Ok(()) => {
-                    failures = 0;
-                    last_warned = None;
-                    res.registered.store(true, Ordering::Release);
-                    services.metrics.registered(&name);
-                    tracing::info!(resource = %name, socket = %res.config.socket_name, "registered with the kubelet");
-                    backoff = BACKOFF_START;
-                    break;
-                }
-                Err(e) => {
-                    // Without a kubelet this repeats every few seconds: say it
-                    // once, then once a minute, with debug detail in between.
-                    failures += 1;
-                    let why = describe(&e);
-                    if last_warned.is_none_or(|t: std::time::Instant| t.elapsed() >= QUIET) {
-                        let again = if failures > 1 { format!(" ({failures} attempts so far)") } else { String::new() };
-                        tracing::warn!(resource = %name, "registration failed{again}: {why}; retrying every {BACKOFF_MAX:?} at most");
-                        last_warned = Some(std::time::Instant::now());
-                    } else {
-                        tracing::debug!(resource = %name, "registration failed: {why}; retrying in {backoff:?}");
+        let reason = 'serve: loop {
+            let mut registered_with;
+            loop {
+                registered_with = inode(&kubelet_sock);
+                // A kubelet that never answers must not hold up a shutdown.
+                let attempt = tokio::select! {
+                    r = register(&dir, &res) => r,
+                    _ = stop.changed() => { let _ = retire_tx.send(true); break 'outer; }
+                };
+                match attempt {
+                    Ok(()) => {
+                        failures = 0;
+                        last_warned = None;
+                        res.registered.store(true, Ordering::Release);
+                        services.metrics.registered(&name);
+                        tracing::info!(resource = %name, socket = %res.config.socket_name, "registered with the kubelet");
+                        backoff = BACKOFF_START;
+                        break;
                     }
-                    tokio::select! {
-                        _ = tokio::time::sleep(backoff) => {}
-                        _ = kubelet_gen.changed() => { backoff = BACKOFF_START; }
-                        _ = stop.changed() => { let _ = retire_tx.send(true); break 'outer; }
-                    }
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
-                    if inode(&path) != our_inode {
-                        // The kubelet wiped the folder meanwhile: serve on a fresh socket.
-                        let _ = retire_tx.send(true);
-                        let _ = tokio::time::timeout(Duration::from_secs(1), server).await;
-                        continue 'outer;
+                    Err(e) => {
+                        // Without a kubelet this repeats every few seconds: say it
+                        // once, then once a minute, with debug detail in between.
+                        failures += 1;
+                        let why = describe(&e);
+                        if last_warned.is_none_or(|t: std::time::Instant| t.elapsed() >= QUIET) {
+                            let again =
+                                if failures > 1 { format!(" ({failures} attempts so far)") } else { String::new() };
+                            tracing::warn!(resource = %name, "registration failed{again}: {why}; retrying every {BACKOFF_MAX:?} at most");
+                            last_warned = Some(std::time::Instant::now());
+                        } else {
+                            tracing::debug!(resource = %name, "registration failed: {why}; retrying in {backoff:?}");
+                        }
+                        tokio::select! {
+                            _ = tokio::time::sleep(backoff) => {}
+                            _ = kubelet_gen.changed() => { backoff = BACKOFF_START; }
+                            _ = stop.changed() => { let _ = retire_tx.send(true); break 'outer; }
+                        }
+                        backoff = (backoff * 2).min(BACKOFF_MAX);
+                        if inode(&path) != our_inode {
+                            // The kubelet wiped the folder meanwhile: serve on a fresh socket.
+                            let _ = retire_tx.send(true);
+                            let _ = tokio::time::timeout(Duration::from_secs(1), server).await;
+                            continue 'outer;
+                        }
                     }
                 }
             }
-        }
-        let reason = loop {
-            tokio::select! {
-                // A late notice of the kubelet we just registered with is not a restart.
-                _ = kubelet_gen.changed() => if inode(&kubelet_sock) != registered_with || inode(&path) != our_inode {
-                    break "kubelet restarted"
-                },
-                // inotify can deliver the removal of the previous socket
-                // late: only a socket that is really gone counts.
-                _ = lost.notified() => if inode(&path) != our_inode { break "socket removed" },
-                _ = stop.changed() => break "shutting down",
+            // A kubelet restart that left our socket in place (the kubelet
+            // wipes the folder when it starts, but a late or doubled notice
+            // can come after we registered with the new one) needs a new
+            // registration only: the server and its connections stay, so an
+            // Allocate in flight is not cut off.
+            loop {
+                tokio::select! {
+                    _ = kubelet_gen.changed() => {
+                        if inode(&path) != our_inode {
+                            break 'serve "kubelet restarted";
+                        }
+                        if inode(&kubelet_sock) != registered_with {
+                            tracing::info!(resource = %name, "kubelet restarted: registering again on the same socket");
+                            continue 'serve;
+                        }
+                    },
+                    // inotify can deliver the removal of the previous socket
+                    // late: only a socket that is really gone counts.
+                    _ = lost.notified() => if inode(&path) != our_inode { break 'serve "socket removed" },
+                    _ = stop.changed() => break 'serve "shutting down",
+                }
             }
         };
         res.registered.store(false, Ordering::Release);
