@@ -34,66 +34,43 @@ impl Plugin {
     }
 }
 
-#[tonic::async_trait]
-impl v1::dra_plugin_server::DraPlugin for Plugin {
-    async fn node_prepare_resources(
-        &self,
-        request: Request<v1::NodePrepareResourcesRequest>,
-    ) -> Result<Response<v1::NodePrepareResourcesResponse>, Status> {
-        let claims = request
-            .into_inner()
-            .claims
-            .into_iter()
-            .map(|c| {
-                let error = self.refuse(&c.namespace, &c.uid, &c.name);
-                (c.uid, v1::NodePrepareResourceResponse { devices: Vec::new(), error })
-            })
-            .collect();
-        Ok(Response::new(v1::NodePrepareResourcesResponse { claims }))
-    }
+/// v1 and v1beta1 have the same messages (v1 adds a share ID, which nothing sets yet): one body
+/// serves both versions.
+macro_rules! dra_plugin_service {
+    ($api:ident) => {
+        #[tonic::async_trait]
+        impl $api::dra_plugin_server::DraPlugin for Plugin {
+            async fn node_prepare_resources(
+                &self,
+                request: Request<$api::NodePrepareResourcesRequest>,
+            ) -> Result<Response<$api::NodePrepareResourcesResponse>, Status> {
+                let claims = request
+                    .into_inner()
+                    .claims
+                    .into_iter()
+                    .map(|c| {
+                        let error = self.refuse(&c.namespace, &c.uid, &c.name);
+                        (c.uid, $api::NodePrepareResourceResponse { devices: Vec::new(), error })
+                    })
+                    .collect();
+                Ok(Response::new($api::NodePrepareResourcesResponse { claims }))
+            }
 
-    async fn node_unprepare_resources(
-        &self,
-        request: Request<v1::NodeUnprepareResourcesRequest>,
-    ) -> Result<Response<v1::NodeUnprepareResourcesResponse>, Status> {
-        let claims = request
-            .into_inner()
-            .claims
-            .into_iter()
-            .map(|c| (c.uid, v1::NodeUnprepareResourceResponse::default()))
-            .collect();
-        Ok(Response::new(v1::NodeUnprepareResourcesResponse { claims }))
-    }
+            async fn node_unprepare_resources(
+                &self,
+                request: Request<$api::NodeUnprepareResourcesRequest>,
+            ) -> Result<Response<$api::NodeUnprepareResourcesResponse>, Status> {
+                let claims = request
+                    .into_inner()
+                    .claims
+                    .into_iter()
+                    .map(|c| (c.uid, $api::NodeUnprepareResourceResponse::default()))
+                    .collect();
+                Ok(Response::new($api::NodeUnprepareResourcesResponse { claims }))
+            }
+        }
+    };
 }
 
-#[tonic::async_trait]
-impl v1beta1::dra_plugin_server::DraPlugin for Plugin {
-    async fn node_prepare_resources(
-        &self,
-        request: Request<v1beta1::NodePrepareResourcesRequest>,
-    ) -> Result<Response<v1beta1::NodePrepareResourcesResponse>, Status> {
-        let claims = request
-            .into_inner()
-            .claims
-            .into_iter()
-            .map(|c| {
-                let error = self.refuse(&c.namespace, &c.uid, &c.name);
-                (c.uid, v1beta1::NodePrepareResourceResponse { devices: Vec::new(), error })
-            })
-            .collect();
-        Ok(Response::new(v1beta1::NodePrepareResourcesResponse { claims }))
-    }
-
-    async fn node_unprepare_resources(
-        &self,
-        request: Request<v1beta1::NodeUnprepareResourcesRequest>,
-    ) -> Result<Response<v1beta1::NodeUnprepareResourcesResponse>, Status> {
-        let claims = request
-            .into_inner()
-            .claims
-            .into_iter()
-            .map(|c| (c.uid, v1beta1::NodeUnprepareResourceResponse::default()))
-            .collect();
-        Ok(Response::new(v1beta1::NodeUnprepareResourcesResponse { claims }))
-    }
-}
+dra_plugin_service!(v1);
+dra_plugin_service!(v1beta1);
