@@ -5,10 +5,9 @@
 //! call of the devhost process (and its worker), which do not depend on load.
 
 use crate::latency::{Client, allocate, options_call, sequential};
-use crate::node::{self, Artifacts, Node, Proc};
+use crate::node::{self, Artifacts, Node};
 use crate::stats::{Samples, fmt_dur, ratio};
 use anyhow::{Context, Result};
-use kubelet_emu::Kubelet;
 use std::fmt::Write as _;
 
 /// The section of `docs/benchmarks.md`.
@@ -50,20 +49,8 @@ pub struct Line {
 }
 
 async fn one(art: &Artifacts, isolation: &'static str, null: &Client, n: usize) -> Result<Line> {
-    let node = Node::new()?;
-    let kubelet = Kubelet::start(&node.kubelet_dir()).context("cannot start the kubelet emulator")?;
-    let manifest = node.write_manifest(
-        "devhost.toml",
-        &format!(
-            "[driver.c]\nmodule = \"{}\"\nisolation = \"{isolation}\"\noptions = {{ count = {DEVICES} }}\n\n\
-             [[resource]]\nname = \"{RESOURCE}\"\ndriver = \"c\"\n",
-            art.module("example_c").display()
-        ),
-    )?;
-    let daemon = Proc::devhost(art, &manifest, &node.kubelet_dir())?;
-    node::wait_all_registered(&kubelet, &[RESOURCE.to_string()], 1, Some(&daemon)).await?;
-    kubelet.wait_devices(RESOURCE, node::WAIT, |d| d.len() == DEVICES).await?;
-    let dh = node::plugin_client(&kubelet, RESOURCE).await?;
+    let keys = format!("isolation = \"{isolation}\"\noptions = {{ count = {DEVICES} }}");
+    let (_node, _kubelet, daemon, dh) = node::c_example_node(art, RESOURCE, DEVICES, &keys).await?;
     let alloc = |c: Client, i: usize| allocate(c, vec![format!("example-{}", i % DEVICES)]);
     sequential(&dh, WARMUP, alloc).await?;
     sequential(&dh, WARMUP, options_call).await?;

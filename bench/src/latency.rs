@@ -111,20 +111,8 @@ fn alloc_one(c: Client, i: usize) -> impl Future<Output = Result<(), tonic::Stat
 /// Sequential Allocate with the C driver in a worker process of its own,
 /// interleaved with null-plugin rounds: (devhost, baseline).
 async fn isolated_allocate(art: &Artifacts, null: &Client) -> Result<(Summary, Summary)> {
-    let node = Node::new()?;
-    let kubelet = Kubelet::start(&node.kubelet_dir()).context("cannot start the kubelet emulator")?;
-    let manifest = node.write_manifest(
-        "devhost.toml",
-        &format!(
-            "[driver.c]\nmodule = \"{}\"\nisolation = \"process\"\noptions = {{ count = {DEVICES}, numa_nodes = 2 }}\n\n\
-             [[resource]]\nname = \"{RESOURCE}\"\ndriver = \"c\"\n",
-            art.module("example_c").display()
-        ),
-    )?;
-    let daemon = Proc::devhost(art, &manifest, &node.kubelet_dir())?;
-    node::wait_all_registered(&kubelet, &[RESOURCE.to_string()], 1, Some(&daemon)).await?;
-    kubelet.wait_devices(RESOURCE, node::WAIT, |d| d.len() == DEVICES).await?;
-    let dh = node::plugin_client(&kubelet, RESOURCE).await?;
+    let keys = format!("isolation = \"process\"\noptions = {{ count = {DEVICES}, numa_nodes = 2 }}");
+    let (_node, _kubelet, _daemon, dh) = node::c_example_node(art, RESOURCE, DEVICES, &keys).await?;
     sequential(&dh, WARMUP, alloc_one).await?;
     let (mut base, mut alloc) = (Samples::default(), Samples::default());
     for i in 0..ROUNDS / 2 * SEQ_PER_ROUND {

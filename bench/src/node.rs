@@ -175,6 +175,33 @@ pub async fn plugin_client(kubelet: &Kubelet, resource: &str) -> Result<DevicePl
     Ok(DevicePluginClient::new(channel).max_decoding_message_size(MAX_MESSAGE))
 }
 
+/// A node serving one resource from the C example driver: `driver_keys` is the
+/// rest of its `[driver.c]` table (e.g. `isolation = "process"` and its
+/// `options`). Returns once the resource lists `devices` devices, with a
+/// client of our own on its socket; the node outlives the daemon when the
+/// tuple is bound in this order.
+pub async fn c_example_node(
+    art: &Artifacts,
+    resource: &str,
+    devices: usize,
+    driver_keys: &str,
+) -> Result<(Node, Kubelet, Proc, DevicePluginClient<Channel>)> {
+    let node = Node::new()?;
+    let kubelet = Kubelet::start(&node.kubelet_dir()).context("cannot start the kubelet emulator")?;
+    let manifest = node.write_manifest(
+        "devhost.toml",
+        &format!(
+            "[driver.c]\nmodule = \"{}\"\n{driver_keys}\n\n[[resource]]\nname = \"{resource}\"\ndriver = \"c\"\n",
+            art.module("example_c").display()
+        ),
+    )?;
+    let daemon = Proc::devhost(art, &manifest, &node.kubelet_dir())?;
+    wait_all_registered(&kubelet, &[resource.to_string()], 1, Some(&daemon)).await?;
+    kubelet.wait_devices(resource, WAIT, |d| d.len() == devices).await?;
+    let client = plugin_client(&kubelet, resource).await?;
+    Ok((node, kubelet, daemon, client))
+}
+
 /// CPU time and memory of a process, from `/proc/<pid>/{stat,status}` and
 /// the per-thread schedstat (nanosecond run time).
 #[derive(Clone, Copy, Debug, Default)]
