@@ -1,15 +1,47 @@
 //! The DRA front against a Rust client playing the kubelet's plugin watcher: real gRPC on real
 //! unix sockets in the kubelet's folder layout (`plugins_registry/`, `plugins/<driver>/`).
 
-use std::path::Path;
+mod common;
 
-use devhost::dra::{DraFront, Paths};
+use std::path::Path;
+use std::sync::Arc;
+
+use devhost::dra::api::ApiServer;
+use devhost::dra::{DraFront, FrontError, Paths};
+use devhost::manifest::Manifest;
+use devhost::registry::{Mode, Registry};
 use devhost_proto::dra::v1::dra_plugin_client::DraPluginClient;
 use devhost_proto::dra::v1::{Claim, NodePrepareResourcesRequest, NodeUnprepareResourcesRequest};
 use devhost_proto::pluginregistration::registration_client::RegistrationClient;
 use devhost_proto::pluginregistration::{InfoRequest, RegistrationStatus};
 
 const DRIVER: &str = "gpu.example.com";
+
+/// The front of one DRA resource of the C example driver (two devices), with a client for an
+/// API server that is not there (these tests never reach it).
+async fn start(root: &Path) -> Result<DraFront, FrontError> {
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "kubelet_dir = \"{kubelet}\"\nstate_dir = \"{kubelet}\"\nlock_dir = \"{kubelet}\"\n\
+         [driver.example_c]\nmodule = \"{module}\"\n[driver.example_c.options]\ncount = 2\n\
+         [[resource]]\nname = \"example.com/gpu\"\ndriver = \"example_c\"\napi = \"dra\"\ndra_driver = \"{DRIVER}\"\n",
+        kubelet = dir.path().display(),
+        module = common::module("example_c").display(),
+    );
+    let manifest = Manifest::parse(&text, &dir.path().join("devhost.toml"), None).expect("manifest");
+    let registry = Registry::open(&manifest, Mode::Inspect).await;
+    let resource: Arc<_> = registry.resources().into_iter().next().expect("one resource");
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:1\n\
+         users:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\n\
+         current-context: x\n",
+    )
+    .unwrap();
+    let api = ApiServer::connect(Some(&kubeconfig), Some("node-1")).await.expect("client");
+    DraFront::start(root, DRIVER, resource, api).await
+}
 
 fn claims() -> Vec<Claim> {
     ["a", "b"]
@@ -39,7 +71,7 @@ async fn register(root: &Path) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plugin_watcher_registers_the_driver_and_reaches_its_endpoint() {
     let root = tempfile::tempdir().unwrap();
-    let front = DraFront::start(root.path(), DRIVER).await.unwrap();
+    let front = start(root.path()).await.unwrap();
     let endpoint = register(root.path()).await;
     assert_eq!(endpoint, root.path().join("plugins").join(DRIVER).join("dra.sock").display().to_string());
     assert_eq!(front.registration(), Some((true, String::new())));
@@ -52,7 +84,7 @@ async fn plugin_watcher_registers_the_driver_and_reaches_its_endpoint() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_registration_is_remembered() {
     let root = tempfile::tempdir().unwrap();
-    let front = DraFront::start(root.path(), DRIVER).await.unwrap();
+    let front = start(root.path()).await.unwrap();
     let reg = Paths::new(root.path(), DRIVER).registration;
     let mut client = RegistrationClient::new(devhost_proto::connect_uds(&reg).await.unwrap());
     let status = RegistrationStatus { plugin_registered: false, error: "version not supported".into() };
@@ -64,7 +96,7 @@ async fn refused_registration_is_remembered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prepare_answers_every_claim_with_an_error_until_allocations_can_be_read() {
     let root = tempfile::tempdir().unwrap();
-    let front = DraFront::start(root.path(), DRIVER).await.unwrap();
+    let front = start(root.path()).await.unwrap();
     let endpoint = register(root.path()).await;
     let mut plugin = DraPluginClient::new(devhost_proto::connect_uds(&endpoint).await.unwrap());
     let answer = plugin.node_prepare_resources(NodePrepareResourcesRequest { claims: claims() }).await.unwrap();
@@ -85,7 +117,7 @@ async fn prepare_answers_every_claim_with_an_error_until_allocations_can_be_read
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unprepare_of_unknown_claims_succeeds_for_each() {
     let root = tempfile::tempdir().unwrap();
-    let front = DraFront::start(root.path(), DRIVER).await.unwrap();
+    let front = start(root.path()).await.unwrap();
     let endpoint = register(root.path()).await;
     let mut plugin = DraPluginClient::new(devhost_proto::connect_uds(&endpoint).await.unwrap());
     for _ in 0..2 {
@@ -108,7 +140,7 @@ async fn stale_sockets_are_replaced_and_stop_removes_both() {
         drop(std::os::unix::net::UnixListener::bind(path).unwrap());
         assert!(path.exists());
     }
-    let front = DraFront::start(root.path(), DRIVER).await.unwrap();
+    let front = start(root.path()).await.unwrap();
     register(root.path()).await;
     front.stop().await;
     assert!(!paths.registration.exists(), "the kubelet learns the driver is gone from the socket's removal");
@@ -119,7 +151,7 @@ async fn stale_sockets_are_replaced_and_stop_removes_both() {
 async fn a_socket_path_over_the_unix_limit_is_refused_by_name() {
     let root = tempfile::tempdir().unwrap();
     let deep = root.path().join("k".repeat(100));
-    let error = DraFront::start(&deep, DRIVER).await.err().expect("refused").to_string();
+    let error = start(&deep).await.err().expect("refused").to_string();
     assert!(error.contains(DRIVER) && error.contains("at most 107 bytes"), "{error}");
 }
 
@@ -127,7 +159,7 @@ async fn a_socket_path_over_the_unix_limit_is_refused_by_name() {
 async fn a_v1beta1_kubelet_is_answered_on_the_same_socket() {
     use devhost_proto::dra::v1beta1;
     let root = tempfile::tempdir().unwrap();
-    let front = DraFront::start(root.path(), DRIVER).await.unwrap();
+    let front = start(root.path()).await.unwrap();
     let endpoint = register(root.path()).await;
     let channel = devhost_proto::connect_uds(&endpoint).await.unwrap();
     let mut plugin = v1beta1::dra_plugin_client::DraPluginClient::new(channel);
@@ -147,7 +179,7 @@ async fn a_file_that_is_not_a_socket_is_left_alone_and_named() {
     let paths = Paths::new(root.path(), DRIVER);
     std::fs::create_dir_all(paths.plugin.parent().unwrap()).unwrap();
     std::fs::write(&paths.plugin, "not ours").unwrap();
-    let error = DraFront::start(root.path(), DRIVER).await.err().expect("refused").to_string();
+    let error = start(root.path()).await.err().expect("refused").to_string();
     assert!(error.contains("dra.sock") && error.contains("not a socket"), "{error}");
     assert_eq!(std::fs::read_to_string(&paths.plugin).unwrap(), "not ours");
 }

@@ -5,18 +5,45 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::DraFront;
+use super::api::ApiServer;
+use crate::manifest::Manifest;
 use crate::registry::Resource;
 
 /// Every DRA resource being served, under one kubelet root directory.
 pub struct Fronts {
     root: PathBuf,
+    kubeconfig: Option<PathBuf>,
+    node_name: Option<String>,
+    /// Made when the first DRA resource needs it (a node without DRA resources never needs a
+    /// kubeconfig), and again at a later sync if making it failed.
+    api: Option<ApiServer>,
     served: Vec<(Arc<Resource>, DraFront)>,
 }
 
 impl Fronts {
-    /// No front yet; `root` is the kubelet's root directory (`kubelet_root_dir`).
-    pub fn new(root: PathBuf) -> Fronts {
-        Fronts { root, served: Vec::new() }
+    /// No front yet; the kubelet root (`kubelet_root_dir`), the API server (`kubeconfig`) and the
+    /// node (`node_name`) come from `manifest`.
+    pub fn new(manifest: &Manifest) -> Fronts {
+        Fronts {
+            root: manifest.kubelet_root_dir.clone(),
+            kubeconfig: manifest.kubeconfig.clone(),
+            node_name: manifest.node_name.clone(),
+            api: None,
+            served: Vec::new(),
+        }
+    }
+
+    /// The API client, made on first use; an error names why it cannot be made.
+    async fn api(&mut self) -> Result<ApiServer, String> {
+        if let Some(api) = &self.api {
+            return Ok(api.clone());
+        }
+        let api = ApiServer::connect(self.kubeconfig.as_deref(), self.node_name.as_deref())
+            .await
+            .map_err(|e| e.to_string())?;
+        tracing::info!(node = %api.node, "DRA: API server client ready");
+        self.api = Some(api.clone());
+        Ok(api)
     }
 
     /// Serves exactly the DRA resources of `resources` whose driver is loaded: stops the fronts
@@ -36,7 +63,14 @@ impl Fronts {
                 continue;
             }
             let Some(driver) = r.config.api.dra_driver() else { continue };
-            match DraFront::start(&self.root, driver).await {
+            let api = match self.api().await {
+                Ok(api) => api,
+                Err(e) => {
+                    tracing::error!(resource = %r.config.name, dra_driver = driver, "not served: {e}");
+                    continue;
+                }
+            };
+            match DraFront::start(&self.root, driver, r.clone(), api).await {
                 Ok(front) => {
                     tracing::warn!(
                         resource = %r.config.name,

@@ -5,6 +5,7 @@
 //! allocation from the API server, which devhost does not read yet: until then [`plugin`] fails
 //! each claim with an error saying so.
 
+pub mod api;
 mod fronts;
 pub mod plugin;
 pub mod prepare;
@@ -25,6 +26,8 @@ use tokio_stream::wrappers::UnixListenerStream;
 use tonic::service::Routes;
 
 use crate::manifest::MAX_SOCKET_PATH;
+use crate::registry::Resource;
+use api::ApiServer;
 
 pub use fronts::Fronts;
 
@@ -84,7 +87,12 @@ impl DraFront {
     /// Serves `driver` under the kubelet root `root`: the plugin socket first, then the
     /// registration socket (the kubelet dials the endpoint as soon as it sees the registration).
     /// A stale socket file at either path (left by a killed daemon) is replaced.
-    pub async fn start(root: &Path, driver: &str) -> Result<DraFront, FrontError> {
+    pub async fn start(
+        root: &Path,
+        driver: &str,
+        resource: Arc<Resource>,
+        api: ApiServer,
+    ) -> Result<DraFront, FrontError> {
         let paths = Paths::new(root, driver);
         let (stop, stop_rx) = watch::channel(false);
         let verdict: RegistrationVerdict = Arc::default();
@@ -96,7 +104,7 @@ impl DraFront {
                 return Err(e);
             }
         };
-        let service = Arc::new(plugin::Plugin::new(driver));
+        let service = Arc::new(plugin::Plugin::new(driver, resource, api));
         let dra = Routes::new(v1::dra_plugin_server::DraPluginServer::from_arc(service.clone()))
             .add_service(v1beta1::dra_plugin_server::DraPluginServer::from_arc(service));
         let reg = Routes::new(RegistrationServer::new(registration::Registration::new(

@@ -8,18 +8,29 @@
 //! ever prepared, so Unprepare succeeds for every claim, as the kubelet requires for claims the
 //! driver does not know (a pod must never hang in Terminating on us).
 
+use std::sync::Arc;
+
 use devhost_proto::dra::{v1, v1beta1};
 use tonic::{Request, Response, Status};
+
+use super::api::ApiServer;
+use crate::registry::Resource;
 
 /// The plugin service of one DRA driver, served as both v1 and v1beta1 on one socket (the
 /// messages are the same on the wire, apart from v1's share ID).
 pub struct Plugin {
     driver: String,
+    /// The manifest resource this driver serves: its devices and its driver instance.
+    #[allow(dead_code)] // Read once claims are prepared.
+    resource: Arc<Resource>,
+    /// Where claims are read from.
+    #[allow(dead_code)]
+    api: ApiServer,
 }
 
 impl Plugin {
-    pub fn new(driver: &str) -> Plugin {
-        Plugin { driver: driver.to_owned() }
+    pub fn new(driver: &str, resource: Arc<Resource>, api: ApiServer) -> Plugin {
+        Plugin { driver: driver.to_owned(), resource, api }
     }
 
     /// Why a claim (namespace, uid, name) cannot be prepared yet; logged once per claim asked.

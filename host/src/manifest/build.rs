@@ -29,6 +29,8 @@ struct RawTop {
     kubelet_dir: Option<Spanned<String>>,
     driver_dir: Option<Spanned<String>>,
     kubelet_root_dir: Option<Spanned<String>>,
+    kubeconfig: Option<Spanned<String>>,
+    node_name: Option<Spanned<String>>,
     call_timeout: Option<DurationSetting>,
     allow_untrusted_modules: Option<bool>,
     cdi_dir: Option<Spanned<String>>,
@@ -103,6 +105,8 @@ pub(super) fn parse(text: &str, path: &Path, kubelet_dir_override: Option<&Path>
     let driver_dir = resolve_dir(&top.driver_dir, "driver_dir", DEFAULT_DRIVER_DIR, base, &mut diags);
     let kubelet_root_dir =
         resolve_dir(&top.kubelet_root_dir, "kubelet_root_dir", super::DEFAULT_KUBELET_ROOT_DIR, base, &mut diags);
+    let kubeconfig = top.kubeconfig.as_ref().map(|_| resolve_dir(&top.kubeconfig, "kubeconfig", "", base, &mut diags));
+    let node_name = super::dra::node_name(&top.node_name, &mut diags);
     let default_timeout = top.call_timeout.map_or(DEFAULT_CALL_TIMEOUT, |t| t.0);
     let cdi_dir = features::cdi_dir(&top.cdi_dir, base, &mut diags);
     let nfd_features_dir = features::nfd_features_dir(&top.nfd_features_dir, base, &mut diags);
@@ -144,6 +148,8 @@ pub(super) fn parse(text: &str, path: &Path, kubelet_dir_override: Option<&Path>
     manifest.lock_dir = lock_dir;
     manifest.state_dir = state_dir;
     manifest.kubelet_root_dir = kubelet_root_dir;
+    manifest.kubeconfig = kubeconfig;
+    manifest.node_name = node_name;
     for (index, r) in manifest.resources.iter().enumerate() {
         if r.one_replica_per_container && r.replicas == 1 {
             let field = format!("resource[{index}].one_replica_per_container");
@@ -449,6 +455,8 @@ impl Builder<'_> {
             kubelet_dir: self.kubelet_dir,
             driver_dir: self.driver_dir,
             kubelet_root_dir: PathBuf::from(super::DEFAULT_KUBELET_ROOT_DIR),
+            kubeconfig: None,
+            node_name: None,
             drivers: self.drivers,
             resources: self.resources,
             warnings,

@@ -78,6 +78,40 @@ pub fn check_dra_driver_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Longest node name the API server accepts (a DNS subdomain).
+pub const MAX_NODE_NAME: usize = 253;
+
+/// Whether `name` is a lower-case DNS subdomain (dot-separated labels of letters, digits and
+/// `-`, each starting and ending with a letter or digit).
+fn is_subdomain(name: &str) -> bool {
+    !name.is_empty()
+        && name.split('.').all(|label| {
+            let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+            label.len() <= 63
+                && label.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                && alnum(label.chars().next())
+                && alnum(label.chars().last())
+        })
+}
+
+/// The top-level `node_name`: a node name as the API server spells it.
+pub(super) fn node_name(value: &Option<Spanned<String>>, diags: &mut Diagnostics<'_>) -> Option<String> {
+    let value = value.as_ref()?;
+    let name = value.get_ref();
+    if name.len() > MAX_NODE_NAME || !is_subdomain(name) {
+        diags.error(
+            value.span(),
+            "node_name",
+            format!(
+                "`{name}` is not a node name; a node name is a lower-case DNS subdomain of at most {MAX_NODE_NAME} \
+                 characters, as `kubectl get nodes` shows it"
+            ),
+        );
+        return None;
+    }
+    Some(name.clone())
+}
+
 /// `api` and `dra_driver` of one resource. `name_ok`: the resource name itself passed its check
 /// (a bad name is reported once, at the name, not again as a bad derived driver name).
 pub(super) fn api(

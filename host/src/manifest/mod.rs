@@ -60,6 +60,12 @@ pub struct Manifest {
     pub driver_dir: PathBuf,
     /// The kubelet's root directory, under which DRA resources are served (`kubelet_root_dir`).
     pub kubelet_root_dir: PathBuf,
+    /// The kubeconfig file DRA resources reach the API server with (`kubeconfig`); `None`: the
+    /// pod's service account (in-cluster), else `$KUBECONFIG`.
+    pub kubeconfig: Option<PathBuf>,
+    /// This node's name as the API server knows it (`node_name`); `None`: `$NODE_NAME`, else
+    /// the host name.
+    pub node_name: Option<String>,
     /// Every driver instance: declared with `[driver.X]` and implicit (named only by a resource).
     pub drivers: BTreeMap<String, DriverConfig>,
     /// The `[[resource]]` entries, in file order.

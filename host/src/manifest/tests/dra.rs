@@ -117,3 +117,22 @@ fn kubelet_root_dir_defaults_to_the_kubelets_and_resolves_relative_paths() {
     let error = only_error(&format!("kubelet_root_dir = \"\"\n{RESOURCE}"));
     assert!(error.starts_with(&format!("{PATH}:1:20: kubelet_root_dir: the path is empty")), "{error}");
 }
+
+#[test]
+fn kubeconfig_resolves_against_the_manifest_folder_and_node_name_is_kept() {
+    let manifest = parse(&format!("kubeconfig = \"kube/config\"\nnode_name = \"gpu-node-7\"\n{RESOURCE}")).unwrap();
+    let folder = std::path::Path::new(PATH).parent().unwrap();
+    assert_eq!(manifest.kubeconfig.as_deref(), Some(folder.join("kube/config").as_path()));
+    assert_eq!(manifest.node_name.as_deref(), Some("gpu-node-7"));
+    let unset = parse(RESOURCE).unwrap();
+    assert_eq!((unset.kubeconfig, unset.node_name), (None, None));
+}
+
+#[test]
+fn a_node_name_that_is_not_a_dns_subdomain_is_refused_at_its_line() {
+    let error = only_error(&format!("node_name = \"GPU_Node\"\n{RESOURCE}"));
+    assert!(
+        error.contains(":1:") && error.contains("node_name") && error.contains("`GPU_Node` is not a node name"),
+        "{error}"
+    );
+}
