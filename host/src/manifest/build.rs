@@ -350,16 +350,6 @@ impl Builder<'_> {
             let message = format!("resource `{name}` is already defined at {}", first.location);
             self.diags.error(raw.name.span(), &name_field, message);
         }
-        let socket = socket_name(&name);
-        let socket_len = self.kubelet_dir.join(&socket).as_os_str().len();
-        if name_ok && socket_len > MAX_SOCKET_PATH {
-            let message = format!(
-                "the socket path {} is {socket_len} bytes long; a unix socket path may have at \
-                 most {MAX_SOCKET_PATH} bytes (shorten the resource name or kubelet_dir)",
-                self.kubelet_dir.join(&socket).display()
-            );
-            self.diags.error(raw.name.span(), &name_field, message);
-        }
         let driver = raw.driver.get_ref().clone();
         match check_driver_name(&driver) {
             Err(why) => self.diags.error(raw.driver.span(), &format!("{section}.driver"), why),
@@ -407,6 +397,17 @@ impl Builder<'_> {
             );
             let span = raw.dra_driver.as_ref().or(raw.api.as_ref()).map_or(raw.name.span(), Spanned::span);
             self.diags.error(span, &format!("{section}.dra_driver"), message);
+        }
+        let socket = socket_name(&name);
+        let socket_len = self.kubelet_dir.join(&socket).as_os_str().len();
+        // A DRA resource has no device-plugin socket (its own sockets are checked when served).
+        if name_ok && api.dra_driver().is_none() && socket_len > MAX_SOCKET_PATH {
+            let message = format!(
+                "the socket path {} is {socket_len} bytes long; a unix socket path may have at \
+                 most {MAX_SOCKET_PATH} bytes (shorten the resource name or kubelet_dir)",
+                self.kubelet_dir.join(&socket).display()
+            );
+            self.diags.error(raw.name.span(), &name_field, message);
         }
         let mut matches = Vec::new();
         for (key, pattern) in raw.matches.unwrap_or_default() {

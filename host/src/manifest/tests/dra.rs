@@ -136,3 +136,15 @@ fn a_node_name_that_is_not_a_dns_subdomain_is_refused_at_its_line() {
         "{error}"
     );
 }
+
+#[test]
+fn a_dra_resource_is_not_held_to_the_device_plugin_socket_length() {
+    // Under the default kubelet_dir this name's device-plugin socket would pass 107 bytes; a DRA
+    // resource has no such socket, so only the device-plugin twin is refused.
+    let name = format!("{}.example.com/gpu", "a".repeat(60));
+    let dra =
+        format!("[[resource]]\nname = \"{name}\"\ndriver = \"x\"\napi = \"dra\"\ndra_driver = \"g.example.com\"\n");
+    assert!(parse(&dra).is_ok(), "{:?}", errors(&dra));
+    let plugin = format!("[[resource]]\nname = \"{name}\"\ndriver = \"x\"\n");
+    assert!(only_error(&plugin).contains("bytes long; a unix socket path may have at most 107"));
+}
