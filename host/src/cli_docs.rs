@@ -31,7 +31,24 @@ pub fn manpage(cmd: clap::Command) -> ExitCode {
 pub fn render_manpage(cmd: clap::Command, out: &mut dyn Write) -> std::io::Result<()> {
     let mut cmd = cmd;
     cmd.build();
-    clap_mangen::Man::new(cmd.clone()).render(out)?;
+    let mut page = Vec::new();
+    clap_mangen::Man::new(cmd.clone()).render(&mut page)?;
+    // clap_mangen lists subcommands as pages of their own (`devhost-run(1)`); this page has no
+    // such pages but a section per subcommand below, so the list names those sections.
+    let prefix = format!("{}\\-", cmd.get_name());
+    let mut in_list = false;
+    for line in String::from_utf8_lossy(&page).lines() {
+        if line.starts_with(".SH ") {
+            in_list = line == ".SH SUBCOMMANDS";
+        }
+        match line.strip_prefix(&prefix).and_then(|rest| rest.strip_suffix("(1)")) {
+            Some(sub) if in_list => {
+                let full = format!("{} {sub}", cmd.get_name());
+                writeln!(out, "{full} (see \\fB{}\\fR below)", full.to_uppercase())?;
+            }
+            _ => writeln!(out, "{line}")?,
+        }
+    }
     for sub in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
         let full = format!("{} {}", cmd.get_name(), sub.get_name());
         writeln!(out, ".SH \"{}\"", full.to_uppercase())?;

@@ -95,6 +95,9 @@ fn the_man_page_renders_and_describes_every_subcommand() {
     for name in subcommands() {
         assert!(page.contains(&format!(".SH \"DEVHOST {}\"", name.to_uppercase())), "no section for {name}");
     }
+    // The subcommand list points at those sections, not at pages that do not exist.
+    assert!(!page.contains("devhost\\-run(1)"), "the list names a devhost-run(1) page");
+    assert!(page.contains("devhost run (see \\fBDEVHOST RUN\\fR below)"), "{page}");
     // Rendered the way `man` does, with every groff warning on.
     let Ok(groff) = Command::new("groff").arg("--version").output() else {
         assert!(std::env::var("CI").as_deref() != Ok("true"), "groff is missing (scripts/install-deps installs it)");
