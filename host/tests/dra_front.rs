@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use devhost::dra::{DraFront, Paths};
+use devhost::fronts::dra::{DraFront, Paths};
 use devhost_proto::dra::v1::dra_plugin_client::DraPluginClient;
 use devhost_proto::dra::v1::{Claim, NodePrepareResourcesRequest, NodeUnprepareResourcesRequest};
 use devhost_proto::pluginregistration::registration_client::RegistrationClient;
