@@ -253,7 +253,7 @@ async fn run(config: &Path, kubelet_dir: Option<&Path>) -> ExitCode {
                 let missing = ready_reg.unregistered();
                 if missing.is_empty() { Ok(()) } else { Err(missing) }
             },
-            move || devhost::ops::status::status_json(std::time::SystemTime::now(), status_reg.status(true)),
+            move || devhost::engine::status::status_json(std::time::SystemTime::now(), status_reg.status(true)),
         );
         tokio::spawn(devhost::ops::metrics::serve(listener, registry.services.metrics.clone(), probes, stop_probes_rx));
     }

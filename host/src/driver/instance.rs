@@ -339,7 +339,7 @@ impl Instance {
             options: cfg.options.clone(),
             timeout: cfg.call_timeout,
             // The manifest already refused unknown names.
-            keep_caps: keep.iter().filter_map(|c| crate::driver::isolation::capability_number(c)).collect(),
+            keep_caps: keep.iter().filter_map(|c| crate::manifest::capabilities::capability_number(c)).collect(),
             program: crate::driver::isolation::worker_program(),
             image,
         };

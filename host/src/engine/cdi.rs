@@ -22,45 +22,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub const ANNOTATION_PREFIX: &str = "cdi.k8s.io/";
 /// The annotation key's name part may have at most this many characters (Kubernetes' rule).
 const MAX_ANNOTATION_NAME: usize = 63;
-/// The longest class (name segment of the kind) CDI accepts.
-const MAX_CLASS: usize = 63;
-
 fn is_alnum(c: char) -> bool {
     c.is_ascii_alphanumeric()
-}
-
-/// CDI's rule for the vendor and the class: a letter first, a letter or digit last, letters,
-/// digits, `_`, `-` and `.` between.
-fn check_segment(what: &str, s: &str) -> Result<(), String> {
-    let first = s.chars().next().ok_or_else(|| format!("the {what} is empty"))?;
-    if !first.is_ascii_alphabetic() {
-        return Err(format!("the {what} `{s}` must start with a letter"));
-    }
-    if !s.chars().last().is_some_and(is_alnum) {
-        return Err(format!("the {what} `{s}` must end with a letter or digit"));
-    }
-    match s.chars().find(|&c| !(is_alnum(c) || matches!(c, '_' | '-' | '.'))) {
-        Some(bad) => {
-            Err(format!("the {what} `{s}` contains {bad:?}; only letters, digits, '_', '-' and '.' are allowed"))
-        }
-        None => Ok(()),
-    }
-}
-
-/// Checks that a resource name can serve as a CDI kind (`<vendor>/<class>`). Every valid
-/// extended resource name passes except those whose domain or name part starts with a digit.
-pub fn check_kind(resource: &str) -> Result<(), String> {
-    let Some((vendor, class)) = resource.split_once('/') else {
-        return Err(format!("`{resource}` is not of the form <vendor>/<class> that a CDI kind needs"));
-    };
-    let why = check_segment("vendor", vendor).and_then(|()| check_segment("class", class)).and_then(|()| {
-        if class.len() > MAX_CLASS {
-            Err(format!("the class `{class}` is longer than {MAX_CLASS} characters"))
-        } else {
-            Ok(())
-        }
-    });
-    why.map_err(|why| format!("`{resource}` cannot be a CDI kind: {why}"))
 }
 
 /// The lowest CDI version that covers what devhost writes: `hostPath` in device nodes came with

@@ -5,3 +5,5 @@ pub mod cdi;
 pub mod preferred;
 pub mod registry;
 pub mod sharing;
+pub mod status;
+pub mod telemetry;

@@ -10,4 +10,3 @@ pub mod metrics;
 pub mod nfd;
 #[cfg(feature = "sim")]
 pub mod sim;
-pub mod status;

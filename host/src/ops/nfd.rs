@@ -94,7 +94,7 @@ pub fn render(entries: &[Entry], expires: SystemTime) -> (String, Vec<String>) {
         "# Written by devhost for Node Feature Discovery: devices per resource on this node.\n\
          # It is rewritten as devices change; do not edit.\n",
     );
-    let _ = writeln!(text, "# +expiry-time={}", crate::ops::status::rfc3339(expires));
+    let _ = writeln!(text, "# +expiry-time={}", crate::engine::status::rfc3339(expires));
     let mut skipped = Vec::new();
     for e in entries {
         let (Some(count), Some(model)) = (label_name(&e.resource, "count"), label_name(&e.resource, "model")) else {

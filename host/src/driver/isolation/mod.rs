@@ -14,8 +14,6 @@ pub mod protocol;
 pub mod supervisor;
 pub mod worker;
 
-pub use privileges::capability_number;
-
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::OnceLock;

@@ -7,11 +7,11 @@ use crate::driver::device::Device;
 use crate::driver::instance::Instance;
 use crate::driver::loader::{self, Module};
 use crate::engine::cdi::CdiWriter;
+use crate::engine::status::{self, Tracker};
+use crate::engine::telemetry::{self, Metrics};
 use crate::fronts::device_plugin::podresources::Follower;
 use crate::fronts::device_plugin::release::{self, Backoff, ReleaseRunner};
 use crate::manifest::{DriverConfig, Isolation, Manifest, ResourceConfig};
-use crate::ops::metrics::{self, Metrics};
-use crate::ops::status::{self, Tracker};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -450,7 +450,7 @@ impl Registry {
             return;
         }
         let result = inst.scan().await;
-        self.services.metrics.driver_call(&inst.name, "scan", metrics::call_outcome(&result));
+        self.services.metrics.driver_call(&inst.name, "scan", telemetry::call_outcome(&result));
         let devices = match result {
             Ok(out) => {
                 tracing::debug!(driver = %inst.name, devices = out.devices.len(), "scanned");

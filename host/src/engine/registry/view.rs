@@ -4,8 +4,8 @@
 use crate::driver::device::Device;
 use crate::engine::cdi::CdiWriter;
 use crate::engine::sharing;
+use crate::engine::telemetry::Metrics;
 use crate::fronts::device_plugin::podresources::Follower;
-use crate::ops::metrics::Metrics;
 use devhost_proto::v1beta1 as pb;
 use std::collections::HashMap;
 use std::sync::Arc;

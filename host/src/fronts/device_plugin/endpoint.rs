@@ -11,8 +11,8 @@ use crate::engine::cdi;
 use crate::engine::preferred::{self, Candidate};
 use crate::engine::registry::{Resource, Services};
 use crate::engine::sharing;
+use crate::engine::telemetry;
 use crate::manifest::DeviceListStrategy;
-use crate::ops::metrics;
 use devhost_proto::v1beta1 as pb;
 use pb::device_plugin_server::DevicePlugin;
 use std::collections::HashMap;
@@ -192,7 +192,7 @@ impl DevicePlugin for Endpoint {
                     self.services.metrics.driver_call(
                         &drv.name,
                         "preferred_allocation",
-                        metrics::call_outcome(&result),
+                        telemetry::call_outcome(&result),
                     );
                     match result {
                         Ok(Some(proposal)) => {
@@ -261,7 +261,7 @@ impl DevicePlugin for Endpoint {
             ids
         };
         let result = driver.pre_start(physical).await;
-        self.services.metrics.driver_call(&driver.name, "pre_start", metrics::call_outcome(&result));
+        self.services.metrics.driver_call(&driver.name, "pre_start", telemetry::call_outcome(&result));
         result.map_err(|e| e.to_status())?;
         Ok(Response::new(pb::PreStartContainerResponse {}))
     }
@@ -330,7 +330,7 @@ impl Endpoint {
                 edits = cdi::allocate_edits(name, &view.devices, &phys, edits);
             }
             let result = driver.allocate(phys).await;
-            self.services.metrics.driver_call(&driver.name, "allocate", metrics::call_outcome(&result));
+            self.services.metrics.driver_call(&driver.name, "allocate", telemetry::call_outcome(&result));
             match result {
                 Ok(Some(hook)) => edits.amend(hook),
                 Ok(None) => {}

@@ -1,4 +1,6 @@
 use super::*;
+use crate::driver::instance::CallError;
+use crate::engine::telemetry::{CALL_OUTCOMES, call_outcome};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The value of the sample `name` whose labels include every pair of `labels` (any order).
