@@ -5,10 +5,11 @@
 //! [`manifest`] (the configuration) → [`driver`] (loading vendor modules,
 //! calling them on worker threads or in isolated worker processes, the device
 //! model they report) → [`engine`] (the shared core: device registry per
-//! resource, sharing, preferred allocation, CDI spec files) → [`fronts`] (the
+//! resource, sharing, preferred allocation, CDI spec files, health history and
+//! the metrics recorded) → [`fronts`] (the
 //! kubelet APIs: [`fronts::device_plugin`] and [`fronts::dra`], the second
 //! front, in progress: it serves a DRA driver's sockets but cannot prepare
-//! claims yet) → [`ops`] (operator surfaces: metrics and probes, status, Node
+//! claims yet) → [`ops`] (operator surfaces: the metrics, probes and status server, Node
 //! Feature Discovery labels, completion scripts and manual page, the `sim`
 //! kubelet emulator run and the `conformance` battery). [`lock`] keeps one
 //! daemon per kubelet folder. docs/architecture.md has the allowed order and

@@ -1,5 +1,6 @@
 //! The shared core both kubelet fronts stand on: [`registry`] (the devices of each resource),
-//! [`sharing`] (replicas of one device), [`preferred`] (topology-aware choice) and [`cdi`] (CDI spec files).
+//! [`sharing`] (replicas of one device), [`preferred`] (topology-aware choice), [`cdi`] (CDI spec files),
+//! [`status`] (health history and allocations) and [`telemetry`] (the metrics the host records).
 
 pub mod cdi;
 pub mod preferred;
