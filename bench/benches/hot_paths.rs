@@ -4,7 +4,7 @@
 //! bench (`src/micro.rs`), so keep them in step with `micro::BENCHES`.
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use devhost::device::{Device, DeviceNode, Edits, compose};
+use devhost::driver::device::{Device, DeviceNode, Edits, compose};
 use devhost_bench::prefer::Instance;
 use devhost_proto::v1beta1 as pb;
 use prost::Message;

@@ -91,7 +91,7 @@ pub async fn run(art: &Artifacts, n: usize) -> Result<String> {
          devhost GetDevicePluginOptions, which calls no driver). Context switches: every thread of devhost and \
          its worker process, from /proc before and after each call; unlike latencies they do not move with the \
          machine's load. An in-process caller waits up to 50 µs for the driver thread's answer, yielding its \
-         CPU, before it parks its task (`host/src/instance.rs`). Latencies taken on a loaded 2-CPU machine: \
+         CPU, before it parks its task (`host/src/driver/instance.rs`). Latencies taken on a loaded 2-CPU machine: \
          the ratios and switch counts are the figures to quote.\n\n\
          | isolation | null p50 | devhost options p50 | Allocate p50 | Allocate ÷ null | Allocate ÷ options | \
          switches per options call | per Allocate |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n"

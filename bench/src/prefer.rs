@@ -1,10 +1,10 @@
 //! The host's default preferred allocation, called directly: how long
-//! `devhost::preferred::choose` takes as the candidate list grows, and how
+//! `devhost::engine::preferred::choose` takes as the candidate list grows, and how
 //! often its greedy search (used above 20,000 combinations) finds a set as
 //! good as a brute-force search written here, on random instances.
 
 use crate::stats::Samples;
-use devhost::preferred::{Candidate, choose};
+use devhost::engine::preferred::{Candidate, choose};
 use std::collections::HashMap;
 use std::time::Instant;
 

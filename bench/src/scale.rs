@@ -142,12 +142,12 @@ pub async fn run(art: &Artifacts, floor: &Floor, report: &mut Report) -> Result<
     Ok(())
 }
 
-/// `devhost::preferred::choose` called in-process: time against the number of
+/// `devhost::engine::preferred::choose` called in-process: time against the number of
 /// available devices, and agreement with brute force.
 fn policy_section() -> String {
     let mut body = String::from(
         "\n### The preferred-allocation policy, called directly\n\n\
-         `devhost::preferred::choose` with link scores as edges between candidates, as the endpoint passes them; 8 devices \
+         `devhost::engine::preferred::choose` with link scores as edges between candidates, as the endpoint passes them; 8 devices \
          wanted, on the bench driver's topology. devhost searches exhaustively up to 20,000 combinations and \
          greedily above.\n\n\
          | available devices | combinations | search | calls | p50 | p99 |\n| --- | --- | --- | --- | --- | --- |\n",

@@ -1,44 +1,23 @@
 //! devhost: one kubelet device-plugin host for every accelerator driver.
 //!
-//! The data flow follows the modules: [`manifest`] → [`loader`] (dlopen and
-//! ABI handshake) → [`instance`] (driver calls on worker threads, through
-//! [`callbacks`]) → [`registry`] (devices per resource) → [`endpoint`] (one
-//! gRPC server per resource) → [`kubelet`] (registration and restarts).
-//! Beside that flow, features every vendor gets: [`sharing`] (replicas),
-//! [`cdi`] (CDI spec files), [`nfd`] (Node Feature Discovery labels),
-//! [`metrics`] (Prometheus and probes),
-//! [`status`] (health history and allocations), [`podresources`] and
-//! [`release`] (who holds a device; cleaning it when let go),
-//! [`preferred`] (topology-aware allocation), [`isolation`] (drivers in
-//! worker processes) and [`lock`] (one daemon per kubelet folder). `sim`
-//! runs it all against the kubelet emulator, and `conformance` runs a
-//! vendor's module through a battery before it ships (both need the kubelet
-//! emulator: the `sim` cargo feature, on by default). [`cli_docs`] generates
-//! the completion scripts and the manual page from the command line.
-//! [`dra`] is the second kubelet front (Dynamic Resource Allocation), in
-//! progress: it serves a DRA driver's sockets but cannot prepare claims yet.
+//! The tree follows the data flow, in four areas over one configuration, each
+//! using only the ones before it:
+//! [`manifest`] (the configuration) → [`driver`] (loading vendor modules,
+//! calling them on worker threads or in isolated worker processes, the device
+//! model they report) → [`engine`] (the shared core: device registry per
+//! resource, sharing, preferred allocation, CDI spec files, health history and
+//! the metrics recorded) → [`fronts`] (the
+//! kubelet APIs: [`fronts::device_plugin`] and [`fronts::dra`], the second
+//! front, in progress: it serves a DRA driver's sockets but cannot prepare
+//! claims yet) → [`ops`] (operator surfaces: the metrics, probes and status server, Node
+//! Feature Discovery labels, completion scripts and manual page, the `sim`
+//! kubelet emulator run and the `conformance` battery). [`lock`] keeps one
+//! daemon per kubelet folder. docs/architecture.md has the allowed order and
+//! the exceptions to it.
 
-pub mod callbacks;
-pub mod cdi;
-pub mod cli_docs;
-#[cfg(feature = "sim")]
-pub mod conformance;
-pub mod device;
-pub mod dra;
-pub mod endpoint;
-pub mod instance;
-pub mod isolation;
-pub mod kubelet;
-pub mod loader;
+pub mod driver;
+pub mod engine;
+pub mod fronts;
 pub mod lock;
 pub mod manifest;
-pub mod metrics;
-pub mod nfd;
-pub mod podresources;
-pub mod preferred;
-pub mod registry;
-pub mod release;
-pub mod sharing;
-#[cfg(feature = "sim")]
-pub mod sim;
-pub mod status;
+pub mod ops;

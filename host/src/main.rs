@@ -2,8 +2,8 @@
 //! drivers and what they would advertise without a kubelet.
 
 use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
+use devhost::engine::registry::{Mode, Registry, Slot};
 use devhost::manifest::Manifest;
-use devhost::registry::{Mode, Registry, Slot};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -141,14 +141,14 @@ fn return_large_frees() {
 fn main() -> ExitCode {
     return_large_frees();
     // A driver worker process (isolation = "process") is this binary too.
-    if let Some(code) = devhost::isolation::worker_entry() {
+    if let Some(code) = devhost::driver::isolation::worker_entry() {
         return code;
     }
     let cli = Cli::parse();
     // Generated from the command line definition, without logs or a runtime.
     match cli.command {
-        Command::Completions { shell } => return devhost::cli_docs::completions(Cli::command(), shell),
-        Command::Manpage => return devhost::cli_docs::manpage(Cli::command()),
+        Command::Completions { shell } => return devhost::ops::cli_docs::completions(Cli::command(), shell),
+        Command::Manpage => return devhost::ops::cli_docs::manpage(Cli::command()),
         _ => {}
     }
     ALLOW_UNTRUSTED.store(cli.allow_untrusted_modules, std::sync::atomic::Ordering::Relaxed);
@@ -168,7 +168,7 @@ fn main() -> ExitCode {
             Command::Check { config } => check(&config).await,
             Command::Drivers { dir } => drivers(&dir),
             #[cfg(feature = "sim")]
-            Command::Conformance { module, options } => devhost::conformance::main(&module, &options).await,
+            Command::Conformance { module, options } => devhost::ops::conformance::main(&module, &options).await,
             #[cfg(feature = "sim")]
             Command::Sim { config, keep_running } => sim(&config, keep_running).await,
             Command::Completions { .. } | Command::Manpage => ExitCode::SUCCESS,
@@ -235,7 +235,7 @@ async fn run(config: &Path, kubelet_dir: Option<&Path>) -> ExitCode {
     };
     // A taken metrics port fails the start before anything is served.
     let probes_listener = match manifest.metrics_addr {
-        Some(addr) => match devhost::metrics::bind(addr).await {
+        Some(addr) => match devhost::ops::metrics::bind(addr).await {
             Ok(l) => Some(l),
             Err(e) => {
                 eprintln!("devhost: {e}");
@@ -248,20 +248,23 @@ async fn run(config: &Path, kubelet_dir: Option<&Path>) -> ExitCode {
     let (stop_probes, stop_probes_rx) = tokio::sync::watch::channel(false);
     if let Some(listener) = probes_listener {
         let (ready_reg, status_reg) = (registry.clone(), registry.clone());
-        let probes = devhost::metrics::Probes::new(
+        let probes = devhost::ops::metrics::Probes::new(
             move || {
                 let missing = ready_reg.unregistered();
                 if missing.is_empty() { Ok(()) } else { Err(missing) }
             },
-            move || devhost::status::status_json(std::time::SystemTime::now(), status_reg.status(true)),
+            move || devhost::engine::status::status_json(std::time::SystemTime::now(), status_reg.status(true)),
         );
-        tokio::spawn(devhost::metrics::serve(listener, registry.services.metrics.clone(), probes, stop_probes_rx));
+        tokio::spawn(devhost::ops::metrics::serve(listener, registry.services.metrics.clone(), probes, stop_probes_rx));
     }
-    let endpoints = devhost::kubelet::Endpoints::start(manifest.kubelet_dir.clone(), registry.services.clone());
+    let endpoints = devhost::fronts::device_plugin::kubelet::Endpoints::start(
+        manifest.kubelet_dir.clone(),
+        registry.services.clone(),
+    );
     endpoints.sync(&registry.resources()).await;
-    let mut dra = devhost::dra::Fronts::new(&manifest);
+    let mut dra = devhost::fronts::dra::Fronts::new(&manifest);
     dra.sync(&registry.resources()).await;
-    let nfd = manifest.nfd_features_dir.clone().map(|dir| devhost::nfd::spawn(dir, registry.clone()));
+    let nfd = manifest.nfd_features_dir.clone().map(|dir| devhost::ops::nfd::spawn(dir, registry.clone()));
     // A ConfigMap update replaces the file (through a symlink swap): watch
     // its folder and reload when the text really changed and then stayed
     // the same for MANIFEST_SETTLE (a file written in pieces is never
@@ -328,7 +331,7 @@ async fn run(config: &Path, kubelet_dir: Option<&Path>) -> ExitCode {
             }
         }
         let changes = registry.apply(&next).await;
-        let names = |v: &[Arc<devhost::registry::Resource>]| {
+        let names = |v: &[Arc<devhost::engine::registry::Resource>]| {
             v.iter().map(|r| r.config.name.clone()).collect::<Vec<_>>().join(", ")
         };
         for gone in changes.stopped.iter().filter(|s| !changes.started.iter().any(|r| r.config.name == s.config.name)) {
@@ -465,7 +468,7 @@ async fn list(config: &Path, json: bool) -> ExitCode {
 }
 
 /// `links=other:score,…` when the device has links.
-fn links_text(d: &devhost::device::Device) -> Option<String> {
+fn links_text(d: &devhost::driver::device::Device) -> Option<String> {
     let links: Vec<String> = d.links.iter().map(|(other, score)| format!("{other}:{score}")).collect();
     (!links.is_empty()).then(|| format!("links={}", links.join(",")))
 }
@@ -473,12 +476,12 @@ fn links_text(d: &devhost::device::Device) -> Option<String> {
 /// Who holds each device, from the kubelet's pod-resources socket when
 /// there is one (a running node); `list` works without it.
 async fn add_holders(out: &mut [serde_json::Value], manifest: &Manifest) {
-    let holders = devhost::podresources::list_once(&manifest.pod_resources_socket).await;
+    let holders = devhost::fronts::device_plugin::podresources::list_once(&manifest.pod_resources_socket).await;
     for r in out.iter_mut() {
         let name = r["resource"].as_str().unwrap_or_default().to_string();
         match &holders {
             Ok(map) => {
-                let snap = devhost::podresources::Snapshot {
+                let snap = devhost::fronts::device_plugin::podresources::Snapshot {
                     generation: 1,
                     resources: Some(std::sync::Arc::new(map.clone())),
                     error: None,
@@ -538,7 +541,7 @@ async fn check(config: &Path) -> ExitCode {
 
 #[cfg(feature = "sim")]
 async fn sim(config: &Path, keep_running: bool) -> ExitCode {
-    match devhost::sim::run(config, keep_running, wait_for_signal()).await {
+    match devhost::ops::sim::run(config, keep_running, wait_for_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("devhost sim: {e:#}");
@@ -578,7 +581,7 @@ fn drivers(dir: &Path) -> ExitCode {
         let file = p.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
         // Loading runs a module's initialisers: an untrusted one is only
         // described, not loaded, unless the operator relaxed trust.
-        if let Err(problems) = devhost::loader::check_trust(&p, None) {
+        if let Err(problems) = devhost::driver::loader::check_trust(&p, None) {
             let text: Vec<String> = problems.iter().map(|e| e.to_string()).collect();
             println!("{file}: UNTRUSTED (refused unless allow_untrusted_modules): {}", text.join("; "));
             if !ALLOW_UNTRUSTED.load(std::sync::atomic::Ordering::Relaxed) {
@@ -586,7 +589,7 @@ fn drivers(dir: &Path) -> ExitCode {
                 continue;
             }
         }
-        match devhost::loader::load(&p) {
+        match devhost::driver::loader::load(&p) {
             Ok(m) => println!(
                 "{file}: {} {} (ABI {}) [{}]{}\n    sha256 {} (the bytes loaded; `sha256 = ...` in [driver.X] pins them)",
                 m.name,

@@ -11,7 +11,7 @@
 
 mod common;
 use common::*;
-use devhost::metrics;
+use devhost::ops::metrics;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -6,10 +6,10 @@ mod common;
 use std::path::Path;
 use std::sync::Arc;
 
-use devhost::dra::api::ApiServer;
-use devhost::dra::{DraFront, FrontError, Paths};
+use devhost::engine::registry::{Mode, Registry};
+use devhost::fronts::dra::api::ApiServer;
+use devhost::fronts::dra::{DraFront, FrontError, Paths};
 use devhost::manifest::Manifest;
-use devhost::registry::{Mode, Registry};
 use devhost_proto::dra::v1::dra_plugin_client::DraPluginClient;
 use devhost_proto::dra::v1::{Claim, NodePrepareResourcesRequest, NodeUnprepareResourcesRequest};
 use devhost_proto::pluginregistration::registration_client::RegistrationClient;

@@ -3,7 +3,7 @@
 
 mod common;
 use common::*;
-use devhost::metrics;
+use devhost::ops::metrics;
 use std::net::SocketAddr;
 
 fn free_port() -> SocketAddr {

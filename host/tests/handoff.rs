@@ -5,7 +5,7 @@
 
 mod common;
 use common::*;
-use devhost::instance::Instance;
+use devhost::driver::instance::Instance;
 use std::time::Duration;
 
 /// Voluntary context switches of the calling thread: each time it blocked.
@@ -22,7 +22,9 @@ fn blocked_so_far() -> i64 {
 async fn a_fast_hook_answers_without_parking_the_calling_thread() {
     let so = module("example_c");
     let opts = [("count".to_string(), "4".to_string())];
-    let inst = Instance::create("d", devhost::loader::load(&so).unwrap(), &opts, Duration::from_secs(5)).await.unwrap();
+    let inst = Instance::create("d", devhost::driver::loader::load(&so).unwrap(), &opts, Duration::from_secs(5))
+        .await
+        .unwrap();
     for i in 0..20 {
         inst.allocate(vec![format!("example-{}", i % 4)]).await.unwrap().expect("the C example has an allocate hook");
     }

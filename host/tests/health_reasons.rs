@@ -5,7 +5,7 @@
 
 mod common;
 use common::*;
-use devhost::metrics;
+use devhost::ops::metrics;
 use std::net::SocketAddr;
 use std::time::Duration;
 

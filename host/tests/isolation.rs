@@ -6,7 +6,7 @@
 
 mod common;
 use common::*;
-use devhost::instance::{CallError, Instance};
+use devhost::driver::instance::{CallError, Instance};
 use devhost::manifest::{DriverConfig, Manifest};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -23,7 +23,7 @@ fn config(module: &Path, extra: &str, options: &str) -> DriverConfig {
 }
 
 async fn isolated(module: &Path, extra: &str, options: &str) -> Result<Arc<Instance>, CallError> {
-    devhost::isolation::set_worker_program(devhost_bin());
+    devhost::driver::isolation::set_worker_program(devhost_bin());
     let cfg = config(module, &format!("isolation = \"process\"\n{extra}"), options);
     Instance::create_isolated(&cfg, module, false).await
 }
@@ -67,8 +67,9 @@ async fn isolated_driver_answers_like_the_in_process_one() {
     let so = module("example_c");
     let options = "count = 4\nnuma_nodes = 2";
     let cfg = config(&so, "", options);
-    let local =
-        Instance::create("d", devhost::loader::load(&so).unwrap(), &cfg.options, cfg.call_timeout).await.unwrap();
+    let local = Instance::create("d", devhost::driver::loader::load(&so).unwrap(), &cfg.options, cfg.call_timeout)
+        .await
+        .unwrap();
     let remote = isolated(&so, "", options).await.unwrap();
     let pid = remote.worker_pid().expect("a worker process");
     assert_ne!(pid, std::process::id());

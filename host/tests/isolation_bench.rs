@@ -8,7 +8,7 @@
 
 mod common;
 use common::*;
-use devhost::instance::Instance;
+use devhost::driver::instance::Instance;
 use devhost::manifest::Manifest;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -80,13 +80,14 @@ fn report(what: &str, local: Vec<Duration>, isolated: Vec<Duration>, enforce: bo
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "benchmark; run in release with --ignored --nocapture"]
 async fn allocate_cost_at_the_instance() {
-    devhost::isolation::set_worker_program(devhost_bin());
+    devhost::driver::isolation::set_worker_program(devhost_bin());
     let dir = tempfile::tempdir().unwrap();
     let so = example_c(dir.path());
     let m = Manifest::parse(&manifest(&so), Path::new("/tmp/devhost.toml"), None).unwrap();
     let cfg = &m.drivers["local"];
-    let local =
-        Instance::create("local", devhost::loader::load(&so).unwrap(), &cfg.options, cfg.call_timeout).await.unwrap();
+    let local = Instance::create("local", devhost::driver::loader::load(&so).unwrap(), &cfg.options, cfg.call_timeout)
+        .await
+        .unwrap();
     let isolated = Instance::create_isolated(&m.drivers["isolated"], &so, false).await.unwrap();
     async fn round(inst: &Arc<Instance>, n: usize, out: &mut Vec<Duration>) {
         for i in 0..n {

@@ -184,7 +184,7 @@ async fn without_an_isolation_key_every_driver_runs_in_a_worker_process() {
     kubelet.wait_devices("example.com/ok", WAIT, |d| d.len() == 2).await.unwrap();
     kubelet.wait_devices("example.com/crashy", WAIT, all_health("Healthy")).await.unwrap();
     let status = loop {
-        if let Ok(r) = devhost::metrics::get(addr, "/status", &[]).await {
+        if let Ok(r) = devhost::ops::metrics::get(addr, "/status", &[]).await {
             break r.body;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;

@@ -24,7 +24,7 @@ fn build_bad(dir: &Path, define: &str) -> PathBuf {
 }
 
 fn load_err(path: &Path) -> String {
-    match devhost::loader::load(path) {
+    match devhost::driver::loader::load(path) {
         Ok(m) => panic!("{} loaded as {}", path.display(), m.name),
         Err(e) => e.to_string(),
     }
@@ -111,9 +111,11 @@ fn required_function_missing() {
 async fn create_refused_shows_the_drivers_message() {
     let dir = tempfile::tempdir().unwrap();
     let p = build_bad(dir.path(), "REFUSE_CREATE");
-    let m = devhost::loader::load(&p).unwrap();
-    let err =
-        devhost::instance::Instance::create("bad", m, &[], std::time::Duration::from_secs(5)).await.err().unwrap();
+    let m = devhost::driver::loader::load(&p).unwrap();
+    let err = devhost::driver::instance::Instance::create("bad", m, &[], std::time::Duration::from_secs(5))
+        .await
+        .err()
+        .unwrap();
     let msg = err.to_string();
     assert!(msg.contains("bad-driver refuses: no hardware here") && msg.contains("UNAVAILABLE"), "{msg}");
     // And through the CLI: `check` lists it and fails.
@@ -158,7 +160,7 @@ fn drivers_command_lists_good_and_bad_modules() {
     assert_eq!(code, 0);
     assert!(out.contains("libdevhost_example_c.so: example-c") && out.contains("(ABI 1.2)"), "{out}");
     assert!(out.contains("allocate, pre_start, watch, release"), "{out}");
-    let sha = devhost::loader::sha256_file(&module("example_c")).unwrap();
+    let sha = devhost::driver::loader::sha256_file(&module("example_c")).unwrap();
     assert!(out.contains(&format!("    sha256 {sha} (the bytes loaded")), "{out}");
     assert!(
         out.contains(
@@ -215,11 +217,11 @@ async fn frozen_v1_1_driver_loads_and_releases_beside_the_v1_0_one() {
     assert_eq!(env_of(&resp, 0, "COMPAT_ALLOCATED").as_deref(), Some("1"));
 
     // The hook 1.1 added, called the way the host's release runner calls it.
-    let module = devhost::loader::load(&node.path().join("libcompat_v1_1.so")).unwrap();
+    let module = devhost::driver::loader::load(&node.path().join("libcompat_v1_1.so")).unwrap();
     assert_eq!((module.name, module.abi_version().as_str()), ("compat-v1.1", "1.1"));
     assert_eq!(module.capabilities(), ["release"]);
     let timeout = std::time::Duration::from_secs(5);
-    let inst = devhost::instance::Instance::create("compat11", module, &[], timeout).await.unwrap();
+    let inst = devhost::driver::instance::Instance::create("compat11", module, &[], timeout).await.unwrap();
     assert!(inst.release(vec!["compat-2".into()]).await.unwrap(), "the v1.1 driver has a release hook");
     let scan = inst.scan().await.unwrap().devices;
     let released: Vec<&str> = scan.iter().map(|d| d.attributes["released"].as_str()).collect();
@@ -234,12 +236,12 @@ async fn frozen_v1_0_driver_has_no_release_hook() {
     let node = Node::new();
     let so = node.path().join("libcompat_v1_0.so");
     compile_c(&repo_root().join("tests/compat/v1_0/driver.c"), &so, &repo_root().join("tests/compat/v1_0"));
-    let module = devhost::loader::load(&so).unwrap();
+    let module = devhost::driver::loader::load(&so).unwrap();
     assert_eq!(module.declared, devhost_abi::DESC_SIZE_V1_0);
     assert!(module.release().is_none());
     assert_eq!(module.capabilities(), ["allocate"]);
     let timeout = std::time::Duration::from_secs(5);
-    let inst = devhost::instance::Instance::create("compat10", module, &[], timeout).await.unwrap();
+    let inst = devhost::driver::instance::Instance::create("compat10", module, &[], timeout).await.unwrap();
     assert!(!inst.release(vec!["compat-0".into()]).await.unwrap(), "a 1.0 driver was called for release");
 }
 
@@ -247,14 +249,17 @@ async fn frozen_v1_0_driver_has_no_release_hook() {
 fn panicking_rust_driver_returns_panic_and_the_host_survives() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let m = devhost::loader::load(&module("testdrv")).unwrap();
+        let m = devhost::driver::loader::load(&module("testdrv")).unwrap();
         let opts = vec![("panic_in".to_string(), "create".to_string())];
-        let err =
-            devhost::instance::Instance::create("p", m, &opts, std::time::Duration::from_secs(5)).await.err().unwrap();
+        let err = devhost::driver::instance::Instance::create("p", m, &opts, std::time::Duration::from_secs(5))
+            .await
+            .err()
+            .unwrap();
         let msg = err.to_string();
         assert!(msg.contains("PANIC") && msg.contains("told to panic in create"), "{msg}");
         // The same module still creates a healthy instance afterwards.
-        let ok = devhost::instance::Instance::create("q", m, &[], std::time::Duration::from_secs(5)).await.unwrap();
+        let ok =
+            devhost::driver::instance::Instance::create("q", m, &[], std::time::Duration::from_secs(5)).await.unwrap();
         assert_eq!(ok.scan().await.unwrap().devices.len(), 4);
     });
 }

@@ -14,7 +14,7 @@ fn hup(d: &Daemon) {
 }
 
 fn sha256(path: &Path) -> String {
-    devhost::loader::sha256_file(path).unwrap()
+    devhost::driver::loader::sha256_file(path).unwrap()
 }
 
 fn manifest(drivers: &Path, isolation: &str, pin: &str) -> String {

@@ -48,7 +48,7 @@ async fn nfd_file_has_count_and_model_per_resource_and_follows_reloads() {
     let kubelet = Kubelet::start(&node.kubelet_dir()).unwrap();
     let d = Daemon::start(&m, &node.kubelet_dir());
     kubelet.wait_devices("example.com/accel", WAIT, |x| x.len() == 2).await.unwrap();
-    let file = node.path().join("features.d").join(devhost::nfd::FILE_NAME);
+    let file = node.path().join("features.d").join(devhost::ops::nfd::FILE_NAME);
 
     let labels = wait_labels(&file, "accel.count=2").await;
     assert_eq!(
@@ -74,7 +74,7 @@ async fn nfd_file_has_count_and_model_per_resource_and_follows_reloads() {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .filter(|n| !n.starts_with('.'))
         .collect();
-    assert_eq!(visible, [devhost::nfd::FILE_NAME]);
+    assert_eq!(visible, [devhost::ops::nfd::FILE_NAME]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,9 +6,9 @@
 
 mod common;
 use common::*;
-use devhost::instance::Instance;
-use devhost::podresources::{Follower, Holder, Snapshot};
-use devhost::release::{Backoff, ReleaseRunner};
+use devhost::driver::instance::Instance;
+use devhost::fronts::device_plugin::podresources::{Follower, Holder, Snapshot};
+use devhost::fronts::device_plugin::release::{Backoff, ReleaseRunner};
 use kubelet_emu::PodResourcesServer;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -71,7 +71,7 @@ fn setup() -> Setup {
 }
 
 async fn example(s: &Setup, delay_ms: &str, timeout: Duration) -> Arc<Instance> {
-    let module = devhost::loader::load(&module("example_c")).unwrap();
+    let module = devhost::driver::loader::load(&module("example_c")).unwrap();
     let options = [
         ("count", "4"),
         ("release_file", s.release_file.to_str().unwrap()),
@@ -212,7 +212,7 @@ async fn without_the_socket_release_hooks_are_never_called() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_isolated_driver_is_released_through_its_worker_process() {
-    devhost::isolation::set_worker_program(devhost_bin());
+    devhost::driver::isolation::set_worker_program(devhost_bin());
     let s = setup();
     let so = module("example_c");
     let text = format!(

@@ -75,7 +75,7 @@ fn the_manifest_or_the_cli_can_relax_trust_loudly() {
 
 #[test]
 fn a_sha256_pin_is_enforced_and_never_relaxed() {
-    let real = devhost::loader::sha256_file(&module("example_c")).unwrap();
+    let real = devhost::driver::loader::sha256_file(&module("example_c")).unwrap();
     let (_n, good) = setup(0o644, 0o755, "");
     let body = std::fs::read_to_string(&good)
         .unwrap()

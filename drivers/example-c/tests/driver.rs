@@ -1,13 +1,13 @@
 //! The compiled C example driven through the real host library: the host's
-//! loader checks the descriptor, `devhost::instance::Instance` makes every
+//! loader checks the descriptor, `devhost::driver::instance::Instance` makes every
 //! call on its worker thread, and the host's callbacks validate what the
 //! driver reports (options, scan, allocate, pre_start and the health watch).
 
 mod common;
 
 use common::*;
-use devhost::device::{Device, DeviceNode, Edits};
-use devhost::instance::Instance;
+use devhost::driver::device::{Device, DeviceNode, Edits};
+use devhost::driver::instance::Instance;
 use devhost_abi::*;
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -7,7 +7,7 @@
 
 mod common;
 
-use devhost::instance::Instance;
+use devhost::driver::instance::Instance;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -159,7 +159,8 @@ fn build_guide_driver(dir: &Path) -> PathBuf {
 async fn the_complete_driver_builds_loads_and_scans() {
     let dir = tempfile::tempdir().unwrap();
     let so = build_guide_driver(dir.path());
-    let module = devhost::loader::load(&so).unwrap_or_else(|e| panic!("the host refuses the guide's driver: {e}"));
+    let module =
+        devhost::driver::loader::load(&so).unwrap_or_else(|e| panic!("the host refuses the guide's driver: {e}"));
     assert_eq!((module.name, module.version), ("acme", "0.1.0"));
     assert!(module.capabilities().is_empty(), "{:?}", module.capabilities());
     let options = vec![("count".to_string(), "3".to_string())];
@@ -184,7 +185,7 @@ async fn the_complete_driver_refuses_options_in_the_guides_two_forms() {
         ("count", "1025", r#"option "count": "1025" is not a number between 0 and 1024"#),
         ("colour", "blue", r#"unknown option "colour" (value "blue"); known options: count, sysfs_root"#),
     ] {
-        let module = devhost::loader::load(&so).unwrap();
+        let module = devhost::driver::loader::load(&so).unwrap();
         let options = vec![(key.to_string(), value.to_string())];
         let err = match Instance::create("acme", module, &options, common::CALL_TIMEOUT).await {
             Ok(_) => panic!("{key} = {value} was accepted"),

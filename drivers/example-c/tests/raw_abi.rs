@@ -2,12 +2,12 @@
 //! ABI: handing the driver a host table that is too short, and destroying an
 //! instance whose watch thread still runs (the host calls `watch_stop`
 //! first). The table, call handles and callbacks are still the host's own,
-//! from `devhost::callbacks`; only the call sequence is made here.
+//! from `devhost::driver::callbacks`; only the call sequence is made here.
 
 mod common;
 
 use common::{module, threads_named};
-use devhost::callbacks::{self, CallCtx, CallKind, HostCtx};
+use devhost::driver::callbacks::{self, CallCtx, CallKind, HostCtx};
 use devhost_abi::*;
 use std::ffi::c_void;
 use std::sync::Arc;

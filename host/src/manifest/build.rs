@@ -16,7 +16,7 @@ use super::names::{check_driver_name, check_resource_name, socket_name};
 use super::pod_resources;
 use super::source::{Diagnostics, deserialize_section};
 use super::values::{DurationSetting, flatten_options};
-use crate::isolation::capability_number;
+use crate::manifest::capabilities::capability_number;
 
 use super::{
     DEFAULT_CALL_TIMEOUT, DEFAULT_DRIVER_DIR, DEFAULT_KUBELET_DIR, DEFAULT_LOCK_DIR, DEFAULT_POD_RESOURCES_INTERVAL,

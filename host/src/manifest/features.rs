@@ -94,7 +94,7 @@ pub(super) fn strategy(
 
 /// With `cdi_dir` set, the resource name is also the CDI kind of its spec file.
 pub(super) fn cdi_kind(name: &Spanned<String>, section: &str, diags: &mut Diagnostics<'_>) {
-    if let Err(why) = crate::cdi::check_kind(name.get_ref()) {
+    if let Err(why) = crate::manifest::check_kind(name.get_ref()) {
         let message = format!("{why} (with cdi_dir set, the resource name is the kind of its CDI spec)");
         diags.error(name.span(), &format!("{section}.name"), message);
     }

@@ -6,6 +6,7 @@
 //! The key reference is `docs/config-reference.md`.
 
 mod build;
+pub mod capabilities;
 mod dra;
 mod features;
 mod names;
@@ -24,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use dra::{ResourceApi, api_conflicts, check_dra_driver_name, derive_dra_driver_name};
-pub use names::{check_resource_name, glob_match, socket_name};
+pub use names::{check_kind, check_resource_name, glob_match, socket_name};
 pub use notes::DriverHint;
 
 /// Where the kubelet looks for device-plugin sockets unless the manifest says otherwise.

@@ -140,6 +140,43 @@ pub fn glob_match(pattern: &str, text: &str) -> bool {
     pattern.get(p..).is_some_and(|rest| rest.iter().all(|&c| c == '*'))
 }
 
+/// The longest class (name segment of a CDI kind) CDI accepts.
+const MAX_CLASS: usize = 63;
+
+/// CDI's rule for the vendor and the class: a letter first, a letter or digit last, letters,
+/// digits, `_`, `-` and `.` between.
+fn check_segment(what: &str, s: &str) -> Result<(), String> {
+    let first = s.chars().next().ok_or_else(|| format!("the {what} is empty"))?;
+    if !first.is_ascii_alphabetic() {
+        return Err(format!("the {what} `{s}` must start with a letter"));
+    }
+    if !s.chars().last().is_some_and(|c: char| c.is_ascii_alphanumeric()) {
+        return Err(format!("the {what} `{s}` must end with a letter or digit"));
+    }
+    match s.chars().find(|&c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))) {
+        Some(bad) => {
+            Err(format!("the {what} `{s}` contains {bad:?}; only letters, digits, '_', '-' and '.' are allowed"))
+        }
+        None => Ok(()),
+    }
+}
+
+/// Checks that a resource name can serve as a CDI kind (`<vendor>/<class>`). Every valid
+/// extended resource name passes except those whose domain or name part starts with a digit.
+pub fn check_kind(resource: &str) -> Result<(), String> {
+    let Some((vendor, class)) = resource.split_once('/') else {
+        return Err(format!("`{resource}` is not of the form <vendor>/<class> that a CDI kind needs"));
+    };
+    let why = check_segment("vendor", vendor).and_then(|()| check_segment("class", class)).and_then(|()| {
+        if class.len() > MAX_CLASS {
+            Err(format!("the class `{class}` is longer than {MAX_CLASS} characters"))
+        } else {
+            Ok(())
+        }
+    });
+    why.map_err(|why| format!("`{resource}` cannot be a CDI kind: {why}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -250,5 +287,16 @@ mod tests {
         let pattern = "*a".repeat(50) + "b";
         let text = "a".repeat(2000);
         assert!(!glob_match(&pattern, &text));
+    }
+
+    #[test]
+    fn kinds_follow_cdi_rules() {
+        for ok in ["nvidia.com/gpu", "example.com/GPU_x.1", "a/b"] {
+            assert_eq!(check_kind(ok), Ok(()), "{ok}");
+        }
+        let err = check_kind("1x.example.com/gpu").unwrap_err();
+        assert!(err.contains("vendor `1x.example.com` must start with a letter"), "{err}");
+        let err = check_kind("example.com/1gpu").unwrap_err();
+        assert!(err.contains("class `1gpu`"), "{err}");
     }
 }

@@ -3,8 +3,8 @@
 //! keeps what the host logs for a driver so tests can assert on it.
 #![allow(dead_code)] // each test binary uses a different part
 
-use devhost::instance::{CallError, Instance};
-use devhost::loader::{self, Module};
+use devhost::driver::instance::{CallError, Instance};
+use devhost::driver::loader::{self, Module};
 use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;

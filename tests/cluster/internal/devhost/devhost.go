@@ -133,7 +133,7 @@ func Start(t testing.TB, config string) *Process {
 	cmd := exec.Command(Bin(t), "run", "--config", config)
 	cmd.Dir = Root()
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Env = append(os.Environ(), "DEVHOST_LOG=info,devhost::kubelet=debug")
+	cmd.Env = append(os.Environ(), "DEVHOST_LOG=info,devhost::fronts::device_plugin::kubelet=debug")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,733 @@
+//! One live driver instance: created from a module and its options, served
+//! by a dedicated worker thread so that driver code never runs on the async
+//! runtime, or, with `isolation = "process"`, by a worker process (see
+//! [`crate::driver::isolation`]). Every call has a deadline; a panic poisons the
+//! instance (an isolated one restarts instead) and a missed deadline marks
+//! it hung until the call returns.
+
+use crate::driver::callbacks::{self, CallCtx, CallKind, CallState, HostCtx};
+use crate::driver::device::{Device, Edits};
+use crate::driver::isolation::protocol::Request;
+use crate::driver::isolation::supervisor::{Spec, Worker};
+use crate::driver::loader::{Module, ModuleInfo, Source};
+use crate::manifest::{DriverConfig, Isolation};
+use devhost_abi as abi;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
+use tokio::sync::{Notify, oneshot};
+
+/// Why a driver call did not succeed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CallError {
+    #[error("driver {driver}: {call} failed ({status}): {message}")]
+    Status { driver: String, call: &'static str, code: abi::devhost_status, status: &'static str, message: String },
+    #[error("driver {driver}: {call} did not return within {timeout:?}")]
+    Timeout { driver: String, call: &'static str, timeout: Duration },
+    #[error("driver {driver} is hung in {call} for {secs} s; call refused")]
+    Hung { driver: String, call: &'static str, secs: u64 },
+    #[error("driver {driver} is broken after a panic; call refused")]
+    Poisoned { driver: String },
+    #[error("driver {driver}: worker thread is gone")]
+    WorkerGone { driver: String },
+    /// An isolated driver whose worker process is down (crashed, killed,
+    /// restarting) or could not be started.
+    #[error("driver {driver}: {reason}")]
+    Unavailable { driver: String, reason: String },
+}
+
+impl CallError {
+    /// Whether the driver's `create` itself failed (an error, a deadline,
+    /// a worker that died in it), as opposed to its module not loading:
+    /// the daemon retries these.
+    pub fn is_create_failure(&self) -> bool {
+        match self {
+            CallError::Status { call, .. } | CallError::Timeout { call, .. } => *call == "create",
+            // The channel's own text for a worker lost in a call (isolation::conn).
+            CallError::Unavailable { reason, .. } => reason.ends_with("during create"),
+            _ => false,
+        }
+    }
+
+    /// The gRPC status a kubelet call gets for this error.
+    pub fn to_status(&self) -> tonic::Status {
+        use tonic::Code;
+        let code = match self {
+            CallError::Status { code, .. } => match *code {
+                abi::DEVHOST_ERR_INVALID_ARGUMENT => Code::InvalidArgument,
+                abi::DEVHOST_ERR_NOT_FOUND => Code::NotFound,
+                abi::DEVHOST_ERR_UNAVAILABLE => Code::Unavailable,
+                abi::DEVHOST_ERR_TIMEOUT => Code::DeadlineExceeded,
+                abi::DEVHOST_ERR_UNSUPPORTED => Code::Unimplemented,
+                abi::DEVHOST_ERR_RESOURCE_EXHAUSTED => Code::ResourceExhausted,
+                abi::DEVHOST_ERR_FAILED_PRECONDITION => Code::FailedPrecondition,
+                _ => Code::Internal,
+            },
+            CallError::Timeout { .. } | CallError::Hung { .. } => Code::DeadlineExceeded,
+            CallError::Poisoned { .. } => Code::Internal,
+            CallError::WorkerGone { .. } | CallError::Unavailable { .. } => Code::Unavailable,
+        };
+        tonic::Status::new(code, self.to_string())
+    }
+}
+
+/// The error for a call that returned `status` (not OK), with the driver's message.
+pub(crate) fn status_error(
+    driver: &str,
+    call: &'static str,
+    status: abi::devhost_status,
+    state: CallState,
+) -> CallError {
+    let message = match (state.error, status_name(status)) {
+        (Some(m), _) => m,
+        (None, "unknown status code") => format!("driver returned unknown status code {status}"),
+        (None, name) => format!("driver returned {name} without a message"),
+    };
+    CallError::Status { driver: driver.to_string(), call, code: status, status: status_name(status), message }
+}
+
+fn status_name(code: abi::devhost_status) -> &'static str {
+    match code {
+        abi::DEVHOST_ERR_INVALID_ARGUMENT => "INVALID_ARGUMENT",
+        abi::DEVHOST_ERR_NOT_FOUND => "NOT_FOUND",
+        abi::DEVHOST_ERR_UNAVAILABLE => "UNAVAILABLE",
+        abi::DEVHOST_ERR_TIMEOUT => "TIMEOUT",
+        abi::DEVHOST_ERR_INTERNAL => "INTERNAL",
+        abi::DEVHOST_ERR_PANIC => "PANIC",
+        abi::DEVHOST_ERR_UNSUPPORTED => "UNSUPPORTED",
+        abi::DEVHOST_ERR_RESOURCE_EXHAUSTED => "RESOURCE_EXHAUSTED",
+        abi::DEVHOST_ERR_FAILED_PRECONDITION => "FAILED_PRECONDITION",
+        _ => "unknown status code",
+    }
+}
+
+type Job = Box<dyn FnOnce(*mut c_void) + Send>;
+
+/// A driver whose `create` failed and is being retried, with the capped
+/// backoff of worker restarts (`devhost list`, `/status`, metrics).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CreateRetry {
+    /// Failed attempts so far.
+    pub attempts: u32,
+    pub last_error: String,
+    pub next_attempt: Instant,
+}
+
+/// The retry state one instance shares with whatever retries its create.
+pub(crate) type CreateState = Arc<Mutex<Option<CreateRetry>>>;
+
+/// Host-owned memory the driver points into for the instance's lifetime.
+struct HostSide {
+    ctx: HostCtx,
+    api: abi::devhost_host_api,
+}
+
+// SAFETY: the raw pointers inside point at this same box (host_ctx) or are
+// NULL; the box moves to the worker thread once and stays there.
+unsafe impl Send for HostSide {}
+
+#[derive(Default)]
+struct Busy {
+    call: Option<(&'static str, Instant)>,
+    hung: bool,
+}
+
+pub struct Instance {
+    pub name: String,
+    /// What the module declared (hooks, name, version), wherever its code runs.
+    pub module: ModuleInfo,
+    pub changed: Arc<Notify>,
+    timeout: Duration,
+    backend: Backend,
+    last_scan_problems: Mutex<Vec<String>>,
+    /// Set while a failed create is being retried.
+    creating: CreateState,
+    /// The host asked for watch_start while create was still failing.
+    watch_wanted: AtomicBool,
+}
+
+/// Where the driver's code runs.
+enum Backend {
+    InProcess(Local),
+    /// A worker process (`isolation = "process"`).
+    Process(Worker),
+}
+
+/// The in-process backend: the module's code and the thread that runs it.
+struct Local {
+    module: Module,
+    jobs: Mutex<Option<mpsc::Sender<Job>>>,
+    poisoned: Arc<AtomicBool>,
+    busy: Arc<Mutex<Busy>>,
+}
+
+/// Borrowed ID lists for one call, kept alive while the driver reads them.
+fn str_views(ids: &[String]) -> Vec<abi::devhost_str> {
+    ids.iter().map(|s| abi::devhost_str::from_str(s)).collect()
+}
+
+/// A devices list from scan plus what was wrong with it.
+pub struct ScanOutput {
+    pub devices: Vec<Device>,
+    pub problems: Vec<String>,
+}
+
+impl Instance {
+    /// Starts the worker and calls the driver's `create` on it.
+    pub async fn create(
+        name: &str,
+        module: Module,
+        options: &[(String, String)],
+        timeout: Duration,
+    ) -> Result<Arc<Instance>, CallError> {
+        Self::create_with(name, module, options, timeout, false).await
+    }
+
+    /// As [`Instance::create`]; with `retry`, a failed create (not a panic)
+    /// still gives an instance, which calls create again with capped
+    /// backoff until it succeeds, refusing every other call meanwhile.
+    pub async fn create_with(
+        name: &str,
+        module: Module,
+        options: &[(String, String)],
+        timeout: Duration,
+        retry: bool,
+    ) -> Result<Arc<Instance>, CallError> {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let changed = Arc::new(Notify::new());
+        let host = Box::new(HostSide {
+            ctx: HostCtx { driver: name.to_string(), changed: changed.clone() },
+            api: callbacks::host_api(std::ptr::null_mut()),
+        });
+        let ptr = Arc::new(AtomicPtr::new(std::ptr::null_mut()));
+        let poisoned = Arc::new(AtomicBool::new(false));
+        let busy = Arc::new(Mutex::new(Busy::default()));
+        let worker_ptr = ptr.clone();
+        let worker_busy = busy.clone();
+        let worker_changed = changed.clone();
+        std::thread::Builder::new()
+            .name(format!("drv-{name}"))
+            .spawn(move || {
+                // The host side lives as long as the worker, which outlives
+                // every call into the driver, destroy included.
+                let mut host = host;
+                let host_ctx: *mut HostCtx = &mut host.ctx;
+                host.api.host_ctx = host_ctx.cast();
+                WORKER_API.with(|c| c.set(&host.api));
+                while let Ok(job) = rx.recv() {
+                    job(worker_ptr.load(Ordering::Acquire));
+                    let mut b = worker_busy.lock().unwrap_or_else(|p| p.into_inner());
+                    b.call = None;
+                    if std::mem::take(&mut b.hung) {
+                        // Back from a hang: let the registry re-evaluate health.
+                        worker_changed.notify_one();
+                    }
+                }
+                let inst = worker_ptr.swap(std::ptr::null_mut(), Ordering::AcqRel);
+                // SAFETY: the instance came from create and no other call runs now.
+                unsafe { module.teardown(inst) };
+                WORKER_API.with(|c| c.set(std::ptr::null()));
+                drop(host);
+            })
+            .map_err(|e| CallError::Status {
+                driver: name.to_string(),
+                call: "create",
+                code: abi::DEVHOST_ERR_INTERNAL,
+                status: "INTERNAL",
+                message: format!("cannot start worker thread: {e}"),
+            })?;
+        let inst = Arc::new(Instance {
+            name: name.to_string(),
+            module: module.info(),
+            changed,
+            timeout,
+            backend: Backend::InProcess(Local { module, jobs: Mutex::new(Some(tx)), poisoned, busy }),
+            last_scan_problems: Mutex::new(Vec::new()),
+            creating: Arc::default(),
+            watch_wanted: AtomicBool::new(false),
+        });
+        let opts: Vec<(String, String)> = options.to_vec();
+        match inst.create_once(module, opts.clone(), ptr.clone()).await {
+            Ok(()) => Ok(inst),
+            Err(e) if retry && !inst.poisoned() => {
+                let backoff = crate::driver::isolation::supervisor::BACKOFF_MIN;
+                inst.note_failed_create(&e, backoff);
+                let weak = Arc::downgrade(&inst);
+                tokio::spawn(retry_create(weak, module, opts, ptr, backoff));
+                Ok(inst)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// One in-process create on the worker thread. An instance that exists
+    /// already (a create that returned after its deadline) is kept.
+    async fn create_once(
+        &self,
+        module: Module,
+        opts: Vec<(String, String)>,
+        ptr: Arc<AtomicPtr<c_void>>,
+    ) -> Result<(), CallError> {
+        let (status, state) = self
+            .run("create", move |_, api| {
+                if !ptr.load(Ordering::Acquire).is_null() {
+                    return (abi::DEVHOST_OK, CallState::default());
+                }
+                // SAFETY: the API table lives as long as this worker thread.
+                let (status, state, out) = unsafe { module.create_instance(api, &opts) };
+                ptr.store(out, Ordering::Release);
+                (status, state)
+            })
+            .await?;
+        self.check("create", status, state).map(drop)
+    }
+
+    /// Records a failed create attempt and when the next one runs.
+    fn note_failed_create(&self, e: &CallError, backoff: Duration) {
+        let mut c = self.creating.lock().unwrap_or_else(|p| p.into_inner());
+        let attempts = c.as_ref().map_or(0, |r| r.attempts) + 1;
+        tracing::error!(driver = %self.name, attempts,
+            "driver {}: create failed, its resources have no devices until it succeeds (next attempt in {backoff:?}): {e}", self.name);
+        *c = Some(CreateRetry { attempts, last_error: e.to_string(), next_attempt: Instant::now() + backoff });
+        drop(c);
+        self.changed.notify_one();
+    }
+
+    /// Whether `create` failed and is being retried: how often, why, and when next.
+    pub fn create_retry(&self) -> Option<CreateRetry> {
+        match &self.backend {
+            Backend::InProcess(_) => self.creating.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            Backend::Process(w) => w.create_retry(),
+        }
+    }
+
+    /// Starts a worker process for the driver `cfg` describes. The host
+    /// reads `module` once into a sealed private copy and checks trust and
+    /// pin on those bytes; the worker loads that copy (its code is never
+    /// mapped into the host), every restart the same one, and runs
+    /// `create`. Fails as `create` does when the first worker cannot load
+    /// the module or `create` fails in it; later crashes restart it.
+    pub async fn create_isolated(
+        cfg: &DriverConfig,
+        module: &std::path::Path,
+        allow_untrusted: bool,
+    ) -> Result<Arc<Instance>, CallError> {
+        Self::create_isolated_with(cfg, module, allow_untrusted, false).await
+    }
+
+    /// As [`Instance::create_isolated`]; with `retry`, a first worker that
+    /// loaded the module but whose create failed (an error, a crash, a
+    /// hang) still gives an instance, whose supervisor keeps starting
+    /// workers with the restart backoff until create succeeds.
+    pub async fn create_isolated_with(
+        cfg: &DriverConfig,
+        module: &std::path::Path,
+        allow_untrusted: bool,
+        retry: bool,
+    ) -> Result<Arc<Instance>, CallError> {
+        let image = crate::driver::loader::open_trusted(module, cfg.sha256.as_deref(), allow_untrusted, &cfg.name)
+            .map_err(|reason| CallError::Unavailable { driver: cfg.name.clone(), reason })?;
+        let keep = match &cfg.isolation {
+            Isolation::Process { keep_capabilities } => keep_capabilities.as_slice(),
+            Isolation::InProcess => &[],
+        };
+        let changed = Arc::new(Notify::new());
+        let spec = Spec {
+            name: cfg.name.clone(),
+            module: module.to_path_buf(),
+            options: cfg.options.clone(),
+            timeout: cfg.call_timeout,
+            // The manifest already refused unknown names.
+            keep_caps: keep.iter().filter_map(|c| crate::manifest::capabilities::capability_number(c)).collect(),
+            program: crate::driver::isolation::worker_program(),
+            image,
+        };
+        let (worker, info) = Worker::start(spec, changed.clone(), retry).await?;
+        Ok(Arc::new(Instance {
+            name: cfg.name.clone(),
+            module: info,
+            changed,
+            timeout: cfg.call_timeout,
+            backend: Backend::Process(worker),
+            last_scan_problems: Mutex::new(Vec::new()),
+            creating: Arc::default(),
+            watch_wanted: AtomicBool::new(false),
+        }))
+    }
+
+    /// The module file this instance's code was read from, as it was then.
+    pub fn source(&self) -> &Source {
+        match &self.backend {
+            Backend::InProcess(l) => l.module.source,
+            Backend::Process(w) => w.source(),
+        }
+    }
+
+    /// The PID of an isolated instance's current worker process.
+    pub fn worker_pid(&self) -> Option<u32> {
+        match &self.backend {
+            Backend::Process(w) => w.pid(),
+            Backend::InProcess(_) => None,
+        }
+    }
+
+    /// Runs `f` on the worker thread with the instance pointer and the host API.
+    async fn run<T: Send + 'static>(
+        &self,
+        call: &'static str,
+        f: impl FnOnce(*mut c_void, *const abi::devhost_host_api) -> T + Send + 'static,
+    ) -> Result<T, CallError> {
+        let Backend::InProcess(local) = &self.backend else {
+            return Err(CallError::WorkerGone { driver: self.name.clone() });
+        };
+        if local.poisoned.load(Ordering::Acquire) {
+            return Err(CallError::Poisoned { driver: self.name.clone() });
+        }
+        if call != "create"
+            && let Some(r) = self.create_retry()
+        {
+            return Err(self.not_created(&r));
+        }
+        if let Some((hung_call, since)) = self.hung() {
+            return Err(CallError::Hung { driver: self.name.clone(), call: hung_call, secs: since.as_secs() });
+        }
+        let (tx, rx) = oneshot::channel();
+        let busy = local.busy.clone();
+        let job: Job = Box::new(move |inst| {
+            if let Ok(mut b) = busy.lock() {
+                b.call = Some((call, Instant::now()));
+            }
+            let api = worker_api();
+            let _ = tx.send(f(inst, api));
+        });
+        {
+            let jobs = local.jobs.lock().unwrap_or_else(|p| p.into_inner());
+            let sent = jobs.as_ref().map(|j| j.send(job).is_ok()).unwrap_or(false);
+            if !sent {
+                return Err(CallError::WorkerGone { driver: self.name.clone() });
+            }
+        }
+        let mut rx = rx;
+        match wait_briefly(&mut rx) {
+            Ok(v) => return Ok(v),
+            Err(oneshot::error::TryRecvError::Closed) => {
+                return Err(CallError::WorkerGone { driver: self.name.clone() });
+            }
+            Err(oneshot::error::TryRecvError::Empty) => {}
+        }
+        match tokio::time::timeout(self.timeout, rx).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(_)) => Err(CallError::WorkerGone { driver: self.name.clone() }),
+            Err(_) => {
+                if let Ok(mut b) = local.busy.lock()
+                    && b.call.is_some()
+                {
+                    b.hung = true;
+                }
+                self.changed.notify_one();
+                Err(CallError::Timeout { driver: self.name.clone(), call, timeout: self.timeout })
+            }
+        }
+    }
+
+    /// The error of a call refused because create has not succeeded yet.
+    fn not_created(&self, r: &CreateRetry) -> CallError {
+        let next = r.next_attempt.saturating_duration_since(Instant::now()).as_secs_f32();
+        CallError::Unavailable {
+            driver: self.name.clone(),
+            reason: format!(
+                "create has not succeeded yet ({} failed attempt(s), next in {next:.1} s): {}",
+                r.attempts, r.last_error
+            ),
+        }
+    }
+
+    /// The call the worker has been stuck in past its deadline, if any.
+    pub fn hung(&self) -> Option<(&'static str, Duration)> {
+        let local = match &self.backend {
+            Backend::InProcess(l) => l,
+            Backend::Process(w) => return w.hung(),
+        };
+        let b = local.busy.lock().unwrap_or_else(|p| p.into_inner());
+        match (b.hung, b.call) {
+            (true, Some((call, since))) => Some((call, since.elapsed())),
+            _ => None,
+        }
+    }
+
+    /// Whether the instance cannot serve calls: broken by a panic (in
+    /// process), or its worker process is down and restarting (isolated).
+    /// Whether the driver runs in a worker process (`isolation = "process"`).
+    pub fn isolated(&self) -> bool {
+        matches!(self.backend, Backend::Process(_))
+    }
+
+    pub fn poisoned(&self) -> bool {
+        match &self.backend {
+            Backend::InProcess(l) => l.poisoned.load(Ordering::Acquire),
+            Backend::Process(w) => w.down(),
+        }
+    }
+
+    /// Logs emission problems and turns a status into a result.
+    fn check(&self, call: &'static str, status: abi::devhost_status, state: CallState) -> Result<CallState, CallError> {
+        // A rescan repeats the same problems: log them when they change.
+        let repeated = call == "scan" && {
+            let mut last = self.last_scan_problems.lock().unwrap_or_else(|p| p.into_inner());
+            let same = *last == state.problems;
+            if !same {
+                last.clone_from(&state.problems);
+            }
+            same
+        };
+        if !repeated {
+            for p in &state.problems {
+                tracing::warn!(driver = %self.name, call, "driver emitted bad data: {p}");
+            }
+        }
+        if status == abi::DEVHOST_OK {
+            return Ok(state);
+        }
+        if status == abi::DEVHOST_ERR_PANIC {
+            match &self.backend {
+                Backend::InProcess(l) => l.poisoned.store(true, Ordering::Release),
+                // A fresh process has none of the broken state: restart it.
+                Backend::Process(w) => w.restart(format!("the driver panicked in {call}")),
+            }
+            self.changed.notify_one();
+        }
+        Err(status_error(&self.name, call, status, state))
+    }
+
+    pub async fn scan(&self) -> Result<ScanOutput, CallError> {
+        let (status, state) = match &self.backend {
+            Backend::Process(w) => w.call("scan", Request::Scan).await?,
+            Backend::InProcess(local) => {
+                let scan = local.module.desc.scan;
+                self.run("scan", move |inst, _| {
+                    let ctx = CallCtx::new(CallKind::Scan);
+                    let _scanning = callbacks::ScanGuard::enter();
+                    let status = match scan {
+                        // SAFETY: live instance on its worker thread; ctx outlives the call.
+                        Some(f) => unsafe { f(inst, ctx.as_raw()) },
+                        None => abi::DEVHOST_ERR_INTERNAL,
+                    };
+                    (status, ctx.into_state())
+                })
+                .await?
+            }
+        };
+        let state = self.check("scan", status, state)?;
+        Ok(ScanOutput { devices: state.devices, problems: state.problems })
+    }
+
+    pub async fn watch_start(&self) -> Result<(), CallError> {
+        if !self.module.watch {
+            return Ok(());
+        }
+        if self.create_retry().is_some() {
+            // Started once create succeeds (by the retry, or the new worker).
+            self.watch_wanted.store(true, Ordering::Release);
+            if let Backend::Process(w) = &self.backend {
+                w.watching();
+            }
+            return Ok(());
+        }
+        let (status, state) = match &self.backend {
+            Backend::Process(w) => {
+                w.watching();
+                w.call("watch_start", Request::WatchStart).await?
+            }
+            Backend::InProcess(local) => {
+                let Some(f) = local.module.watch_start() else { return Ok(()) };
+                self.run("watch_start", move |inst, _| {
+                    let ctx = CallCtx::new(CallKind::Watch);
+                    // SAFETY: live instance on its worker thread.
+                    let status = unsafe { f(inst, ctx.as_raw()) };
+                    (status, ctx.into_state())
+                })
+                .await?
+            }
+        };
+        self.check("watch_start", status, state).map(drop)
+    }
+
+    /// The driver's allocate hook for one container, if it has one.
+    pub async fn allocate(&self, ids: Vec<String>) -> Result<Option<Edits>, CallError> {
+        if !self.module.allocate {
+            return Ok(None);
+        }
+        let (status, state) = match &self.backend {
+            Backend::Process(w) => w.call("allocate", Request::Allocate { ids }).await?,
+            Backend::InProcess(local) => {
+                let Some(f) = local.module.allocate() else { return Ok(None) };
+                self.run("allocate", move |inst, _| {
+                    let views = str_views(&ids);
+                    let ctx = CallCtx::new(CallKind::Allocate);
+                    // SAFETY: views borrow `ids`, alive for the call.
+                    let status = unsafe { f(inst, views.as_ptr(), views.len(), ctx.as_raw()) };
+                    (status, ctx.into_state())
+                })
+                .await?
+            }
+        };
+        Ok(Some(self.check("allocate", status, state)?.edits))
+    }
+
+    pub async fn preferred(
+        &self,
+        available: Vec<String>,
+        must: Vec<String>,
+        size: u32,
+    ) -> Result<Option<Vec<String>>, CallError> {
+        if !self.module.preferred_allocation {
+            return Ok(None);
+        }
+        let (status, state) = match &self.backend {
+            Backend::Process(w) => w.call("preferred_allocation", Request::Preferred { available, must, size }).await?,
+            Backend::InProcess(local) => {
+                let Some(f) = local.module.preferred_allocation() else { return Ok(None) };
+                self.run("preferred_allocation", move |inst, _| {
+                    let (a, m) = (str_views(&available), str_views(&must));
+                    let ctx = CallCtx::new(CallKind::Preferred);
+                    // SAFETY: views borrow the vectors, alive for the call.
+                    let status = unsafe { f(inst, a.as_ptr(), a.len(), m.as_ptr(), m.len(), size, ctx.as_raw()) };
+                    (status, ctx.into_state())
+                })
+                .await?
+            }
+        };
+        Ok(Some(self.check("preferred_allocation", status, state)?.preferred))
+    }
+
+    pub async fn pre_start(&self, ids: Vec<String>) -> Result<(), CallError> {
+        if !self.module.pre_start {
+            return Ok(());
+        }
+        let (status, state) = match &self.backend {
+            Backend::Process(w) => w.call("pre_start", Request::PreStart { ids }).await?,
+            Backend::InProcess(local) => {
+                let Some(f) = local.module.pre_start() else { return Ok(()) };
+                self.run("pre_start", move |inst, _| {
+                    let views = str_views(&ids);
+                    let ctx = CallCtx::new(CallKind::PreStart);
+                    // SAFETY: views borrow `ids`, alive for the call.
+                    let status = unsafe { f(inst, views.as_ptr(), views.len(), ctx.as_raw()) };
+                    (status, ctx.into_state())
+                })
+                .await?
+            }
+        };
+        self.check("pre_start", status, state).map(drop)
+    }
+
+    /// The driver's release hook (ABI 1.1) for the devices one container let
+    /// go of. `Ok(false)`: the driver has no hook, nothing was called.
+    pub async fn release(&self, ids: Vec<String>) -> Result<bool, CallError> {
+        if !self.module.release {
+            return Ok(false);
+        }
+        let (status, state) = match &self.backend {
+            Backend::Process(w) => w.call("release", Request::Release { ids }).await?,
+            Backend::InProcess(local) => {
+                let Some(f) = local.module.release() else { return Ok(false) };
+                self.run("release", move |inst, _| {
+                    let views = str_views(&ids);
+                    let ctx = CallCtx::new(CallKind::Release);
+                    // SAFETY: views borrow `ids`, alive for the call.
+                    let status = unsafe { f(inst, views.as_ptr(), views.len(), ctx.as_raw()) };
+                    (status, ctx.into_state())
+                })
+                .await?
+            }
+        };
+        self.check("release", status, state).map(|_| true)
+    }
+
+    /// Stops the worker: watch_stop and destroy run on it after queued calls.
+    /// A hung worker keeps its thread; the module is never unloaded anyway.
+    /// An isolated worker gets the same order and is killed if it does not
+    /// exit within the call deadline.
+    pub fn shutdown(&self) {
+        match &self.backend {
+            Backend::InProcess(local) => {
+                if let Ok(mut jobs) = local.jobs.lock() {
+                    jobs.take();
+                }
+            }
+            Backend::Process(w) => w.stop(),
+        }
+    }
+}
+
+/// Calls an in-process driver's create again, with the capped backoff of
+/// worker restarts, until it succeeds, the instance is stopped or dropped,
+/// or the driver panics (then it stays disabled until a reload).
+async fn retry_create(
+    weak: std::sync::Weak<Instance>,
+    module: Module,
+    opts: Vec<(String, String)>,
+    ptr: Arc<AtomicPtr<c_void>>,
+    mut backoff: Duration,
+) {
+    use crate::driver::isolation::supervisor::BACKOFF_MAX;
+    loop {
+        tokio::time::sleep(backoff).await;
+        let Some(inst) = weak.upgrade() else { return };
+        match inst.create_once(module, opts.clone(), ptr.clone()).await {
+            Ok(()) => {
+                let attempts = inst.create_retry().map_or(0, |r| r.attempts);
+                *inst.creating.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                tracing::info!(driver = %inst.name, attempts, "driver {}: create succeeded after {attempts} failed attempt(s)", inst.name);
+                if inst.watch_wanted.load(Ordering::Acquire)
+                    && let Err(e) = inst.watch_start().await
+                {
+                    tracing::error!(driver = %inst.name, "watch_start failed; relying on rescans: {e}");
+                }
+                inst.changed.notify_one();
+                return;
+            }
+            Err(CallError::WorkerGone { .. }) => return,
+            Err(e) if inst.poisoned() => {
+                *inst.creating.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                tracing::error!(driver = %inst.name, "driver {}: create panicked; no more attempts until a reload: {e}", inst.name);
+                inst.changed.notify_one();
+                return;
+            }
+            Err(e) => {
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+                inst.note_failed_create(&e, backoff);
+            }
+        }
+    }
+}
+
+/// How long a caller waits for a driver call's answer on its own thread
+/// before it parks its task. Most hooks answer within a few microseconds:
+/// catching the answer here saves the driver thread waking the runtime and
+/// the runtime's thread parking and unparking (a cross-thread wake-up that
+/// costs tens of microseconds on a loaded machine), at the price of at most
+/// this much busy time on a runtime thread for a slow call.
+const ANSWER_SPIN: Duration = Duration::from_micros(50);
+
+/// The answer, if the driver thread sends it within [`ANSWER_SPIN`]. The
+/// caller yields its CPU between looks: the woken driver thread often
+/// waits for exactly this CPU, and a yield lets it run at once.
+fn wait_briefly<T>(rx: &mut oneshot::Receiver<T>) -> Result<T, oneshot::error::TryRecvError> {
+    let start = Instant::now();
+    loop {
+        match rx.try_recv() {
+            Err(oneshot::error::TryRecvError::Empty) if start.elapsed() < ANSWER_SPIN => std::thread::yield_now(),
+            done => return done,
+        }
+    }
+}
+
+thread_local! {
+    static WORKER_API: std::cell::Cell<*const abi::devhost_host_api> = const { std::cell::Cell::new(std::ptr::null()) };
+}
+
+fn worker_api() -> *const abi::devhost_host_api {
+    WORKER_API.with(|c| c.get())
+}

@@ -1,0 +1,241 @@
+//! One worker process's channel: the calls waiting for their replies, and
+//! the task that reads the worker's frames. The reader runs on the async
+//! runtime, so a reply wakes the waiting call directly from the runtime's
+//! poller, with no thread in between: that hop is most of what isolation
+//! would otherwise add to an Allocate.
+
+use super::protocol::{self, Message, Request};
+use super::supervisor::{Event, Outcome, Shared, emit_log, lock};
+use crate::driver::instance::CallError;
+use std::collections::HashMap;
+use std::io::{self, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use tokio::io::unix::AsyncFd;
+
+pub(super) struct Conn {
+    pub(super) generation: u64,
+    pub(super) pid: u32,
+    /// Requests are written whole, under the lock, by whichever thread calls.
+    out: Mutex<UnixStream>,
+    calls: Mutex<Calls>,
+}
+
+#[derive(Default)]
+struct Calls {
+    closed: Option<String>,
+    next_id: u32,
+    pending: HashMap<u32, Pending>,
+    /// The call that missed its deadline and has not come back yet.
+    stuck: Option<(u32, &'static str, Instant)>,
+}
+
+struct Pending {
+    call: &'static str,
+    done: Box<dyn FnOnce(Outcome) + Send>,
+}
+
+impl Conn {
+    pub(super) fn new(generation: u64, pid: u32, out: UnixStream) -> Conn {
+        Conn { generation, pid, out: Mutex::new(out), calls: Mutex::new(Calls::default()) }
+    }
+
+    /// Registers `done` for the reply, then writes the request.
+    pub(super) fn send(
+        &self,
+        shared: &Shared,
+        call: &'static str,
+        req: &Request,
+        done: Box<dyn FnOnce(Outcome) + Send>,
+    ) -> Result<u32, CallError> {
+        let id = {
+            let mut calls = lock(&self.calls);
+            if let Some(reason) = &calls.closed {
+                return Err(shared.unavailable(reason.clone()));
+            }
+            calls.next_id = calls.next_id.wrapping_add(1).max(1);
+            let id = calls.next_id;
+            calls.pending.insert(id, Pending { call, done });
+            id
+        };
+        let frame = protocol::request(id, req);
+        if let Err(e) = lock(&self.out).write_all(&frame) {
+            lock(&self.calls).pending.remove(&id);
+            // A partial frame may be in the channel: this worker is done for.
+            shared.event(Event::Kill(self.generation, format!("cannot send {call} to it: {e}")));
+            return Err(shared.unavailable(format!("cannot send {call} to its worker process: {e}")));
+        }
+        Ok(id)
+    }
+
+    /// A call of ours whose deadline passed: refuse others until it returns.
+    pub(super) fn mark_stuck(&self, id: u32, call: &'static str) {
+        let mut calls = lock(&self.calls);
+        if calls.pending.contains_key(&id) && calls.stuck.is_none() {
+            calls.stuck = Some((id, call, Instant::now()));
+        }
+    }
+
+    pub(super) fn stuck(&self) -> Option<(&'static str, Instant)> {
+        lock(&self.calls).stuck.map(|(_, call, since)| (call, since))
+    }
+
+    /// Ends the channel: every waiting call fails with `reason`.
+    pub(super) fn close(&self, shared: &Shared, reason: &str) {
+        let pending: Vec<Pending> = {
+            let mut calls = lock(&self.calls);
+            if calls.closed.is_none() {
+                calls.closed = Some(reason.to_string());
+            }
+            calls.stuck = None;
+            calls.pending.drain().map(|(_, p)| p).collect()
+        };
+        for p in pending {
+            (p.done)(Err(shared.unavailable(format!("{reason} during {}", p.call))));
+        }
+        // Ends the reader too, should the process linger.
+        let _ = lock(&self.out).shutdown(std::net::Shutdown::Both);
+    }
+
+    /// A call from the supervisor thread itself (create, watch_start, shutdown).
+    pub(super) fn call_blocking(&self, shared: &Shared, call: &'static str, req: &Request) -> Outcome {
+        let (tx, rx) = mpsc::channel();
+        self.send(shared, call, req, Box::new(move |o| drop(tx.send(o))))?;
+        match rx.recv_timeout(shared.timeout) {
+            Ok(o) => o,
+            Err(_) => Err(CallError::Timeout { driver: shared.name.clone(), call, timeout: shared.timeout }),
+        }
+    }
+
+    /// Hands a reply to the call waiting for it (none after a missed deadline).
+    fn deliver(&self, shared: &Shared, id: u32, outcome: Outcome) {
+        let (pending, was_stuck) = {
+            let mut calls = lock(&self.calls);
+            let was_stuck = calls.stuck.is_some_and(|(s, _, _)| s == id);
+            if was_stuck {
+                calls.stuck = None;
+            }
+            (calls.pending.remove(&id), was_stuck)
+        };
+        if let Some(p) = pending {
+            (p.done)(outcome);
+        }
+        if was_stuck {
+            // Back from a hang: let the registry re-evaluate health.
+            shared.changed.notify_one();
+        }
+    }
+}
+
+/// Bytes read from the channel, cut into frames.
+#[derive(Default)]
+struct Frames {
+    buf: Vec<u8>,
+    start: usize,
+}
+
+impl Frames {
+    /// The next whole frame body, if one has arrived.
+    fn next(&mut self) -> io::Result<Option<&[u8]>> {
+        let have = &self.buf[self.start..];
+        if have.len() < 4 {
+            return Ok(None);
+        }
+        let len = u32::from_le_bytes([have[0], have[1], have[2], have[3]]) as usize;
+        if len > protocol::MAX_FRAME {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, format!("frame of {len} bytes")));
+        }
+        if have.len() < 4 + len {
+            return Ok(None);
+        }
+        let body = self.start + 4..self.start + 4 + len;
+        self.start = body.end;
+        Ok(Some(&self.buf[body]))
+    }
+
+    /// Drops consumed bytes, then reads what the socket has without blocking.
+    fn fill(&mut self, fd: &OwnedFd) -> io::Result<usize> {
+        self.buf.drain(..self.start);
+        self.start = 0;
+        let mut chunk = [0u8; 64 * 1024];
+        // SAFETY: recv into a local buffer of the given length.
+        let n = unsafe { libc::recv(fd.as_raw_fd(), chunk.as_mut_ptr().cast(), chunk.len(), libc::MSG_DONTWAIT) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let n = n as usize;
+        self.buf.extend_from_slice(&chunk[..n]);
+        Ok(n)
+    }
+
+    fn partial(&self) -> bool {
+        self.buf.len() > self.start
+    }
+}
+
+/// Delivers the worker's frames until its channel ends, then fails what
+/// still waits and tells the supervisor.
+pub(super) async fn read_loop(shared: Arc<Shared>, conn: Arc<Conn>, fd: AsyncFd<OwnedFd>) {
+    let mut frames = Frames::default();
+    let reason = 'read: loop {
+        let mut ready = match fd.readable().await {
+            Ok(r) => r,
+            Err(e) => break format!("its worker process channel failed ({e})"),
+        };
+        match ready.try_io(|fd| frames.fill(fd.get_ref())) {
+            Err(_would_block) => continue,
+            Ok(Ok(0)) if frames.partial() => break "its worker process exited inside a frame".to_string(),
+            Ok(Ok(0)) => break "its worker process exited".to_string(),
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => break format!("its worker process channel failed ({e})"),
+        }
+        loop {
+            let body = match frames.next() {
+                Ok(Some(b)) => b,
+                Ok(None) => break,
+                Err(e) => break 'read format!("its worker process sent a bad frame ({e})"),
+            };
+            match protocol::decode_message(body) {
+                Ok(Message::Reply { id, status, state }) => conn.deliver(&shared, id, Ok((status, state))),
+                Ok(Message::Log { level, message }) => emit_log(&shared.name, level, &message),
+                Ok(Message::Changed) => shared.changed.notify_one(),
+                Ok(Message::Hello { .. } | Message::LoadFailed(_)) => {
+                    break 'read "its worker process greeted twice".to_string();
+                }
+                Err(e) => break 'read format!("its worker process sent a {e}"),
+            }
+        }
+    };
+    shared.down_if_current(conn.generation, &reason);
+    conn.close(&shared, &reason);
+    shared.changed.notify_one();
+    shared.event(Event::Lost(conn.generation));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_are_cut_at_their_length_prefix_across_reads() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let fd = OwnedFd::from(b);
+        let mut f = Frames::default();
+        let (one, two) = (protocol::changed(), protocol::log(3, "hello"));
+        let mut both = one.clone();
+        both.extend_from_slice(&two);
+        (&a).write_all(&both[..6]).unwrap();
+        assert_eq!(f.fill(&fd).unwrap(), 6);
+        assert!(f.next().unwrap().is_none(), "5 of 9 bytes of the first frame are not a frame");
+        (&a).write_all(&both[6..]).unwrap();
+        f.fill(&fd).unwrap();
+        assert_eq!(f.next().unwrap().unwrap(), &one[4..]);
+        assert_eq!(f.next().unwrap().unwrap(), &two[4..]);
+        assert!(f.next().unwrap().is_none() && !f.partial());
+        drop(a);
+        assert_eq!(f.fill(&fd).unwrap(), 0, "end of stream");
+    }
+}

@@ -1,0 +1,184 @@
+//! Least privilege for a worker process. Between `fork` and `exec` the child
+//! asks for SIGKILL when the host thread that started it dies; once the
+//! worker binary runs, and before any driver code is mapped, it checks that
+//! the host is still its parent, closes every inherited descriptor but its
+//! channel, sets `no_new_privs` and drops every capability the manifest does
+//! not list in `keep_capabilities` (effective, permitted, inheritable,
+//! ambient and, when it may, the bounding set). docs/isolation.md has the
+//! operator's version.
+
+use std::io;
+use std::os::fd::RawFd;
+
+use crate::manifest::capabilities::CAPABILITIES;
+#[cfg(test)]
+use crate::manifest::capabilities::capability_number;
+
+fn errno() -> io::Error {
+    io::Error::last_os_error()
+}
+
+fn prctl(option: libc::c_int, arg: libc::c_ulong) -> io::Result<()> {
+    // SAFETY: prctl with integer arguments only; unused ones are zero.
+    match unsafe { libc::prctl(option, arg, 0 as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong) } {
+        -1 => Err(errno()),
+        _ => Ok(()),
+    }
+}
+
+/// In the child between fork and exec: only async-signal-safe calls.
+/// The channel and the module's sealed copy must survive exec, and the
+/// child must not outlive the host.
+pub fn in_child(inherit: &[RawFd]) -> io::Result<()> {
+    prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong)?;
+    for &fd in inherit {
+        // SAFETY: fcntl on a descriptor this child inherited.
+        if unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } == -1 {
+            return Err(errno());
+        }
+    }
+    Ok(())
+}
+
+/// What `harden` did, for the host's log.
+pub struct Hardened {
+    pub kept: Vec<&'static str>,
+    pub bounding_dropped: bool,
+}
+
+/// In the worker, before the module is loaded. `parent` is the host's PID as
+/// the host saw it: if the host died before the death signal was armed, the
+/// worker has been re-parented and must not run on.
+pub fn harden(parent: libc::pid_t, channel: RawFd, module: RawFd, keep: &[u32]) -> Result<Hardened, String> {
+    // SAFETY: getppid has no preconditions.
+    if unsafe { libc::getppid() } != parent {
+        return Err(format!("the host (pid {parent}) exited before the worker started"));
+    }
+    close_other_fds(&[channel, module]);
+    for (fd, what) in [(channel, "the host channel"), (module, "the module copy")] {
+        // SAFETY: fcntl on our own descriptor: a program the driver executes must not inherit it.
+        if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } == -1 {
+            return Err(format!("cannot mark {what} close-on-exec: {}", errno()));
+        }
+    }
+    prctl(libc::PR_SET_NO_NEW_PRIVS, 1).map_err(|e| format!("cannot set no_new_privs: {e}"))?;
+    drop_capabilities(keep)
+}
+
+/// Leaves 0, 1, 2 and `keep` open: descriptors the host opened without
+/// close-on-exec (some C libraries do) are none of the driver's business.
+fn close_other_fds(keep: &[RawFd]) {
+    let mut keep: Vec<RawFd> = keep.iter().copied().filter(|&fd| fd > 2).collect();
+    keep.sort_unstable();
+    keep.dedup();
+    let mut ranges = Vec::new();
+    let mut next = 3;
+    for &fd in &keep {
+        ranges.push((next, fd - 1));
+        next = fd + 1;
+    }
+    ranges.push((next, RawFd::MAX));
+    for (first, last) in ranges.into_iter().filter(|(a, b)| a <= b) {
+        // SAFETY: closes descriptors of this fresh process that nothing in it uses yet.
+        let rc = unsafe { libc::syscall(libc::SYS_close_range, first as libc::c_uint, last as libc::c_uint, 0) };
+        if rc == -1 {
+            // Kernels before 5.9: walk /proc/self/fd instead.
+            let fds: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")
+                .map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect())
+                .unwrap_or_default();
+            for fd in fds.into_iter().filter(|fd| (first..=last).contains(fd)) {
+                // SAFETY: as above; EBADF (the listing's own descriptor) is harmless.
+                unsafe { libc::close(fd) };
+            }
+        }
+    }
+}
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+const CAP_VERSION_3: u32 = 0x2008_0522;
+
+fn last_cap() -> u32 {
+    std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(CAPABILITIES.len() as u32 - 1)
+}
+
+fn drop_capabilities(keep: &[u32]) -> Result<Hardened, String> {
+    let mut bounding_dropped = true;
+    // The bounding set first: dropping from it needs CAP_SETPCAP, which the
+    // next step removes. Without CAP_SETPCAP (a non-root host) it stays, and
+    // no_new_privs already stops exec from regaining anything.
+    for cap in (0..=last_cap()).filter(|c| !keep.contains(c)) {
+        match prctl(libc::PR_CAPBSET_DROP, libc::c_ulong::from(cap)) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+                bounding_dropped = false;
+                break;
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => break,
+            Err(e) => return Err(format!("cannot drop {} from the bounding set: {e}", cap_name(cap))),
+        }
+    }
+    // Older kernels have no ambient set (EINVAL): nothing to clear then.
+    // SAFETY: prctl with integer arguments only.
+    unsafe { libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) };
+    let mut head = CapHeader { version: CAP_VERSION_3, pid: 0 };
+    let mut data = [CapData::default(); 2];
+    // SAFETY: a v3 header and two data slots, as capget(2) requires.
+    if unsafe { libc::syscall(libc::SYS_capget, &mut head, data.as_mut_ptr()) } == -1 {
+        return Err(format!("cannot read the capability sets: {}", errno()));
+    }
+    let mut mask = [0u32; 2];
+    for &cap in keep.iter().filter(|&&c| c < 64) {
+        mask[(cap / 32) as usize] |= 1 << (cap % 32);
+    }
+    let mut kept = Vec::new();
+    for (i, d) in data.iter_mut().enumerate() {
+        d.permitted &= mask[i];
+        d.effective = d.permitted;
+        d.inheritable = 0;
+        for bit in 0..32 {
+            if d.permitted & (1 << bit) != 0 {
+                kept.push(cap_name(i as u32 * 32 + bit));
+            }
+        }
+    }
+    // SAFETY: as for capget; lowering our own sets is always allowed.
+    if unsafe { libc::syscall(libc::SYS_capset, &mut head, data.as_ptr()) } == -1 {
+        return Err(format!("cannot lower the capability sets: {}", errno()));
+    }
+    Ok(Hardened { kept, bounding_dropped })
+}
+
+fn cap_name(cap: u32) -> &'static str {
+    CAPABILITIES.get(cap as usize).copied().unwrap_or("a capability newer than this host")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capability_names_map_to_kernel_numbers() {
+        assert_eq!(capability_number("CAP_CHOWN"), Some(0));
+        assert_eq!(capability_number("CAP_DAC_OVERRIDE"), Some(1));
+        assert_eq!(capability_number("CAP_SYS_ADMIN"), Some(21));
+        assert_eq!(capability_number("CAP_CHECKPOINT_RESTORE"), Some(40));
+        assert_eq!(capability_number("cap_sys_admin"), None);
+        assert_eq!(capability_number("SYS_ADMIN"), None);
+    }
+}

@@ -1,0 +1,599 @@
+//! The host side of an isolated driver: one supervisor thread per instance
+//! starts the worker process, runs `create` (and `watch_start`) in it, and
+//! restarts it with capped exponential backoff when it dies or hangs. When
+//! a worker's channel ends ([`super::conn`]), every call in flight fails with
+//! UNAVAILABLE at once and the instance reports itself broken, so the
+//! registry marks its devices Unhealthy until the restarted worker's scan
+//! says otherwise.
+
+use super::conn::{Conn, read_loop};
+use super::privileges;
+use super::protocol::{self, Message, Request};
+use super::worker::{ENV_FD, ENV_KEEP_CAPS, ENV_MODULE_FD, ENV_PARENT};
+use crate::driver::callbacks::CallState;
+use crate::driver::instance::{CallError, CreateRetry, CreateState, status_error};
+use crate::driver::loader::{Image, ModuleInfo, Source};
+use devhost_abi as abi;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, mpsc};
+use std::time::{Duration, Instant};
+use tokio::io::unix::AsyncFd;
+use tokio::sync::{Notify, oneshot};
+
+/// Restart delays: doubled after each failure, from MIN up to MAX, and back
+/// to MIN once a worker has stayed up for STABLE.
+/// In-process create retries use the same delays.
+pub const BACKOFF_MIN: Duration = Duration::from_millis(100);
+pub const BACKOFF_MAX: Duration = Duration::from_secs(10);
+const STABLE: Duration = Duration::from_secs(30);
+/// Deadlines a worker may miss in a row (or stay stuck for) before it is killed.
+pub const MAX_MISSES: u32 = 3;
+/// How often the supervisor looks at a live worker while a call of it is
+/// stuck (to kill it on time), and while none is (a leaked channel: a
+/// driver's forked child holding it open). A call that misses its deadline
+/// wakes the supervisor at once, so an idle worker costs one wake-up a second.
+const TICK: Duration = Duration::from_millis(100);
+const IDLE_TICK: Duration = Duration::from_secs(1);
+/// A worker that does not read its requests for this long is wedged.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What a worker call gives back: the driver's status and what it emitted.
+pub type Outcome = Result<(abi::devhost_status, CallState), CallError>;
+
+/// How to start one isolated instance.
+pub struct Spec {
+    pub name: String,
+    pub module: PathBuf,
+    pub options: Vec<(String, String)>,
+    pub timeout: Duration,
+    pub keep_caps: Vec<u32>,
+    pub program: PathBuf,
+    /// The module's bytes, checked when they were read: every (re)started
+    /// worker inherits this sealed copy and loads it, so what the file on
+    /// disk becomes meanwhile changes nothing until the next reload.
+    pub image: Image,
+}
+
+pub(super) enum Event {
+    /// The channel of this worker generation ended.
+    Lost(u64),
+    /// Kill this worker generation and restart it, for this reason.
+    Kill(u64, String),
+    /// A call of this worker generation missed its deadline: look closely.
+    Stuck,
+    Stop,
+}
+
+/// The handle an `Instance` holds; dropping it stops the worker.
+pub struct Worker {
+    shared: Arc<Shared>,
+    source: Source,
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+pub(super) struct Shared {
+    pub name: String,
+    pub timeout: Duration,
+    pub changed: Arc<Notify>,
+    /// Where the channel readers run: the runtime that created the instance.
+    runtime: tokio::runtime::Handle,
+    link: Mutex<Link>,
+    events: mpsc::Sender<Event>,
+    /// Deadlines missed in a row, reset by any reply in time.
+    misses: AtomicU32,
+    /// Whether the host started the driver's watch, so a restart does too.
+    watching: AtomicBool,
+    /// Set while no worker's create has succeeded yet and more are tried.
+    creating: CreateState,
+}
+
+enum Link {
+    Up(Arc<Conn>),
+    Down(String),
+    Stopped,
+}
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+static GENERATION: AtomicU64 = AtomicU64::new(1);
+
+impl Shared {
+    pub fn unavailable(&self, reason: impl Into<String>) -> CallError {
+        CallError::Unavailable { driver: self.name.clone(), reason: reason.into() }
+    }
+
+    pub fn event(&self, e: Event) {
+        // The supervisor is gone only once the instance stopped.
+        let _ = self.events.send(e);
+    }
+
+    fn conn(&self) -> Result<Arc<Conn>, CallError> {
+        match &*lock(&self.link) {
+            Link::Up(c) => Ok(c.clone()),
+            Link::Down(reason) => Err(self.unavailable(format!("{reason}; restarting its worker process"))),
+            Link::Stopped => Err(self.unavailable("its worker process is stopped")),
+        }
+    }
+
+    /// Marks generation `generation` down, unless a newer state replaced it.
+    pub fn down_if_current(&self, generation: u64, reason: &str) {
+        let mut cur = lock(&self.link);
+        if matches!(&*cur, Link::Up(c) if c.generation == generation) {
+            *cur = Link::Down(reason.to_string());
+        }
+    }
+
+    fn set_link(&self, link: Link) {
+        let mut cur = lock(&self.link);
+        if !matches!(*cur, Link::Stopped) {
+            *cur = link;
+        }
+    }
+}
+
+pub(super) use crate::driver::callbacks::emit_log;
+
+impl Worker {
+    /// Starts the supervisor thread and waits until the first worker has
+    /// loaded the module and `create` succeeded in it. With `retry`, a
+    /// first worker that loaded the module but failed in create is enough:
+    /// the supervisor keeps starting workers until one's create succeeds.
+    pub async fn start(spec: Spec, changed: Arc<Notify>, retry: bool) -> Result<(Worker, ModuleInfo), CallError> {
+        let (tx, rx) = mpsc::channel();
+        let shared = Arc::new(Shared {
+            name: spec.name.clone(),
+            timeout: spec.timeout,
+            changed,
+            runtime: tokio::runtime::Handle::current(),
+            link: Mutex::new(Link::Down("its worker process is starting".into())),
+            events: tx,
+            misses: AtomicU32::new(0),
+            watching: AtomicBool::new(false),
+            creating: Arc::default(),
+        });
+        let (first_tx, first_rx) = oneshot::channel();
+        let sup = shared.clone();
+        let source = spec.image.source.clone();
+        // The worker's parent-death signal follows this thread, which lives
+        // as long as the instance.
+        std::thread::Builder::new()
+            .name(format!("sup-{}", spec.name))
+            .spawn(move || supervise(sup, spec, rx, first_tx, retry))
+            .map_err(|e| shared.unavailable(format!("cannot start its supervisor thread: {e}")))?;
+        match first_rx.await {
+            Ok(Ok(info)) => Ok((Worker { shared, source }, info)),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(shared.unavailable("its supervisor thread ended")),
+        }
+    }
+
+    /// One driver call in the worker, with the instance's deadline.
+    pub async fn call(&self, call: &'static str, req: Request) -> Outcome {
+        let s = &self.shared;
+        let conn = s.conn()?;
+        if let Some((hung, since)) = conn.stuck() {
+            return Err(CallError::Hung { driver: s.name.clone(), call: hung, secs: since.elapsed().as_secs() });
+        }
+        let (tx, rx) = oneshot::channel();
+        let id = conn.send(s, call, &req, Box::new(move |o| drop(tx.send(o))))?;
+        match tokio::time::timeout(s.timeout, rx).await {
+            Ok(Ok(outcome)) => {
+                s.misses.store(0, Ordering::Relaxed);
+                outcome
+            }
+            Ok(Err(_)) => Err(s.unavailable(format!("its worker process dropped {call}"))),
+            Err(_) => {
+                conn.mark_stuck(id, call);
+                let n = s.misses.fetch_add(1, Ordering::Relaxed) + 1;
+                if n >= MAX_MISSES {
+                    s.event(Event::Kill(conn.generation, format!("missed {n} deadlines in a row (last in {call})")));
+                } else {
+                    s.event(Event::Stuck);
+                }
+                s.changed.notify_one();
+                Err(CallError::Timeout { driver: s.name.clone(), call, timeout: s.timeout })
+            }
+        }
+    }
+
+    /// Remembers that the host wants the driver's watch, for restarts.
+    pub fn watching(&self) {
+        self.shared.watching.store(true, Ordering::Release);
+    }
+
+    /// Kills and restarts the worker (the driver's state cannot be trusted).
+    pub fn restart(&self, reason: String) {
+        if let Ok(conn) = self.shared.conn() {
+            self.shared.event(Event::Kill(conn.generation, reason));
+        }
+    }
+
+    /// The call the worker has been stuck in past its deadline, if any.
+    pub fn hung(&self) -> Option<(&'static str, Duration)> {
+        let conn = self.shared.conn().ok()?;
+        conn.stuck().map(|(call, since)| (call, since.elapsed()))
+    }
+
+    /// True while no worker serves calls (crashed, restarting or stopped).
+    pub fn down(&self) -> bool {
+        self.shared.conn().is_err()
+    }
+
+    /// Whether no worker's create has succeeded yet (and more are tried).
+    pub fn create_retry(&self) -> Option<CreateRetry> {
+        lock(&self.shared.creating).clone()
+    }
+
+    /// The module file the worker's copy was read from.
+    pub fn source(&self) -> &Source {
+        &self.source
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.shared.conn().ok().map(|c| c.pid)
+    }
+
+    /// Stops the worker (watch_stop and destroy in it) without waiting.
+    pub fn stop(&self) {
+        *lock(&self.shared.link) = Link::Stopped;
+        self.shared.event(Event::Stop);
+    }
+}
+
+/// Why a worker generation ended.
+enum End {
+    Lost,
+    Kill(String),
+    Stop,
+}
+
+fn supervise(
+    s: Arc<Shared>,
+    spec: Spec,
+    events: mpsc::Receiver<Event>,
+    first: oneshot::Sender<Result<ModuleInfo, CallError>>,
+    retry: bool,
+) {
+    let mut first = Some(first);
+    let mut backoff = BACKOFF_MIN;
+    loop {
+        let started = Instant::now();
+        match start(&s, &spec) {
+            Ok((mut child, conn, info)) => {
+                s.set_link(Link::Up(conn.clone()));
+                s.misses.store(0, Ordering::Relaxed);
+                let retried = lock(&s.creating).take();
+                match (first.take(), retried) {
+                    (Some(tx), _) => drop(tx.send(Ok(info))),
+                    (None, Some(r)) => {
+                        tracing::info!(driver = %s.name, pid = conn.pid, attempts = r.attempts,
+                            "driver {}: create succeeded after {} failed attempt(s)", s.name, r.attempts);
+                        s.changed.notify_one();
+                    }
+                    (None, None) => {
+                        tracing::info!(driver = %s.name, pid = conn.pid, "worker process restarted");
+                        s.changed.notify_one();
+                    }
+                }
+                let end = watch(&s, &conn, &mut child, &events);
+                if matches!(end, End::Stop) {
+                    let _ = conn.call_blocking(&s, "shutdown", &Request::Shutdown);
+                    wait_exit(&mut child, s.timeout);
+                }
+                let reason = match &end {
+                    End::Kill(why) => format!("its worker process was killed: {why}"),
+                    End::Lost => "its worker process exited".to_string(),
+                    End::Stop => "its worker process stopped".to_string(),
+                };
+                // Unavailable first, so that nothing new is sent to it.
+                s.down_if_current(conn.generation, &reason);
+                conn.close(&s, &reason);
+                let status = reap(&mut child);
+                if matches!(end, End::Stop) {
+                    return;
+                }
+                let reason = format!("{reason} ({status})");
+                tracing::error!(
+                    driver = %s.name, pid = conn.pid,
+                    "driver {}: {reason}; its devices are Unhealthy until it is back (restart in {backoff:?})", s.name
+                );
+                s.set_link(Link::Down(reason));
+                s.changed.notify_one();
+                if started.elapsed() >= STABLE {
+                    backoff = BACKOFF_MIN;
+                }
+            }
+            Err(failed) => {
+                let Failed { child, error: e, info } = *failed;
+                if let Some(mut c) = child {
+                    reap(&mut c);
+                }
+                let creating = lock(&s.creating).is_some();
+                match (first.take(), info) {
+                    (Some(tx), Some(info)) if retry => {
+                        s.set_link(Link::Down(note_failed_create(&s, &e, backoff)));
+                        let _ = tx.send(Ok(info));
+                    }
+                    (Some(tx), _) => {
+                        *lock(&s.link) = Link::Stopped;
+                        let _ = tx.send(Err(e));
+                        return;
+                    }
+                    (None, _) if creating => {
+                        s.set_link(Link::Down(note_failed_create(&s, &e, backoff)));
+                    }
+                    (None, _) => {
+                        // The error names the driver already; say it once.
+                        let text = e.to_string();
+                        let reason = text.strip_prefix(&format!("driver {}: ", s.name)).unwrap_or(&text).to_string();
+                        tracing::error!(driver = %s.name, "driver {}: worker process restart failed, next try in {backoff:?}: {reason}", s.name);
+                        s.set_link(Link::Down(reason));
+                    }
+                }
+            }
+        }
+        if stop_within(&events, backoff) {
+            *lock(&s.link) = Link::Stopped;
+            return;
+        }
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+/// Records a failed first create and when the next worker starts; returns
+/// why calls are refused meanwhile.
+fn note_failed_create(s: &Shared, e: &CallError, backoff: Duration) -> String {
+    // The error names the driver already; say it once.
+    let text = e.to_string();
+    let own = text.strip_prefix(&format!("driver {}: ", s.name)).unwrap_or(&text).to_string();
+    let mut c = lock(&s.creating);
+    let attempts = c.as_ref().map_or(0, |r| r.attempts) + 1;
+    tracing::error!(driver = %s.name, attempts,
+        "driver {}: create failed, its resources have no devices until it succeeds (next attempt in {backoff:?}): {own}", s.name);
+    *c = Some(CreateRetry { attempts, last_error: own.clone(), next_attempt: Instant::now() + backoff });
+    drop(c);
+    s.changed.notify_one();
+    format!("create has not succeeded yet ({attempts} failed attempt(s)): {own}")
+}
+
+/// Waits out a backoff delay; true when asked to stop meanwhile.
+fn stop_within(events: &mpsc::Receiver<Event>, delay: Duration) -> bool {
+    let until = Instant::now() + delay;
+    loop {
+        match events.recv_timeout(until.saturating_duration_since(Instant::now())) {
+            Ok(Event::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => return true,
+            Ok(_) => {} // about a worker already gone
+            Err(mpsc::RecvTimeoutError::Timeout) => return false,
+        }
+    }
+}
+
+/// Watches a live worker until it ends, must be killed, or must stop.
+fn watch(s: &Shared, conn: &Conn, child: &mut Child, events: &mpsc::Receiver<Event>) -> End {
+    loop {
+        let tick = if conn.stuck().is_some() { TICK } else { IDLE_TICK };
+        match events.recv_timeout(tick) {
+            Ok(Event::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => return End::Stop,
+            Ok(Event::Lost(g)) if g == conn.generation => return End::Lost,
+            Ok(Event::Kill(g, why)) if g == conn.generation => return End::Kill(why),
+            Ok(_) | Err(mpsc::RecvTimeoutError::Timeout) => {}
+        }
+        // A driver may have forked a child that holds the channel open.
+        if let Ok(Some(_)) = child.try_wait() {
+            return End::Lost;
+        }
+        if let Some((call, since)) = conn.stuck()
+            && since.elapsed() >= s.timeout * (MAX_MISSES - 1)
+        {
+            // The missed call plus MAX_MISSES - 1 more deadlines.
+            let secs = (since.elapsed() + s.timeout).as_secs_f32();
+            return End::Kill(format!("stuck in {call} for {secs:.1} s ({MAX_MISSES} deadlines of {:?})", s.timeout));
+        }
+    }
+}
+
+fn wait_exit(child: &mut Child, within: Duration) {
+    let until = Instant::now() + within;
+    while Instant::now() < until {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Kills the worker if it still runs, collects it, and says how it ended.
+fn reap(child: &mut Child) -> String {
+    let _ = child.kill();
+    match child.wait() {
+        Err(e) => format!("its status is unknown: {e}"),
+        Ok(st) => match (st.code(), st.signal()) {
+            (Some(code), _) => format!("exit status {code}"),
+            (None, Some(sig)) => {
+                format!("signal {sig} ({}){}", signal_name(sig), if st.core_dumped() { ", core dumped" } else { "" })
+            }
+            _ => st.to_string(),
+        },
+    }
+}
+
+fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGILL => "SIGILL",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGTRAP => "SIGTRAP",
+        _ => "signal",
+    }
+}
+
+type Started = (Child, Arc<Conn>, ModuleInfo);
+
+/// A worker that did not come up: its process (if one started), why, and
+/// what the module declared when it got as far as loading it.
+struct Failed {
+    child: Option<Child>,
+    error: CallError,
+    info: Option<ModuleInfo>,
+}
+
+/// Spawns a worker, reads its greeting, and runs create (and watch_start).
+fn start(s: &Arc<Shared>, spec: &Spec) -> Result<Started, Box<Failed>> {
+    let fail = |e: String| Box::new(Failed { child: None, error: s.unavailable(e), info: None });
+    let (host_end, worker_end) = UnixStream::pair().map_err(|e| fail(format!("cannot create a socket pair: {e}")))?;
+    let fd = worker_end.as_raw_fd();
+    let module_fd = spec.image.fd();
+    let keep: Vec<String> = spec.keep_caps.iter().map(u32::to_string).collect();
+    let mut cmd = Command::new(&spec.program);
+    // `ps` shows the binary's name rather than /proc/self/exe.
+    if spec.program == std::path::Path::new(super::SELF_EXE)
+        && let Ok(exe) = std::env::current_exe()
+    {
+        cmd.arg0(exe);
+    }
+    cmd.arg(super::WORKER_ARG)
+        .arg(&spec.name)
+        .arg(&spec.module)
+        .env(ENV_FD, fd.to_string())
+        .env(ENV_MODULE_FD, module_fd.to_string())
+        .env(ENV_PARENT, std::process::id().to_string())
+        .env(ENV_KEEP_CAPS, keep.join(","))
+        .stdin(Stdio::null())
+        // A terminal's Ctrl-C is for the host, which stops its workers in
+        // order; the parent-death signal covers the host's own death.
+        .process_group(0);
+    // SAFETY: in_child makes only async-signal-safe calls (prctl, fcntl).
+    unsafe { cmd.pre_exec(move || privileges::in_child(&[fd, module_fd])) };
+    let mut child =
+        cmd.spawn().map_err(|e| fail(format!("cannot start its worker process {}: {e}", spec.program.display())))?;
+    // Ours must go, or the channel would never report the worker's end.
+    drop(worker_end);
+    let generation = GENERATION.fetch_add(1, Ordering::Relaxed);
+    let mut info = None;
+    let result = greet(s, spec, &host_end, generation, child.id(), &mut info);
+    match result {
+        Ok(conn) => match info {
+            Some(info) => Ok((child, conn, info)),
+            None => Err(Box::new(Failed {
+                child: Some(child),
+                error: s.unavailable("worker sent no greeting"),
+                info: None,
+            })),
+        },
+        // A worker that died on its own (in create, say) says how, as a
+        // crash after start-up does; one the host gives up on is killed.
+        Err(CallError::Unavailable { driver, reason }) if own_exit(&mut child).is_some() => {
+            let status = reap(&mut child);
+            let error = CallError::Unavailable { driver, reason: format!("{reason} ({status})") };
+            Err(Box::new(Failed { child: None, error, info }))
+        }
+        Err(error) => {
+            let _ = child.kill();
+            Err(Box::new(Failed { child: Some(child), error, info }))
+        }
+    }
+}
+
+/// Whether the worker ended by itself, waiting briefly: its end of the
+/// channel closes a moment before the kernel reports the exit.
+fn own_exit(child: &mut Child) -> Option<std::process::ExitStatus> {
+    let until = Instant::now() + Duration::from_millis(500);
+    loop {
+        match child.try_wait() {
+            Ok(Some(st)) => return Some(st),
+            Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(5)),
+            _ => return None,
+        }
+    }
+}
+
+fn greet(
+    s: &Arc<Shared>,
+    spec: &Spec,
+    stream: &UnixStream,
+    generation: u64,
+    pid: u32,
+    greeted: &mut Option<ModuleInfo>,
+) -> Result<Arc<Conn>, CallError> {
+    let io = |what: &str, e: std::io::Error| s.unavailable(format!("worker process (pid {pid}): {what}: {e}"));
+    stream.set_read_timeout(Some(spec.timeout)).map_err(|e| io("set_read_timeout", e))?;
+    stream.set_write_timeout(Some(WRITE_TIMEOUT)).map_err(|e| io("set_write_timeout", e))?;
+    let mut reader = stream.try_clone().map_err(|e| io("clone the channel", e))?;
+    let info = loop {
+        let body = match protocol::read_frame(&mut reader) {
+            Ok(Some(b)) => b,
+            Ok(None) => {
+                return Err(s.unavailable(format!("worker process (pid {pid}) exited before loading the module")));
+            }
+            Err(e) => return Err(io("waiting for its greeting", e)),
+        };
+        match protocol::decode_message(&body) {
+            Ok(Message::Hello { version, info }) if version == protocol::VERSION => break info,
+            Ok(Message::Hello { version, .. }) => {
+                return Err(s.unavailable(format!(
+                    "worker program {} speaks protocol {version}, this host {}",
+                    spec.program.display(),
+                    protocol::VERSION
+                )));
+            }
+            // The loader's own message, as in-process loading reports it.
+            Ok(Message::LoadFailed(msg)) => return Err(s.unavailable(msg)),
+            Ok(Message::Log { level, message }) => emit_log(&s.name, level, &message),
+            Ok(_) => return Err(s.unavailable(format!("worker process (pid {pid}) sent a frame before its greeting"))),
+            Err(e) => return Err(s.unavailable(format!("worker process (pid {pid}) sent a {e}"))),
+        }
+    };
+    let watch = info.watch;
+    *greeted = Some(info);
+    stream.set_read_timeout(None).map_err(|e| io("set_read_timeout", e))?;
+    let out = stream.try_clone().map_err(|e| io("clone the channel", e))?;
+    let conn = Arc::new(Conn::new(generation, pid, out));
+    // The reader polls without blocking (recv with MSG_DONTWAIT), so the
+    // descriptor the writers share stays blocking.
+    let fd = {
+        let _runtime = s.runtime.enter();
+        let fd = OwnedFd::from(reader);
+        // SAFETY: the AsyncFd owns this descriptor until it is dropped.
+        unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
+            .map_err(|e| io("register the channel", e.into()))?
+    };
+    s.runtime.spawn(read_loop(s.clone(), conn.clone(), fd));
+    let (status, state) = conn.call_blocking(s, "create", &Request::Create { options: spec.options.clone() })?;
+    log_problems(&s.name, "create", &state);
+    if status != abi::DEVHOST_OK {
+        return Err(status_error(&s.name, "create", status, state));
+    }
+    if watch && s.watching.load(Ordering::Acquire) {
+        match conn.call_blocking(s, "watch_start", &Request::WatchStart) {
+            Ok((abi::DEVHOST_OK, _)) => {}
+            Ok((status, state)) => {
+                let e = status_error(&s.name, "watch_start", status, state);
+                tracing::error!(driver = %s.name, "watch_start failed after the restart; relying on rescans: {e}");
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(conn)
+}
+
+fn log_problems(driver: &str, call: &str, state: &CallState) {
+    for p in &state.problems {
+        tracing::warn!(driver, call, "driver emitted bad data: {p}");
+    }
+}

@@ -1,0 +1,227 @@
+//! The worker process of an isolated driver (`devhost __driver-worker NAME
+//! MODULE`). It lowers its privileges, loads the sealed copy of the module
+//! the host checked (an inherited memfd; MODULE only names it), then serves the
+//! host's requests one at a time on its main thread, as the in-process
+//! worker thread does, through the same callbacks. It has no async runtime
+//! and no logger: driver log lines and change notifications travel to the
+//! host as frames.
+
+use super::privileges;
+use super::protocol::{self, Request};
+use crate::driver::callbacks::{self, CallCtx, CallKind, CallState};
+use crate::driver::loader::{self, Module};
+use devhost_abi as abi;
+use std::ffi::c_void;
+use std::io::{BufReader, Write};
+use std::os::fd::{FromRawFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::time::Duration;
+
+pub const ENV_FD: &str = "DEVHOST_WORKER_FD";
+pub const ENV_PARENT: &str = "DEVHOST_WORKER_PARENT";
+pub const ENV_KEEP_CAPS: &str = "DEVHOST_WORKER_KEEP_CAPS";
+/// The sealed copy of the module's bytes the host checked (a memfd).
+pub const ENV_MODULE_FD: &str = "DEVHOST_WORKER_MODULE_FD";
+
+/// A host that stops reading for this long is wedged; the worker gives up.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The channel's sending half, shared by the main thread's replies and the
+/// driver's own threads (log, devices_changed). Frames are written whole
+/// under the lock so they never interleave.
+struct Outbox(Mutex<UnixStream>);
+
+impl Outbox {
+    fn send(&self, frame: &[u8]) {
+        let mut out = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if out.write_all(frame).is_err() {
+            // The host is gone or wedged, and a partial frame cannot be
+            // taken back: leave at once (no atexit handlers: driver threads
+            // are still running).
+            // SAFETY: _exit ends the process; nothing after it runs.
+            unsafe { libc::_exit(3) };
+        }
+    }
+}
+
+fn env(name: &str) -> Result<String, String> {
+    std::env::var(name).map_err(|_| format!("{name} is not set: this mode is started by devhost itself"))
+}
+
+/// Entry point of the worker mode.
+pub fn main(name: &str, module: &Path) -> ExitCode {
+    match run(name, module) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("devhost worker for driver {name}: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(name: &str, path: &Path) -> Result<(), String> {
+    let fd: RawFd = env(ENV_FD)?.parse().map_err(|_| format!("{ENV_FD} is not a descriptor number"))?;
+    let parent: libc::pid_t = env(ENV_PARENT)?.parse().map_err(|_| format!("{ENV_PARENT} is not a PID"))?;
+    let keep: Vec<u32> = env(ENV_KEEP_CAPS)?
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse().map_err(|_| format!("{ENV_KEEP_CAPS}: {s:?} is not a capability number")))
+        .collect::<Result<_, _>>()?;
+    let module_fd: RawFd =
+        env(ENV_MODULE_FD)?.parse().map_err(|_| format!("{ENV_MODULE_FD} is not a descriptor number"))?;
+    let hardened = privileges::harden(parent, fd, module_fd, &keep)?;
+    // SAFETY: the host passed this descriptor for our exclusive use, and
+    // harden left it open.
+    let stream = unsafe { UnixStream::from_raw_fd(fd) };
+    let reader = stream.try_clone().map_err(|e| format!("cannot clone the host channel: {e}"))?;
+    stream.set_write_timeout(Some(WRITE_TIMEOUT)).map_err(|e| format!("cannot set a write timeout: {e}"))?;
+    // Leaked: driver threads may log until the process exits.
+    let outbox: &'static Outbox = Box::leak(Box::new(Outbox(Mutex::new(stream))));
+    outbox.send(&protocol::log(
+        abi::DEVHOST_LOG_DEBUG,
+        &format!(
+            "worker pid {} started: no_new_privs set, capabilities kept: {}, bounding set {}",
+            std::process::id(),
+            if hardened.kept.is_empty() { "none".to_string() } else { hardened.kept.join(",") },
+            if hardened.bounding_dropped { "reduced" } else { "unchanged (no CAP_SETPCAP)" },
+        ),
+    ));
+    // The host read and checked the file; this copy is what it checked.
+    let source: &'static loader::Source = Box::leak(Box::new(loader::Source::inherited(path)));
+    let module = match loader::load_fd(module_fd, path, source) {
+        Ok(m) => m,
+        Err(e) => {
+            outbox.send(&protocol::load_failed(&e.to_string()));
+            return Ok(());
+        }
+    };
+    outbox.send(&protocol::hello(&module.info()));
+    serve(name, module, outbox, BufReader::new(reader))
+}
+
+/// Host API callbacks of the worker: everything else is the in-process set.
+unsafe extern "C" fn log(host_ctx: *mut c_void, level: abi::devhost_log_level, message: abi::devhost_str) {
+    let _ = std::panic::catch_unwind(|| {
+        if host_ctx.is_null() {
+            return;
+        }
+        // SAFETY: host_ctx is the leaked Outbox handed to this instance.
+        let outbox = unsafe { &*(host_ctx as *const Outbox) };
+        // SAFETY: borrowed for the callback.
+        let bytes = unsafe { message.as_bytes() }.unwrap_or(b"(NULL message)");
+        outbox.send(&protocol::log(level, &String::from_utf8_lossy(bytes)));
+    });
+}
+
+unsafe extern "C" fn devices_changed(host_ctx: *mut c_void) {
+    let _ = std::panic::catch_unwind(|| {
+        // From inside scan it would only ask for the scan that is running.
+        if host_ctx.is_null() || crate::driver::callbacks::IN_SCAN.with(std::cell::Cell::get) {
+            return;
+        }
+        // SAFETY: as in `log`.
+        let outbox = unsafe { &*(host_ctx as *const Outbox) };
+        outbox.send(&protocol::changed());
+    });
+}
+
+fn str_views(ids: &[String]) -> Vec<abi::devhost_str> {
+    ids.iter().map(|s| abi::devhost_str::from_str(s)).collect()
+}
+
+fn refuse(message: String) -> (abi::devhost_status, CallState) {
+    let mut st = CallState::default();
+    st.error = Some(message);
+    (abi::DEVHOST_ERR_INTERNAL, st)
+}
+
+fn serve(name: &str, module: Module, outbox: &'static Outbox, mut input: BufReader<UnixStream>) -> Result<(), String> {
+    let mut api = callbacks::host_api((outbox as *const Outbox).cast_mut().cast());
+    api.log = Some(log);
+    api.devices_changed = Some(devices_changed);
+    // Leaked: the driver keeps the pointer until destroy, and the process ends soon after.
+    let api: &'static abi::devhost_host_api = Box::leak(Box::new(api));
+    let inst = AtomicPtr::new(std::ptr::null_mut::<c_void>());
+    loop {
+        let body = match protocol::read_frame(&mut input) {
+            Ok(Some(b)) => b,
+            // The host closed the channel: it is stopping or restarting us.
+            Ok(None) => return Ok(()),
+            Err(e) => return Err(format!("reading from the host: {e}")),
+        };
+        let (id, req) = protocol::decode_request(&body).map_err(|e| format!("from the host: {e}"))?;
+        let shutdown = req == Request::Shutdown;
+        let (status, state) = call(name, &module, api, &inst, req);
+        outbox.send(&protocol::reply(id, status, &state));
+        if shutdown {
+            return Ok(());
+        }
+    }
+}
+
+/// Runs one request against the driver, exactly as the in-process worker does.
+fn call(
+    name: &str,
+    module: &Module,
+    api: &'static abi::devhost_host_api,
+    inst: &AtomicPtr<c_void>,
+    req: Request,
+) -> (abi::devhost_status, CallState) {
+    let me = inst.load(Ordering::Acquire);
+    if me.is_null() && !matches!(req, Request::Create { .. } | Request::Shutdown) {
+        return refuse(format!("driver {name}: no instance (create has not succeeded)"));
+    }
+    let missing = |hook: &str| refuse(format!("module {} has no {hook} hook", module.name));
+    let ids_call = |f: Option<abi::IdsFn>, kind: CallKind, ids: Vec<String>, hook: &str| {
+        let Some(f) = f else { return missing(hook) };
+        let views = str_views(&ids);
+        let ctx = CallCtx::new(kind);
+        // SAFETY: live instance; views borrow `ids`, alive for the call.
+        let status = unsafe { f(me, views.as_ptr(), views.len(), ctx.as_raw()) };
+        (status, ctx.into_state())
+    };
+    match req {
+        Request::Create { options } => {
+            if !me.is_null() {
+                return refuse(format!("driver {name}: create called twice"));
+            }
+            // SAFETY: the API table is leaked, so it outlives the instance.
+            let (status, st, out) = unsafe { module.create_instance(api, &options) };
+            inst.store(out, Ordering::Release);
+            (status, st)
+        }
+        Request::WatchStart | Request::Scan => {
+            let (f, kind, hook) = match req {
+                Request::Scan => (module.desc.scan, CallKind::Scan, "scan"),
+                _ => (module.watch_start(), CallKind::Watch, "watch_start"),
+            };
+            let Some(f) = f else { return missing(hook) };
+            let ctx = CallCtx::new(kind);
+            let _scanning = (kind == CallKind::Scan).then(crate::driver::callbacks::ScanGuard::enter);
+            // SAFETY: live instance on the thread that serves every call.
+            let status = unsafe { f(me, ctx.as_raw()) };
+            (status, ctx.into_state())
+        }
+        Request::Allocate { ids } => ids_call(module.allocate(), CallKind::Allocate, ids, "allocate"),
+        Request::PreStart { ids } => ids_call(module.pre_start(), CallKind::PreStart, ids, "pre_start"),
+        Request::Release { ids } => ids_call(module.release(), CallKind::Release, ids, "release"),
+        Request::Preferred { available, must, size } => {
+            let Some(f) = module.preferred_allocation() else { return missing("preferred_allocation") };
+            let (a, m) = (str_views(&available), str_views(&must));
+            let ctx = CallCtx::new(CallKind::Preferred);
+            // SAFETY: views borrow the vectors, alive for the call.
+            let status = unsafe { f(me, a.as_ptr(), a.len(), m.as_ptr(), m.len(), size, ctx.as_raw()) };
+            (status, ctx.into_state())
+        }
+        Request::Shutdown => {
+            let me = inst.swap(std::ptr::null_mut(), Ordering::AcqRel);
+            // SAFETY: the instance came from create and no other call runs now.
+            unsafe { module.teardown(me) };
+            (abi::DEVHOST_OK, CallState::default())
+        }
+    }
+}

@@ -1,0 +1,340 @@
+//! CDI (Container Device Interface) spec files: with `cdi_dir` set, the host keeps one spec per
+//! resource in that folder, in step with the resource's devices, so a CDI-aware runtime can
+//! inject a device by its fully-qualified name `<vendor>/<class>=<device>`. A resource with
+//! `device_list_strategy = "cdi"` then answers Allocate with those names instead of raw edits.
+//!
+//! Mapping, fixed here and documented in docs/features.md:
+//! - kind = the resource name (`nvidia.com/gpu`), which must also pass CDI's kind rules;
+//! - device name = the device ID when it is a valid CDI name, else a sanitised form plus a hash;
+//! - file = `devhost-<vendor>_<class>.json`, the socket's naming scheme;
+//! - each entry holds the device's nodes, mounts and env, except *list variables*: env keys that
+//!   several devices of the resource set to different values (`X_VISIBLE_DEVICES=3`). The runtime
+//!   applies CDI env per device, last one winning, so those stay in the Allocate answer, joined.
+
+use crate::driver::device::{Device, Edits};
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Prefix of the container annotation that carries CDI names to runtimes without CRI CDI support.
+pub const ANNOTATION_PREFIX: &str = "cdi.k8s.io/";
+/// The annotation key's name part may have at most this many characters (Kubernetes' rule).
+const MAX_ANNOTATION_NAME: usize = 63;
+fn is_alnum(c: char) -> bool {
+    c.is_ascii_alphanumeric()
+}
+
+/// The lowest CDI version that covers what devhost writes: `hostPath` in device nodes came with
+/// 0.5.0, dots in the class with 0.6.0.
+pub fn cdi_version(resource: &str) -> &'static str {
+    match resource.split_once('/') {
+        Some((_, class)) if class.contains('.') => "0.6.0",
+        _ => "0.5.0",
+    }
+}
+
+fn is_device_name_char(c: char) -> bool {
+    is_alnum(c) || matches!(c, '_' | '-' | '.' | ':')
+}
+
+/// Whether `name` is a valid CDI device name: letters, digits, `_`, `-`, `.` and `:`, starting
+/// and ending with a letter or digit.
+pub fn is_device_name(name: &str) -> bool {
+    name.chars().next().is_some_and(is_alnum)
+        && name.chars().last().is_some_and(is_alnum)
+        && name.chars().all(is_device_name_char)
+}
+
+/// FNV-1a, 32 bits: a stable hash (unlike std's) so names survive restarts and upgrades.
+fn fnv1a(text: &str) -> u32 {
+    text.bytes().fold(0x811c_9dc5, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193))
+}
+
+/// The CDI device name for a device ID: the ID itself when it is a valid name (the usual case:
+/// `0`, `GPU-8c1e…`, `0000:3b:00.0`, `MIG-…`); otherwise every character CDI does not allow
+/// becomes `_`, an `x` is put in front when the result does not start with a letter or digit, and
+/// `-` plus 8 hex digits of the ID's hash is appended, so two different IDs never share a name.
+pub fn device_name(id: &str) -> String {
+    if is_device_name(id) {
+        return id.to_string();
+    }
+    let mut body: String = id.chars().map(|c| if is_device_name_char(c) { c } else { '_' }).collect();
+    if !body.chars().next().is_some_and(is_alnum) {
+        body.insert(0, 'x');
+    }
+    format!("{body}-{:08x}", fnv1a(id))
+}
+
+/// The fully-qualified CDI name of a device: `<kind>=<device name>`.
+pub fn qualified_name(resource: &str, device_id: &str) -> String {
+    format!("{resource}={}", device_name(device_id))
+}
+
+/// The spec file's name: `devhost-<vendor>_<class>.json` (a valid domain never holds `_`, so two
+/// resources never share a file).
+pub fn file_name(resource: &str) -> String {
+    let body: String =
+        resource.chars().map(|c| if is_alnum(c) || matches!(c, '.' | '-' | '_') { c } else { '_' }).collect();
+    format!("devhost-{body}.json")
+}
+
+/// The annotation key for a resource's CDI names, `cdi.k8s.io/devhost_<vendor>_<class>`: unique
+/// per resource, so the annotations of several resources on one container do not collide. A name
+/// part over 63 characters is cut and ends in a hash instead.
+pub fn annotation_key(resource: &str) -> String {
+    let body: String = format!("devhost_{resource}")
+        .chars()
+        .map(|c| if is_alnum(c) || matches!(c, '.' | '-' | '_') { c } else { '_' })
+        .collect();
+    if body.len() <= MAX_ANNOTATION_NAME {
+        return format!("{ANNOTATION_PREFIX}{body}");
+    }
+    let keep = MAX_ANNOTATION_NAME - 9;
+    format!("{ANNOTATION_PREFIX}{}_{:08x}", &body[..keep], fnv1a(resource))
+}
+
+/// Env keys that two or more devices set to different values: joined by the host, so they are
+/// left out of the spec and returned with the Allocate answer.
+pub fn list_vars(devices: &[Device]) -> BTreeSet<String> {
+    let mut seen: BTreeMap<&str, &str> = BTreeMap::new();
+    let mut out = BTreeSet::new();
+    for (k, v) in devices.iter().flat_map(|d| &d.edits.envs) {
+        match seen.get(k.as_str()) {
+            Some(first) if first != v => {
+                out.insert(k.clone());
+            }
+            Some(_) => {}
+            None => {
+                seen.insert(k, v);
+            }
+        }
+    }
+    out
+}
+
+#[derive(Serialize, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+struct SpecFile {
+    cdi_version: &'static str,
+    kind: String,
+    devices: Vec<SpecDevice>,
+}
+
+#[derive(Serialize, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+struct SpecDevice {
+    name: String,
+    container_edits: ContainerEdits,
+}
+
+#[derive(Serialize, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+struct ContainerEdits {
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    env: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    device_nodes: Vec<SpecNode>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    mounts: Vec<SpecMount>,
+}
+
+#[derive(Serialize, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+struct SpecNode {
+    path: String,
+    host_path: String,
+    permissions: String,
+}
+
+#[derive(Serialize, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+struct SpecMount {
+    host_path: String,
+    container_path: String,
+    options: Vec<&'static str>,
+}
+
+/// A device's CDI edits; `None` when nothing is left (CDI forbids an entry without edits).
+fn device_edits(edits: &Edits, list_vars: &BTreeSet<String>) -> Option<ContainerEdits> {
+    let out = ContainerEdits {
+        env: edits.envs.iter().filter(|(k, _)| !list_vars.contains(k)).map(|(k, v)| format!("{k}={v}")).collect(),
+        device_nodes: edits
+            .device_nodes
+            .iter()
+            .map(|n| SpecNode {
+                path: n.container_path.clone(),
+                host_path: n.host_path.clone(),
+                permissions: n.permissions.clone(),
+            })
+            .collect(),
+        mounts: edits
+            .mounts
+            .iter()
+            .map(|m| SpecMount {
+                host_path: m.host_path.clone(),
+                container_path: m.container_path.clone(),
+                options: vec![if m.read_only { "ro" } else { "rw" }, "nosuid", "nodev", "bind"],
+            })
+            .collect(),
+    };
+    let empty = out.env.is_empty() && out.device_nodes.is_empty() && out.mounts.is_empty();
+    (!empty).then_some(out)
+}
+
+/// The spec file for a resource's devices, or `None` when no device has edits to describe (CDI
+/// requires at least one device). Deterministic: the same devices give the same bytes.
+pub fn render(resource: &str, devices: &[Device]) -> Option<Vec<u8>> {
+    let vars = list_vars(devices);
+    let entries: Vec<SpecDevice> = devices
+        .iter()
+        .filter_map(|d| {
+            device_edits(&d.edits, &vars).map(|e| SpecDevice { name: device_name(&d.id), container_edits: e })
+        })
+        .collect();
+    if entries.is_empty() {
+        return None;
+    }
+    let spec = SpecFile { cdi_version: cdi_version(resource), kind: resource.to_string(), devices: entries };
+    // Serialising plain structs of strings cannot fail; an empty answer would only skip a write.
+    let mut bytes = serde_json::to_vec_pretty(&spec).ok()?;
+    bytes.push(b'\n');
+    Some(bytes)
+}
+
+/// Turns the composed edits of one container request into the `cdi` strategy's answer: the CDI
+/// names of the requested devices that have a spec entry, the same names in the CDI annotation,
+/// and what CDI cannot carry (list variables, annotations, CDI names the driver declared).
+/// `devices` is the resource's current device list (replicas included); `physical` the requested
+/// physical device IDs (after [`crate::engine::sharing::physical_ids`]).
+pub fn allocate_edits(resource: &str, devices: &[Device], physical: &[String], composed: Edits) -> Edits {
+    let vars = list_vars(devices);
+    let find = |id: &str| {
+        devices.iter().find(|d| d.id == id).or_else(|| {
+            devices.iter().find(|d| crate::engine::sharing::parse_replica(&d.id).is_some_and(|(p, _)| p == id))
+        })
+    };
+    let names: Vec<String> = physical
+        .iter()
+        .filter(|id| find(id).is_some_and(|d| device_edits(&d.edits, &vars).is_some()))
+        .map(|id| qualified_name(resource, id))
+        .collect();
+    let mut out = Edits {
+        envs: composed.envs.into_iter().filter(|(k, _)| vars.contains(k)).collect(),
+        annotations: composed.annotations,
+        cdi_devices: names.clone(),
+        ..Edits::default()
+    };
+    for c in composed.cdi_devices {
+        if !out.cdi_devices.contains(&c) {
+            out.cdi_devices.push(c);
+        }
+    }
+    if !names.is_empty() {
+        out.annotations.push((annotation_key(resource), names.join(",")));
+    }
+    out
+}
+
+/// Writes and removes spec files in one folder.
+#[derive(Clone, Debug)]
+pub struct CdiWriter {
+    dir: PathBuf,
+}
+
+/// Makes temporary file names unique when two tasks write the same resource at once.
+static TEMP_SEQ: AtomicU64 = AtomicU64::new(0);
+
+fn with_path(path: &Path, e: io::Error) -> io::Error {
+    io::Error::new(e.kind(), format!("CDI spec {}: {e}", path.display()))
+}
+
+impl CdiWriter {
+    pub fn new(dir: impl Into<PathBuf>) -> CdiWriter {
+        CdiWriter { dir: dir.into() }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Where a resource's spec lives.
+    pub fn path(&self, resource: &str) -> PathBuf {
+        self.dir.join(file_name(resource))
+    }
+
+    /// Brings a resource's spec file in step with its devices: written atomically (a temporary
+    /// file in the same folder, flushed to disk, then renamed over the old one, so a runtime never
+    /// reads half a spec), left alone when the content is unchanged, removed when no device has
+    /// edits. Returns whether the file changed.
+    pub fn write(&self, resource: &str, devices: &[Device]) -> io::Result<bool> {
+        let Some(bytes) = render(resource, devices) else {
+            return self.remove(resource);
+        };
+        let path = self.path(resource);
+        match std::fs::read(&path) {
+            Ok(old) if old == bytes => return Ok(false),
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(with_path(&path, e)),
+        }
+        std::fs::create_dir_all(&self.dir).map_err(|e| with_path(&self.dir, e))?;
+        // No `.json` suffix: runtimes watching the folder only load `.json`/`.yaml` files.
+        let seq = TEMP_SEQ.fetch_add(1, Ordering::Relaxed);
+        let temp = self.dir.join(format!(".{}.{}-{seq}.tmp", file_name(resource), std::process::id()));
+        let written = write_synced(&temp, &bytes).and_then(|()| std::fs::rename(&temp, &path));
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&temp);
+            return Err(with_path(&path, e));
+        }
+        // The rename is durable once the folder itself is flushed.
+        if let Ok(dir) = std::fs::File::open(&self.dir) {
+            let _ = dir.sync_all();
+        }
+        Ok(true)
+    }
+
+    /// Removes a resource's spec (the resource stopped or has nothing to describe). Returns
+    /// whether a file was there.
+    pub fn remove(&self, resource: &str) -> io::Result<bool> {
+        let path = self.path(resource);
+        match std::fs::remove_file(&path) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(with_path(&path, e)),
+        }
+    }
+
+    /// Removes devhost's spec files (and leftover temporary files) that belong to none of
+    /// `resources`: what a previous run or an older manifest left behind. Other tools' files in
+    /// the folder are never touched. Returns the removed paths.
+    pub fn remove_stale(&self, resources: &[&str]) -> io::Result<Vec<PathBuf>> {
+        let keep: BTreeSet<String> = resources.iter().map(|r| file_name(r)).collect();
+        let entries = match std::fs::read_dir(&self.dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(with_path(&self.dir, e)),
+        };
+        let mut removed = Vec::new();
+        for entry in entries.filter_map(Result::ok) {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let ours = name.starts_with("devhost-") && name.ends_with(".json") && !keep.contains(&name);
+            let temp = name.starts_with(".devhost-") && name.ends_with(".tmp");
+            if (ours || temp) && std::fs::remove_file(entry.path()).is_ok() {
+                removed.push(entry.path());
+            }
+        }
+        Ok(removed)
+    }
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o644).open(path)?;
+    f.write_all(bytes)?;
+    f.sync_all()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,698 @@
+//! The device registry: loads every driver instance the manifest names,
+//! keeps each instance's latest scan, and splits its devices into the
+//! resources that select them. Each resource publishes its device list
+//! through a latest-value channel that feeds every ListAndWatch stream.
+
+use crate::driver::device::Device;
+use crate::driver::instance::Instance;
+use crate::driver::loader::{self, Module};
+use crate::engine::cdi::CdiWriter;
+use crate::engine::status::{self, Tracker};
+use crate::engine::telemetry::{self, Metrics};
+use crate::fronts::device_plugin::podresources::Follower;
+use crate::fronts::device_plugin::release::{self, Backoff, ReleaseRunner};
+use crate::manifest::{DriverConfig, Isolation, Manifest, ResourceConfig};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use tokio::sync::watch;
+
+mod view;
+pub use view::{Mode, Services, View};
+
+pub struct Resource {
+    pub config: ResourceConfig,
+    pub driver: Option<Arc<Instance>>,
+    /// Why the resource is not served (its module failed), if so.
+    pub error: Option<String>,
+    pub view: watch::Sender<Arc<View>>,
+    pub registered: AtomicBool,
+    /// Health history and served allocations, for the status view.
+    pub status: Tracker,
+    /// Releases devices their last container let go of (ABI 1.1 hook).
+    pub release: Option<ReleaseRunner>,
+    /// The latest devices before the release overlay, for republishing.
+    raw: Mutex<(Vec<Device>, String)>,
+}
+
+impl Resource {
+    pub fn snapshot(&self) -> Arc<View> {
+        self.view.borrow().clone()
+    }
+}
+
+/// A driver instance, or why it could not be brought up.
+#[derive(Clone)]
+pub enum Slot {
+    Ready(Arc<Instance>),
+    Failed(String),
+}
+
+struct DriverEntry {
+    config: DriverConfig,
+    slot: Slot,
+    /// Stops the instance's rescan task.
+    stop: watch::Sender<bool>,
+}
+
+/// What a manifest (re)load changed.
+#[derive(Default)]
+pub struct Changes {
+    pub started: Vec<Arc<Resource>>,
+    pub stopped: Vec<Arc<Resource>>,
+    pub kept: Vec<Arc<Resource>>,
+}
+
+pub struct Registry {
+    pub services: Arc<Services>,
+    drivers: RwLock<BTreeMap<String, DriverEntry>>,
+    resources: RwLock<Vec<Arc<Resource>>>,
+    /// Whether instances get watch_start and a rescan task (the daemon), or
+    /// are only scanned once (list, check).
+    watching: bool,
+    /// Conflicts already logged, so a rescan does not repeat them.
+    logged: Mutex<HashSet<(String, String)>>,
+    /// The release state kept across restarts (the daemon only).
+    release_state: Option<Arc<release::Store>>,
+}
+
+/// How long a (re)load waits for first scans before serving without them.
+const START_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Finds a driver's module, reads it into a private copy, checks that those
+/// bytes can be trusted, and loads them; the same bytes are loaded once.
+fn resolve(
+    cfg: &DriverConfig,
+    allow_untrusted: bool,
+    cache: &mut HashMap<PathBuf, Result<Module, String>>,
+) -> Result<Module, String> {
+    let path = module_path(cfg)?;
+    cache
+        .entry(path.clone())
+        .or_insert_with(|| {
+            let image = loader::open_trusted(&path, cfg.sha256.as_deref(), allow_untrusted, &cfg.name)
+                .map_err(|e| format!("driver {}: {e}", cfg.name))?;
+            loader::load_image(&image).map_err(|e| format!("driver {}: {e}", cfg.name))
+        })
+        .clone()
+}
+
+/// The module file a driver instance uses: the first candidate that exists.
+fn module_path(cfg: &DriverConfig) -> Result<PathBuf, String> {
+    let Some(path) = cfg.module_candidates.iter().find(|p| p.exists()) else {
+        let tried: Vec<String> = cfg.module_candidates.iter().map(|p| p.display().to_string()).collect();
+        return Err(format!("driver {}: no module file found (tried {})", cfg.name, tried.join(", ")));
+    };
+    Ok(path.clone())
+}
+
+/// Whether a running instance's module file now holds other bytes (or
+/// another candidate file would be picked): a reload then loads it anew.
+fn module_changed(cfg: &DriverConfig, inst: &Instance) -> Option<PathBuf> {
+    let path = module_path(cfg).ok()?;
+    let source = inst.source();
+    let moved = std::fs::canonicalize(&path).ok().is_some_and(|real| real != source.path);
+    (moved || source.changed_on_disk()).then_some(path)
+}
+
+fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Registry {
+    /// Loads every module and creates every driver instance of `manifest`,
+    /// then takes a first scan. With `watching`, drivers also get
+    /// watch_start and a rescan task. Failures are kept per driver; they
+    /// never stop the others.
+    pub async fn open(manifest: &Manifest, mode: Mode) -> Arc<Registry> {
+        let watching = mode != Mode::Inspect;
+        let cdi = manifest.cdi_dir.as_ref().map(CdiWriter::new);
+        let follower = (mode == Mode::Serve)
+            .then(|| Arc::new(Follower::start(manifest.pod_resources_socket.clone(), manifest.pod_resources_interval)));
+        let release_state = (mode == Mode::Serve).then(|| {
+            let store = release::Store::open(&manifest.state_dir, &manifest.kubelet_dir);
+            store.start_writer();
+            store
+        });
+        let reg = Arc::new(Registry {
+            services: Arc::new(Services { metrics: Arc::new(Metrics::new()), cdi, follower }),
+            drivers: RwLock::new(BTreeMap::new()),
+            resources: RwLock::new(Vec::new()),
+            watching,
+            logged: Mutex::new(HashSet::new()),
+            release_state,
+        });
+        reg.apply(manifest).await;
+        if let Some(cdi) = &reg.services.cdi {
+            let names: Vec<String> = reg.resources().iter().map(|r| r.config.name.clone()).collect();
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            match cdi.remove_stale(&names) {
+                Ok(removed) if !removed.is_empty() => tracing::info!(?removed, "removed stale CDI spec files"),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(dir = %cdi.dir().display(), "cannot clean stale CDI spec files: {e}"),
+            }
+        }
+        reg
+    }
+
+    /// Brings the registry to `manifest`, touching only what changed: a
+    /// driver whose table is unchanged keeps its instance, and a resource
+    /// whose entry and driver are unchanged keeps its `Resource` (and so its
+    /// socket and streams). Failed drivers are retried.
+    pub async fn apply(self: &Arc<Self>, manifest: &Manifest) -> Changes {
+        let mut cache = HashMap::new();
+        let mut old = std::mem::take(&mut *write(&self.drivers));
+        let mut next = BTreeMap::new();
+        let mut kept_drivers = Vec::new();
+        let mut replacing = HashMap::new();
+        // New instances are created concurrently: one slow driver must not
+        // hold back the others (each create has its own deadline).
+        let mut creating = tokio::task::JoinSet::new();
+        for (name, cfg) in &manifest.drivers {
+            match old.remove(name) {
+                // A driver disabled by a panic comes back on reload, and so
+                // does one whose module file now holds other bytes.
+                Some(e)
+                    if e.config == *cfg
+                        && matches!(&e.slot, Slot::Ready(i) if (i.isolated() || !i.poisoned())
+                            && module_changed(cfg, i).is_none()) =>
+                {
+                    if let Slot::Ready(i) = &e.slot {
+                        kept_drivers.push(i.clone());
+                    }
+                    next.insert(name.clone(), e);
+                    continue;
+                }
+                // Replaced only once its successor is up (below).
+                Some(e) => {
+                    if let Slot::Ready(i) = &e.slot
+                        && e.config == *cfg
+                        && let Some(path) = module_changed(cfg, i)
+                    {
+                        tracing::info!(driver = %name, module = %path.display(),
+                            "the module file changed on disk; loading the new file (the running instance serves until it is up)");
+                    }
+                    replacing.insert(name.clone(), e);
+                }
+                None => {}
+            }
+            // An isolated driver's module is read and checked by the host
+            // (create_isolated) and mapped by its worker process only.
+            let isolated = matches!(cfg.isolation, Isolation::Process { .. });
+            let resolved = if isolated {
+                module_path(cfg).map(Err)
+            } else {
+                resolve(cfg, manifest.allow_untrusted_modules, &mut cache).map(Ok)
+            };
+            // A failed create is retried by the daemon, unless a running
+            // instance would be replaced: that one keeps serving instead.
+            let retry = self.watching && !replacing.get(name).is_some_and(|e| serving(&e.slot));
+            let (name, cfg, allow_untrusted) = (name.clone(), cfg.clone(), manifest.allow_untrusted_modules);
+            let inspect = !self.watching;
+            creating.spawn(async move {
+                let explain = |e: crate::driver::instance::CallError| {
+                    if inspect && e.is_create_failure() {
+                        format!("{e} (`devhost run` retries a failed create with backoff; see /status)")
+                    } else {
+                        e.to_string()
+                    }
+                };
+                let created = match resolved {
+                    Err(e) => Err(e),
+                    Ok(Ok(module)) => Instance::create_with(&name, module, &cfg.options, cfg.call_timeout, retry)
+                        .await
+                        .map_err(explain),
+                    Ok(Err(path)) => {
+                        Instance::create_isolated_with(&cfg, &path, allow_untrusted, retry).await.map_err(explain)
+                    }
+                };
+                let slot = match created {
+                    Ok(inst) => Slot::Ready(inst),
+                    Err(e) => Slot::Failed(e),
+                };
+                (name, cfg, slot)
+            });
+        }
+        let mut fresh = Vec::new();
+        while let Some(joined) = creating.join_next().await {
+            let Ok((name, cfg, slot)) = joined else { continue };
+            // Where the options the driver complains about are written, or the driver meant.
+            let slot = match slot {
+                Slot::Failed(e) => Slot::Failed(manifest.explain_driver_failure(&name, &e).into_owned()),
+                ready => ready,
+            };
+            let previous = replacing.remove(&name);
+            match (&slot, previous) {
+                // A changed driver that cannot start keeps the running one: a
+                // reload never trades working devices for an error.
+                (Slot::Failed(e), Some(prev)) if serving(&prev.slot) => {
+                    self.services.metrics.module_load_failure(&name);
+                    tracing::error!(driver = %name, "new settings cannot be applied, the previous instance keeps serving: {e}");
+                    if let Slot::Ready(i) = &prev.slot {
+                        kept_drivers.push(i.clone());
+                    }
+                    next.insert(name, prev);
+                    continue;
+                }
+                (Slot::Failed(e), prev) => {
+                    if let Some(p) = prev {
+                        retire(p);
+                    }
+                    self.services.metrics.module_load_failure(&name);
+                    tracing::error!(driver = %name, "driver not loaded, its resources are not served: {e}")
+                }
+                (Slot::Ready(i), prev) => {
+                    if let Some(p) = prev {
+                        retire(p);
+                    }
+                    // A create that failed and is retried: say once where what it names is written.
+                    if let Some(r) = i.create_retry()
+                        && let explained = manifest.explain_driver_failure(&name, &r.last_error)
+                        && explained != r.last_error
+                    {
+                        tracing::error!(driver = %name, "create failed (retried with backoff): {explained}");
+                    }
+                    let m = &i.module;
+                    tracing::info!(
+                        driver = %name,
+                        isolated = i.isolated(),
+                        "driver ready: {} {} (ABI {}.{})",
+                        m.name,
+                        m.version,
+                        m.abi_major,
+                        m.abi_minor
+                    );
+                    fresh.push(i.clone())
+                }
+            }
+            next.insert(name, DriverEntry { config: cfg, slot, stop: watch::channel(false).0 });
+        }
+        for (name, e) in old {
+            self.services.metrics.forget_driver(&name);
+            retire(e);
+        }
+        for (name, e) in &next {
+            let (retry, module) = match &e.slot {
+                Slot::Ready(i) => (i.create_retry(), Some(&i.module)),
+                Slot::Failed(_) => (None, None),
+            };
+            self.services.metrics.set_create_retry(name, retry.as_ref());
+            self.services.metrics.driver_configured(name, module);
+        }
+
+        let old_resources = std::mem::take(&mut *write(&self.resources));
+        let mut changes = Changes::default();
+        let mut resources = Vec::with_capacity(manifest.resources.len());
+        for cfg in &manifest.resources {
+            self.services.metrics.resource_configured(&cfg.name);
+            let (driver, error) = match next.get(&cfg.driver).map(|e| &e.slot) {
+                Some(Slot::Ready(i)) => (Some(i.clone()), None),
+                Some(Slot::Failed(e)) => (None, Some(e.clone())),
+                None => (None, Some(format!("driver {} is not configured", cfg.driver))),
+            };
+            let same = old_resources.iter().find(|r| {
+                r.config.same_settings(cfg)
+                    && match (&r.driver, &driver) {
+                        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                        _ => false,
+                    }
+            });
+            match same {
+                Some(r) => {
+                    changes.kept.push(r.clone());
+                    resources.push(r.clone());
+                }
+                None => {
+                    // The runner this one replaces must not call the driver
+                    // any more; the new one goes on from the kept state.
+                    for old in old_resources.iter().filter(|o| o.config.name == cfg.name) {
+                        if let Some(runner) = &old.release {
+                            runner.stop();
+                        }
+                    }
+                    let r = Arc::new(Resource {
+                        config: cfg.clone(),
+                        view: watch::channel(Arc::new(View::default())).0,
+                        registered: AtomicBool::new(false),
+                        status: Tracker::new(),
+                        release: match (&self.services.follower, &driver) {
+                            (Some(f), Some(d)) if self.watching => Some(ReleaseRunner::start_kept(
+                                &cfg.name,
+                                d.clone(),
+                                f.subscribe(),
+                                Backoff::default(),
+                                self.release_state.clone(),
+                            )),
+                            _ => None,
+                        },
+                        raw: Mutex::new((Vec::new(), String::new())),
+                        driver,
+                        error,
+                    });
+                    changes.started.push(r.clone());
+                    resources.push(r);
+                }
+            }
+        }
+        changes.stopped = old_resources.into_iter().filter(|o| !resources.iter().any(|r| Arc::ptr_eq(r, o))).collect();
+        for gone in &changes.stopped {
+            // A resource restarted under the same name keeps its CDI file.
+            if !manifest.resources.iter().any(|r| r.name == gone.config.name) {
+                self.services.metrics.forget_resource(&gone.config.name);
+                if let Some(cdi) = &self.services.cdi
+                    && let Err(e) = cdi.remove(&gone.config.name)
+                {
+                    tracing::warn!(resource = %gone.config.name, "cannot remove its CDI spec file: {e}");
+                }
+            }
+        }
+        if let Some(store) = &self.release_state {
+            store.retain(&manifest.resources.iter().map(|r| r.name.as_str()).collect::<Vec<_>>());
+        }
+        *write(&self.resources) = resources;
+        *write(&self.drivers) = next;
+        for r in &changes.started {
+            self.follow_releases(r);
+        }
+
+        // First scans (and watch_start) run concurrently; a driver still
+        // scanning after the grace period finishes in the background and its
+        // resources start with an empty list until then.
+        let mut scans = tokio::task::JoinSet::new();
+        for inst in fresh.iter().chain(kept_drivers.iter()) {
+            let (reg, inst, is_new) = (self.clone(), inst.clone(), fresh.iter().any(|f| Arc::ptr_eq(f, inst)));
+            scans.spawn(async move {
+                if is_new
+                    && reg.watching
+                    && let Err(e) = inst.watch_start().await
+                {
+                    tracing::error!(driver = %inst.name, "watch_start failed; relying on rescans: {e}");
+                }
+                reg.rescan(&inst).await;
+                if is_new && reg.watching {
+                    reg.spawn_watcher(&inst);
+                }
+            });
+        }
+        let grace = tokio::time::sleep(START_GRACE);
+        tokio::pin!(grace);
+        while !scans.is_empty() {
+            tokio::select! {
+                _ = scans.join_next() => {}
+                _ = &mut grace => {
+                    tracing::warn!("{} driver(s) still scanning after {START_GRACE:?}; their resources start empty", scans.len());
+                    scans.detach_all();
+                    break;
+                }
+            }
+        }
+        self.settle_releases(&changes.started).await;
+        changes
+    }
+
+    /// Before new resources are served: each runner that went on from a kept
+    /// release state compares it with the kubelet's holders, so a device let
+    /// go of meanwhile is already Unhealthy in the first device list.
+    async fn settle_releases(&self, started: &[Arc<Resource>]) {
+        let Some(follower) = &self.services.follower else { return };
+        let runners: Vec<&ReleaseRunner> =
+            started.iter().filter_map(|r| r.release.as_ref()).filter(|r| r.restored()).collect();
+        if runners.is_empty() {
+            return;
+        }
+        release::settle(follower.subscribe(), &runners, release::SETTLE_TIMEOUT).await;
+        for r in started {
+            self.republish(r);
+        }
+    }
+
+    /// Every resource, in manifest order.
+    pub fn resources(&self) -> Vec<Arc<Resource>> {
+        read(&self.resources).clone()
+    }
+
+    /// Every driver instance by name, or why it failed.
+    pub fn drivers(&self) -> BTreeMap<String, Slot> {
+        read(&self.drivers).iter().map(|(k, e)| (k.clone(), e.slot.clone())).collect()
+    }
+
+    /// Scans one instance and publishes the result to its resources. An
+    /// instance whose create is still being retried has nothing to scan.
+    pub async fn rescan(&self, inst: &Arc<Instance>) {
+        let retry = inst.create_retry();
+        self.services.metrics.set_create_retry(&inst.name, retry.as_ref());
+        if retry.is_some() {
+            return;
+        }
+        let result = inst.scan().await;
+        self.services.metrics.driver_call(&inst.name, "scan", telemetry::call_outcome(&result));
+        let devices = match result {
+            Ok(out) => {
+                tracing::debug!(driver = %inst.name, devices = out.devices.len(), "scanned");
+                Ok(out.devices)
+            }
+            // An isolated driver's worker is down: not a scan failure, and
+            // the supervisor logs how the worker ended, once.
+            Err(e @ crate::driver::instance::CallError::Unavailable { .. }) => {
+                tracing::debug!(driver = %inst.name, "no scan while the worker process is down: {e}");
+                Err(e.to_string())
+            }
+            Err(e) => {
+                tracing::error!(driver = %inst.name, "scan failed, its devices are reported Unhealthy: {e}");
+                Err(e.to_string())
+            }
+        };
+        self.publish(inst, devices);
+    }
+
+    /// Splits devices among the instance's resources (manifest order: a
+    /// device selected by two resources goes to the first). `None` keeps the
+    /// previous devices but marks them Unhealthy, as does a broken instance.
+    fn publish(&self, inst: &Arc<Instance>, devices: Result<Vec<Device>, String>) {
+        let hung_in = inst.hung().map(|(call, _)| call);
+        let broken = inst.poisoned() || hung_in.is_some();
+        let reason = if inst.isolated() && inst.poisoned() {
+            status::WORKER_DOWN.to_string()
+        } else {
+            status::unhealthy_reason(devices.as_ref().err().map(String::as_str), inst.poisoned(), hung_in)
+        };
+        let devices = devices.ok();
+        let mut taken: HashMap<String, String> = HashMap::new();
+        let resources = self.resources();
+        let mine_only = |r: &&Arc<Resource>| r.driver.as_ref().is_some_and(|d| Arc::ptr_eq(d, inst));
+        for res in resources.iter().filter(mine_only) {
+            let mut mine: Vec<Device> = match &devices {
+                Some(all) => all
+                    .iter()
+                    .filter(|d| res.config.matches(&d.id, &d.attributes))
+                    .filter(|d| match taken.get(&d.id) {
+                        Some(first) => {
+                            self.log_conflict(&d.id, first, &res.config.name);
+                            false
+                        }
+                        None => {
+                            taken.insert(d.id.clone(), res.config.name.clone());
+                            true
+                        }
+                    })
+                    .cloned()
+                    .collect(),
+                None => res.snapshot().devices.clone(),
+            };
+            if devices.is_none() || broken {
+                for d in &mut mine {
+                    d.healthy = false;
+                }
+            }
+            *res.raw.lock().unwrap_or_else(|p| p.into_inner()) = (mine.clone(), reason.clone());
+            self.install(res, mine, &reason);
+        }
+    }
+
+    /// Re-applies the release overlay to a resource's latest devices (a
+    /// release started, ended or failed), without rescanning: a running
+    /// release occupies the driver.
+    pub fn republish(&self, res: &Resource) {
+        let (mine, reason) = res.raw.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        self.install(res, mine, &reason);
+    }
+
+    /// Publishes `mine` (health decided, release overlay not yet applied)
+    /// when it differs from what is advertised, keeping history, CDI and
+    /// metrics in step.
+    fn install(&self, res: &Resource, mut mine: Vec<Device>, reason: &str) {
+        let mut reason = reason.to_string();
+        if let Some(runner) = &res.release {
+            for d in &mut mine {
+                if let Some(why) = runner.unhealthy(&d.id) {
+                    d.healthy = false;
+                    reason = why;
+                }
+            }
+        }
+        let previous = res.snapshot();
+        if previous.devices == mine && previous.replicas == res.config.replicas.max(1) {
+            return;
+        }
+        let name = &res.config.name;
+        for (id, t) in res.status.observe(&previous.devices, &mine, &reason) {
+            status::log_transition(name, &id, &t);
+        }
+        if let Some(cdi) = &self.services.cdi
+            && let Err(e) = cdi.write(name, &mine)
+        {
+            tracing::warn!(resource = %name, dir = %cdi.dir().display(), "cannot write the CDI spec file: {e}");
+        }
+        let healthy = mine.iter().filter(|d| d.healthy).count();
+        let per = res.config.replicas.max(1) as usize;
+        self.services.metrics.set_devices(name, healthy * per, (mine.len() - healthy) * per);
+        self.services.metrics.set_unhealthy_devices(name, mine.len() - healthy);
+        res.view.send_replace(Arc::new(View::new(mine, res.config.replicas)));
+    }
+
+    /// Republishes a resource whenever its release overlay changes, for as
+    /// long as the resource exists.
+    fn follow_releases(self: &Arc<Self>, res: &Arc<Resource>) {
+        let Some(mut overlay) = res.release.as_ref().map(ReleaseRunner::subscribe) else { return };
+        let (reg, res) = (Arc::downgrade(self), Arc::downgrade(res));
+        tokio::spawn(async move {
+            while overlay.changed().await.is_ok() {
+                let (Some(reg), Some(res)) = (reg.upgrade(), res.upgrade()) else { break };
+                reg.republish(&res);
+            }
+        });
+    }
+
+    fn log_conflict(&self, id: &str, first: &str, second: &str) {
+        let mut logged = self.logged.lock().unwrap_or_else(|p| p.into_inner());
+        if logged.insert((id.to_string(), second.to_string())) {
+            tracing::warn!(device = id, "device is selected by resources {first} and {second}; it goes to {first}");
+        }
+    }
+
+    /// Rescans `inst` on "devices changed", on its poll interval, and when a
+    /// hang or panic changes its state, until the driver is retired.
+    fn spawn_watcher(self: &Arc<Self>, inst: &Arc<Instance>) {
+        let (poll, mut stop) = match read(&self.drivers).get(&inst.name) {
+            Some(e) => (e.config.poll_interval, e.stop.subscribe()),
+            None => return,
+        };
+        let (reg, inst) = (Arc::downgrade(self), inst.clone());
+        tokio::spawn(async move {
+            loop {
+                let tick = async {
+                    match poll {
+                        Some(p) => tokio::time::sleep(p).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    _ = inst.changed.notified() => {}
+                    _ = tick => {}
+                    _ = stop.changed() => break,
+                }
+                if *stop.borrow() {
+                    break;
+                }
+                let Some(reg) = reg.upgrade() else { break };
+                reg.rescan(&inst).await;
+            }
+        });
+    }
+
+    /// Stops every driver (watch_stop, destroy) after queued calls.
+    pub fn shutdown(&self) {
+        for (_, e) in std::mem::take(&mut *write(&self.drivers)) {
+            retire(e);
+        }
+        if let Some(store) = &self.release_state {
+            store.save();
+        }
+    }
+
+    /// Each resource as the status view shows it (`/status`, `list --json`).
+    pub fn status(&self, tracked: bool) -> Vec<serde_json::Value> {
+        self.resources()
+            .iter()
+            .map(|r| {
+                let view = r.snapshot();
+                let info = status::ResourceInfo {
+                    name: &r.config.name,
+                    driver: &r.config.driver,
+                    registered: r.registered.load(Ordering::Acquire),
+                    error: r.error.as_deref(),
+                    replicas: r.config.replicas,
+                    device_list_strategy: r.config.device_list_strategy.as_str(),
+                };
+                let mut v = status::resource_json(info, &view.devices, tracked.then_some(&r.status));
+                if let Some(d) = &r.driver {
+                    v["isolation"] = serde_json::json!(if d.isolated() { "process" } else { "in-process" });
+                    if let Some(pid) = d.worker_pid() {
+                        v["worker_pid"] = serde_json::json!(pid);
+                    }
+                    if let Some(retry) = d.create_retry() {
+                        v["create"] = status::create_retry_json(&retry, std::time::Instant::now());
+                    }
+                }
+                if tracked {
+                    self.add_holders(&mut v, r);
+                }
+                v
+            })
+            .collect()
+    }
+
+    /// Adds who holds each device and any pending release to a resource's status.
+    fn add_holders(&self, v: &mut serde_json::Value, r: &Resource) {
+        let Some(follower) = &self.services.follower else { return };
+        let snap = follower.snapshot();
+        let pending = r.release.as_ref().map(ReleaseRunner::pending).unwrap_or_default();
+        if let Some(devices) = v.get_mut("devices").and_then(|d| d.as_array_mut()) {
+            for d in devices {
+                let id = d["id"].as_str().unwrap_or_default().to_string();
+                d["held_by"] = serde_json::json!(snap.holders_of_device(&r.config.name, &id));
+                if let Some(b) = pending.iter().find(|b| b.devices.contains(&id)) {
+                    let state = match &b.phase {
+                        crate::fronts::device_plugin::release::Phase::Due => "due",
+                        crate::fronts::device_plugin::release::Phase::Running => "running",
+                        crate::fronts::device_plugin::release::Phase::Failed { .. } => "failed",
+                    };
+                    d["release"] = serde_json::json!({
+                        "state": state,
+                        "attempts": b.attempts,
+                        "last_holder": b.holder.to_string(),
+                        "error": b.last_error,
+                    });
+                }
+            }
+        }
+        v["pod_resources"] = serde_json::json!({ "generation": snap.generation, "error": snap.error });
+    }
+
+    /// Resources that should be registered with the kubelet and are not.
+    pub fn unregistered(&self) -> Vec<String> {
+        read(&self.resources)
+            .iter()
+            .filter(|r| r.driver.is_some() && !r.registered.load(Ordering::Acquire))
+            .map(|r| r.config.name.clone())
+            .collect()
+    }
+}
+
+/// Whether a slot holds an instance that serves (created, not retrying).
+fn serving(slot: &Slot) -> bool {
+    matches!(slot, Slot::Ready(i) if i.create_retry().is_none())
+}
+
+/// Stops a driver's rescan task and its instance.
+fn retire(e: DriverEntry) {
+    let _ = e.stop.send(true);
+    if let Slot::Ready(inst) = e.slot {
+        inst.shutdown();
+    }
+}

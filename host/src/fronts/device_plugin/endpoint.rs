@@ -1,0 +1,364 @@
+//! One kubelet DevicePlugin endpoint: the gRPC service for a single
+//! resource. It answers from the registry's latest view and routes the
+//! optional hooks to the driver instance that owns the resource. [`serve`] runs it on a socket
+//! behind the limits of [`intake`], which bound what kubelet input can cost.
+
+pub mod census;
+pub mod intake;
+
+use crate::driver::device::{self, Edits, quoted};
+use crate::engine::cdi;
+use crate::engine::preferred::{self, Candidate};
+use crate::engine::registry::{Resource, Services};
+use crate::engine::sharing;
+use crate::engine::telemetry;
+use crate::manifest::DeviceListStrategy;
+use devhost_proto::v1beta1 as pb;
+use pb::device_plugin_server::DevicePlugin;
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::watch;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+pub struct Endpoint {
+    pub resource: Arc<Resource>,
+    pub services: Arc<Services>,
+    /// Fires when this endpoint generation is retired (kubelet restart,
+    /// socket lost, shutdown): open ListAndWatch streams end with it.
+    pub retired: watch::Receiver<bool>,
+}
+
+impl Endpoint {
+    pub fn options(resource: &Resource) -> pb::DevicePluginOptions {
+        pb::DevicePluginOptions {
+            pre_start_required: resource.driver.as_ref().is_some_and(|d| d.module.pre_start),
+            get_preferred_allocation_available: true,
+        }
+    }
+
+    fn name(&self) -> &str {
+        &self.resource.config.name
+    }
+}
+
+/// Serves `endpoint` on `listener` until `shutdown` resolves: the gRPC server for one resource,
+/// with the message, connection, stream, window and in-flight limits of [`intake`].
+pub async fn serve(
+    endpoint: Endpoint,
+    listener: tokio::net::UnixListener,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
+    let name = endpoint.name().to_string();
+    let (resource, services) = (endpoint.resource.clone(), endpoint.services.clone());
+    let svc = pb::device_plugin_server::DevicePluginServer::new(endpoint)
+        .max_decoding_message_size(intake::MAX_MESSAGE)
+        .max_encoding_message_size(intake::MAX_REPLY);
+    let svc = intake::Guard::new(svc, resource, services);
+    tonic::transport::Server::builder()
+        .initial_stream_window_size(intake::STREAM_WINDOW)
+        .initial_connection_window_size(intake::CONNECTION_WINDOW)
+        .max_concurrent_streams(intake::MAX_STREAMS)
+        .http2_max_header_list_size(intake::MAX_HEADERS)
+        .add_service(svc)
+        .serve_with_incoming_shutdown(intake::incoming(listener, name), shutdown)
+        .await
+}
+
+fn to_response(e: Edits) -> pb::ContainerAllocateResponse {
+    pb::ContainerAllocateResponse {
+        envs: e.envs.into_iter().collect(),
+        mounts: e
+            .mounts
+            .into_iter()
+            .map(|m| pb::Mount { container_path: m.container_path, host_path: m.host_path, read_only: m.read_only })
+            .collect(),
+        devices: e
+            .device_nodes
+            .into_iter()
+            .map(|n| pb::DeviceSpec {
+                container_path: n.container_path,
+                host_path: n.host_path,
+                permissions: n.permissions,
+            })
+            .collect(),
+        annotations: e.annotations.into_iter().collect(),
+        cdi_devices: e.cdi_devices.into_iter().map(|name| pb::CdiDevice { name }).collect(),
+    }
+}
+
+type ListStream = Pin<Box<dyn Stream<Item = Result<pb::ListAndWatchResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl DevicePlugin for Endpoint {
+    async fn get_device_plugin_options(
+        &self,
+        _: Request<pb::Empty>,
+    ) -> Result<Response<pb::DevicePluginOptions>, Status> {
+        Ok(Response::new(Self::options(&self.resource)))
+    }
+
+    type ListAndWatchStream = ListStream;
+
+    async fn list_and_watch(&self, _: Request<pb::Empty>) -> Result<Response<Self::ListAndWatchStream>, Status> {
+        let mut views = self.resource.view.subscribe();
+        let mut retired = self.retired.clone();
+        let resource = self.name().to_string();
+        let stream = async_stream(move |tx| async move {
+            loop {
+                let msg = views.borrow_and_update().list.clone();
+                if tx.send(Ok(msg)).await.is_err() {
+                    return;
+                }
+                tokio::select! {
+                    changed = views.changed() => if changed.is_err() { return },
+                    _ = retired.wait_for(|r| *r) => {
+                        tracing::debug!(resource, "endpoint retired, ending ListAndWatch");
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(stream))
+    }
+
+    async fn get_preferred_allocation(
+        &self,
+        request: Request<pb::PreferredAllocationRequest>,
+    ) -> Result<Response<pb::PreferredAllocationResponse>, Status> {
+        let req = request.into_inner();
+        if req.container_requests.is_empty() {
+            return Err(Status::invalid_argument("preferred allocation request has no container requests"));
+        }
+        let view = self.resource.snapshot();
+        let cfg = &self.resource.config;
+        let mut responses = Vec::with_capacity(req.container_requests.len());
+        for c in req.container_requests {
+            let size = preferred::validate(&c.available_device_i_ds, &c.must_include_device_i_ds, c.allocation_size)
+                .map_err(|e| Status::invalid_argument(format!("resource {}: {e}", self.name())))?;
+            if let Some(unknown) = c.available_device_i_ds.iter().find(|id| view.get(id).is_none()) {
+                return Err(Status::invalid_argument(format!(
+                    "resource {}: unknown device ID {}",
+                    self.name(),
+                    quoted(unknown)
+                )));
+            }
+            // Candidates are advertised IDs (replicas when shared); NUMA and
+            // links come from the physical device behind each.
+            let n = view.devices.len();
+            let mut owned: Vec<(String, Option<i64>, usize)> = Vec::with_capacity(c.available_device_i_ds.len());
+            let mut by_physical: HashMap<&str, Vec<usize>> = HashMap::new();
+            for id in &c.available_device_i_ds {
+                let Some(d) = view.get(id) else { continue };
+                let k = sharing::parse_replica(id).map(|(_, k)| k as usize).filter(|_| view.replicas > 1).unwrap_or(0);
+                by_physical.entry(d.id.as_str()).or_default().push(owned.len());
+                owned.push((id.clone(), d.numa_node, k * n + view.index.get(&d.id).copied().unwrap_or(0)));
+            }
+            let mut edges = Vec::new();
+            for (i, (id, _, _)) in owned.iter().enumerate() {
+                let Some(d) = view.get(id) else { continue };
+                for (other, score) in &d.links {
+                    for &j in by_physical.get(other.as_str()).into_iter().flatten() {
+                        edges.push((i, j, *score));
+                    }
+                }
+            }
+            let must = c.must_include_device_i_ds.clone();
+            let pick = move || {
+                let cands =
+                    owned.iter().map(|(id, numa, order)| Candidate { id, numa: *numa, order: *order }).collect();
+                preferred::choose(cands, &must, size, &edges)
+            };
+            // Large searches run off the async threads.
+            let mut default = if c.available_device_i_ds.len() > 256 {
+                tokio::task::spawn_blocking(pick)
+                    .await
+                    .map_err(|e| Status::internal(format!("preferred allocation failed: {e}")))?
+            } else {
+                pick()
+            };
+            if cfg.one_replica_per_container {
+                default = sharing::prefer_distinct(&default, &c.available_device_i_ds, &c.must_include_device_i_ds);
+            }
+            let ids = match &self.resource.driver {
+                // Drivers know physical IDs only: a shared resource uses the host's answer.
+                Some(drv) if drv.module.preferred_allocation && view.replicas <= 1 => {
+                    let size32 = u32::try_from(size).unwrap_or(u32::MAX);
+                    let result = drv
+                        .preferred(c.available_device_i_ds.clone(), c.must_include_device_i_ds.clone(), size32)
+                        .await;
+                    self.services.metrics.driver_call(
+                        &drv.name,
+                        "preferred_allocation",
+                        telemetry::call_outcome(&result),
+                    );
+                    match result {
+                        Ok(Some(proposal)) => {
+                            let fixed = preferred::repair(
+                                &proposal,
+                                &c.available_device_i_ds,
+                                &c.must_include_device_i_ds,
+                                size,
+                                &default,
+                            );
+                            if fixed != proposal {
+                                tracing::warn!(resource = self.name(), ?proposal, repaired = ?fixed, "driver proposed an invalid preferred allocation; repaired");
+                            }
+                            fixed
+                        }
+                        Ok(None) => default,
+                        Err(e) => {
+                            tracing::warn!(
+                                resource = self.name(),
+                                "preferred_allocation hook failed, using the host default: {e}"
+                            );
+                            default
+                        }
+                    }
+                }
+                _ => default,
+            };
+            responses.push(pb::ContainerPreferredAllocationResponse { device_i_ds: ids });
+        }
+        Ok(Response::new(pb::PreferredAllocationResponse { container_responses: responses }))
+    }
+
+    async fn allocate(&self, request: Request<pb::AllocateRequest>) -> Result<Response<pb::AllocateResponse>, Status> {
+        let started = Instant::now();
+        let result = self.allocate_inner(request.into_inner(), started).await;
+        self.services.metrics.allocation(self.name(), result.is_ok(), started.elapsed());
+        result.map(Response::new)
+    }
+
+    async fn pre_start_container(
+        &self,
+        request: Request<pb::PreStartContainerRequest>,
+    ) -> Result<Response<pb::PreStartContainerResponse>, Status> {
+        let ids = request.into_inner().devices_ids;
+        if ids.is_empty() {
+            return Err(Status::invalid_argument(format!(
+                "resource {}: PreStartContainer request has no device IDs",
+                self.name()
+            )));
+        }
+        let Some(driver) = &self.resource.driver else {
+            return Err(Status::unavailable(format!("resource {}: driver not loaded", self.name())));
+        };
+        let view = self.resource.snapshot();
+        if let Some(unknown) = ids.iter().find(|id| view.get(id).is_none()) {
+            return Err(Status::invalid_argument(format!(
+                "resource {}: unknown device ID {}",
+                self.name(),
+                quoted(unknown)
+            )));
+        }
+        let physical = if view.replicas > 1 {
+            sharing::physical_ids(&ids, view.replicas, false)
+                .map_err(|e| Status::invalid_argument(format!("resource {}: {e}", self.name())))?
+        } else {
+            ids
+        };
+        let result = driver.pre_start(physical).await;
+        self.services.metrics.driver_call(&driver.name, "pre_start", telemetry::call_outcome(&result));
+        result.map_err(|e| e.to_status())?;
+        Ok(Response::new(pb::PreStartContainerResponse {}))
+    }
+}
+
+impl Endpoint {
+    async fn allocate_inner(&self, req: pb::AllocateRequest, started: Instant) -> Result<pb::AllocateResponse, Status> {
+        let name = self.name();
+        let cfg = &self.resource.config;
+        let status = &self.resource.status;
+        if req.container_requests.is_empty() {
+            return Err(Status::invalid_argument(format!(
+                "resource {name}: allocate request has no container requests"
+            )));
+        }
+        let Some(driver) = &self.resource.driver else {
+            return Err(Status::unavailable(format!("resource {name}: driver not loaded")));
+        };
+        let view = self.resource.snapshot();
+        // Validate everything first: nothing is allocated unless all of it is valid.
+        let mut physical = Vec::with_capacity(req.container_requests.len());
+        // Which container request named each ID first: an advertised ID goes to one container
+        // per call (with replicas, distinct replicas of one device may go to several).
+        let mut seen: HashMap<&str, usize> = HashMap::new();
+        for (i, c) in req.container_requests.iter().enumerate() {
+            let refuse = |msg: String| {
+                status.allocation(i, &c.devices_ids, Err(msg.clone()), started.elapsed());
+                Status::invalid_argument(msg)
+            };
+            if c.devices_ids.is_empty() {
+                return Err(refuse(format!("resource {name}: container request {i} has no device IDs")));
+            }
+            for id in &c.devices_ids {
+                if view.get(id).is_none() {
+                    return Err(refuse(format!("resource {name}: unknown device ID {}", quoted(id))));
+                }
+                match seen.insert(id.as_str(), i) {
+                    None => {}
+                    Some(first) if first == i => {
+                        return Err(refuse(format!("resource {name}: device ID {} requested twice", quoted(id))));
+                    }
+                    Some(first) => {
+                        return Err(refuse(format!(
+                            "resource {name}: device ID {} requested by container requests {first} and {i}; \
+                             a device ID goes to one container per call",
+                            quoted(id)
+                        )));
+                    }
+                }
+            }
+            let phys = if view.replicas > 1 {
+                sharing::physical_ids(&c.devices_ids, view.replicas, cfg.one_replica_per_container)
+                    .map_err(|e| refuse(format!("resource {name}: {e}")))?
+            } else {
+                c.devices_ids.clone()
+            };
+            physical.push(phys);
+        }
+        let mut responses = Vec::with_capacity(req.container_requests.len());
+        for (i, (c, phys)) in req.container_requests.into_iter().zip(physical).enumerate() {
+            let (mut edits, conflicts) = device::compose(phys.iter().filter_map(|id| view.physical(id)));
+            for conflict in conflicts {
+                tracing::warn!(resource = name, "conflicting container edits: {conflict}");
+            }
+            if cfg.device_list_strategy == DeviceListStrategy::Cdi {
+                edits = cdi::allocate_edits(name, &view.devices, &phys, edits);
+            }
+            let result = driver.allocate(phys).await;
+            self.services.metrics.driver_call(&driver.name, "allocate", telemetry::call_outcome(&result));
+            match result {
+                Ok(Some(hook)) => edits.amend(hook),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(resource = name, "allocate failed: {e}");
+                    status.allocation(i, &c.devices_ids, Err(e.to_string()), started.elapsed());
+                    return Err(e.to_status());
+                }
+            }
+            status.allocation(i, &c.devices_ids, Ok(()), started.elapsed());
+            responses.push(to_response(edits));
+        }
+        // The kubelet lists the new holder shortly: look soon, not at the next poll.
+        if let Some(follower) = &self.services.follower {
+            follower.poke();
+        }
+        Ok(pb::AllocateResponse { container_responses: responses })
+    }
+}
+
+/// A stream fed by a task through a small channel; the task stops when the
+/// client goes away (send fails).
+fn async_stream<F, Fut>(f: F) -> ListStream
+where
+    F: FnOnce(tokio::sync::mpsc::Sender<Result<pb::ListAndWatchResponse, Status>>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tokio::spawn(f(tx));
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+}

@@ -1,0 +1,464 @@
+//! Serving the kubelet: one gRPC server per resource on its own socket in
+//! the kubelet's device-plugins folder, registered once it is serving, and
+//! served again and re-registered whenever the kubelet restarts (a new
+//! `kubelet.sock`) or our socket disappears. The kubelet may be absent for
+//! as long as it likes: we retry with capped backoff and never exit for it.
+//! The folder itself may come and go too (`folder` re-arms its watch).
+//! Stopping is concurrent and bounded, and always removes our sockets.
+
+mod folder;
+
+use crate::engine::registry::{Resource, Services};
+use crate::fronts::device_plugin::endpoint::Endpoint;
+use devhost_proto::v1beta1 as pb;
+use std::collections::HashMap;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{Notify, watch};
+
+const BACKOFF_START: Duration = Duration::from_millis(20);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// Registration failures in a row are logged at most this often.
+const QUIET: Duration = Duration::from_secs(60);
+
+/// An error with its causes, each said once (transport errors repeat their
+/// source in their own text).
+fn describe(e: &anyhow::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+    }
+    parts.join(": ")
+}
+
+/// How long stopping every endpoint may take in all (SIGTERM, reload),
+/// whatever the kubelet does; the DaemonSet allows 10 s.
+const STOP_DEADLINE: Duration = Duration::from_secs(3);
+
+/// What the folder watcher tells the endpoints.
+struct Signals {
+    /// Bumped whenever a new kubelet.sock appears, or the folder does.
+    kubelet_gen: watch::Sender<u64>,
+    /// Per socket path of ours: notified when the file is removed.
+    socket_lost: Mutex<HashMap<PathBuf, Arc<Notify>>>,
+    services: Arc<Services>,
+    /// Inode of the kubelet.sock last seen, to count each restart once.
+    last_kubelet: Mutex<Option<SocketId>>,
+    /// Asks the folder watch to check what it watches.
+    rearm: Notify,
+    /// The watched folder itself was removed or renamed: watch it afresh.
+    watch_lost: AtomicBool,
+    /// The kind of the last bind error logged at warning level, so that
+    /// every endpoint failing the same way is said once.
+    bind_said: Mutex<Option<std::io::ErrorKind>>,
+}
+
+impl Signals {
+    /// A new kubelet.sock: every endpoint re-registers. inotify and the stat
+    /// check may both see one restart, so the metric counts distinct
+    /// sockets, and the kubelet's first appearance is not a restart.
+    fn kubelet_restarted(&self, inode: Option<SocketId>) {
+        let mut last = self.last_kubelet.lock().unwrap_or_else(|p| p.into_inner());
+        if inode.is_some() && *last != inode {
+            if last.is_some() {
+                self.services.metrics.kubelet_restart();
+            }
+            *last = inode;
+            self.kubelet_gen.send_modify(|g| *g += 1);
+        }
+    }
+}
+
+impl Signals {
+    /// The folder is (again) there and watched: catch up on what happened
+    /// before the watch was set, and wake endpoints waiting to bind.
+    fn folder_ready(&self, dir: &Path) {
+        self.kubelet_restarted(inode(&dir.join(devhost_proto::KUBELET_SOCKET)));
+        for (path, lost) in self.lost() {
+            if inode(&path).is_none() {
+                lost.notify_one();
+            }
+        }
+        self.kubelet_gen.send_modify(|g| *g += 1);
+    }
+
+    /// A failed bind: the first of its kind says what is wrong (with what to
+    /// check where the operator must act); repeats go to debug.
+    fn bind_failed(&self, dir: &Path, resource: &str, path: &Path, e: &std::io::Error, retry: Duration) {
+        let first = {
+            let mut said = self.bind_said.lock().unwrap_or_else(|p| p.into_inner());
+            said.replace(e.kind()) != Some(e.kind())
+        };
+        use std::io::ErrorKind::*;
+        match e.kind() {
+            _ if !first => {
+                tracing::debug!(resource, socket = %path.display(), "cannot listen ({e}); retrying in {retry:?}")
+            }
+            PermissionDenied | ReadOnlyFilesystem => {
+                tracing::error!(resource, socket = %path.display(), "{}", folder::denied_hint(dir, e))
+            }
+            NotFound => tracing::warn!(
+                resource,
+                dir = %dir.display(),
+                "cannot listen: the device-plugins folder does not exist (yet); serving as soon as the kubelet creates it"
+            ),
+            _ => tracing::warn!(
+                resource,
+                socket = %path.display(),
+                "cannot listen ({e}); retrying every {BACKOFF_MAX:?} at most, further attempts at debug level"
+            ),
+        }
+    }
+
+    /// A bind worked: the next failure is news again.
+    fn bind_ok(&self) {
+        *self.bind_said.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    fn lost(&self) -> Vec<(PathBuf, Arc<Notify>)> {
+        self.socket_lost.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|(p, n)| (p.clone(), n.clone())).collect()
+    }
+}
+
+/// Which socket file is at `path`: inode numbers are reused as soon as a
+/// file is deleted, so the change time is part of the identity.
+type SocketId = (u64, i64, i64);
+
+fn inode(path: &Path) -> Option<SocketId> {
+    std::fs::symlink_metadata(path)
+        .ok()
+        .filter(|m| m.file_type().is_socket())
+        .map(|m| (m.ino(), m.ctime(), m.ctime_nsec()))
+}
+
+struct Served {
+    resource: Arc<Resource>,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// The endpoints being served in one device-plugins folder, one task per
+/// resource, plus the folder watch they share.
+pub struct Endpoints {
+    dir: PathBuf,
+    services: Arc<Services>,
+    signals: Arc<Signals>,
+    served: Mutex<Vec<Served>>,
+    watch: Option<tokio::task::JoinHandle<()>>,
+    checker: tokio::task::JoinHandle<()>,
+}
+
+impl Endpoints {
+    /// Starts watching `dir` (inotify plus a periodic stat check).
+    pub fn start(dir: PathBuf, services: Arc<Services>) -> Endpoints {
+        let signals = Arc::new(Signals {
+            kubelet_gen: watch::channel(0).0,
+            socket_lost: Mutex::new(HashMap::new()),
+            services: services.clone(),
+            last_kubelet: Mutex::new(inode(&dir.join(devhost_proto::KUBELET_SOCKET))),
+            rearm: Notify::new(),
+            watch_lost: AtomicBool::new(false),
+            bind_said: Mutex::new(None),
+        });
+        // Absolute, so that the watch can climb to the parents.
+        let watched = std::path::absolute(&dir).unwrap_or_else(|_| dir.clone());
+        let watch = folder::FolderWatch::new(&watched, &dir, signals.clone()).map(|w| tokio::spawn(w.run()));
+        let checker = tokio::spawn(folder::recheck(dir.clone(), signals.clone()));
+        Endpoints { dir, services, signals, served: Mutex::new(Vec::new()), watch, checker }
+    }
+
+    /// Serves exactly `resources` (those with a driver): starts the new ones
+    /// and stops the ones no longer listed. Resources served already keep
+    /// their socket, registration and streams.
+    pub async fn sync(&self, resources: &[Arc<Resource>]) {
+        // A DRA resource is served by the DRA front (crate::fronts::dra), never also as a device plugin.
+        let wanted: Vec<&Arc<Resource>> =
+            resources.iter().filter(|r| r.driver.is_some() && r.config.api.dra_driver().is_none()).collect();
+        for r in resources.iter().filter(|r| r.driver.is_none()) {
+            tracing::error!(resource = %r.config.name, "not served: {}", r.error.as_deref().unwrap_or("driver unavailable"));
+        }
+        let gone: Vec<Served> = {
+            let mut served = self.served.lock().unwrap_or_else(|p| p.into_inner());
+            let (keep, gone): (Vec<Served>, Vec<Served>) = std::mem::take(&mut *served)
+                .into_iter()
+                .partition(|s| wanted.iter().any(|w| Arc::ptr_eq(w, &s.resource)));
+            *served = keep;
+            gone
+        };
+        stop_all(gone, &self.dir).await;
+        let mut served = self.served.lock().unwrap_or_else(|p| p.into_inner());
+        for r in wanted {
+            if served.iter().any(|s| Arc::ptr_eq(&s.resource, r)) {
+                continue;
+            }
+            let path = self.dir.join(&r.config.socket_name);
+            let lost = Arc::new(Notify::new());
+            self.signals.socket_lost.lock().unwrap_or_else(|p| p.into_inner()).insert(path, lost.clone());
+            let (stop, stop_rx) = watch::channel(false);
+            let task = tokio::spawn(serve_resource(
+                r.clone(),
+                self.services.clone(),
+                self.signals.clone(),
+                self.dir.clone(),
+                lost,
+                self.signals.kubelet_gen.subscribe(),
+                stop_rx,
+            ));
+            served.push(Served { resource: r.clone(), stop, task });
+        }
+    }
+
+    /// Stops every endpoint and removes our sockets, within `STOP_DEADLINE` (3 s).
+    pub async fn shutdown(&self) {
+        let all = std::mem::take(&mut *self.served.lock().unwrap_or_else(|p| p.into_inner()));
+        stop_all(all, &self.dir).await;
+        self.checker.abort();
+        if let Some(w) = &self.watch {
+            w.abort();
+        }
+    }
+}
+
+impl Drop for Endpoints {
+    fn drop(&mut self) {
+        self.checker.abort();
+        if let Some(w) = &self.watch {
+            w.abort();
+        }
+    }
+}
+
+/// Stops endpoints together under one deadline: those still busy then (a
+/// kubelet that does not answer) are cancelled. Our sockets are removed in
+/// every case.
+async fn stop_all(list: Vec<Served>, dir: &Path) {
+    for s in &list {
+        let _ = s.stop.send(true);
+    }
+    let tasks =
+        list.into_iter().map(|s| (s.resource.config.name.clone(), dir.join(&s.resource.config.socket_name), s.task));
+    let late = join_or_cancel(tasks.collect(), STOP_DEADLINE).await;
+    if !late.is_empty() {
+        tracing::warn!(
+            resources = %late.join(", "),
+            "endpoint(s) did not stop within {STOP_DEADLINE:?}; cancelled them and removed their sockets"
+        );
+    }
+}
+
+/// Waits for endpoint tasks already told to stop, all under one deadline;
+/// cancels those still running then. Removes every socket either way and
+/// returns the names of the cancelled ones.
+async fn join_or_cancel(tasks: Vec<(String, PathBuf, tokio::task::JoinHandle<()>)>, within: Duration) -> Vec<String> {
+    let deadline = tokio::time::Instant::now() + within;
+    let mut late = Vec::new();
+    for (name, socket, mut task) in tasks {
+        // All were told at once, so waiting in turn under one deadline is waiting together.
+        if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
+            task.abort();
+            let _ = tokio::time::timeout(Duration::from_millis(200), task).await;
+            late.push(name);
+        }
+        remove_own_socket(&socket);
+    }
+    late
+}
+
+/// One resource's life: bind, serve, register, wait for a reason to start
+/// over; on stop remove the socket.
+async fn serve_resource(
+    res: Arc<Resource>,
+    services: Arc<Services>,
+    signals: Arc<Signals>,
+    dir: PathBuf,
+    lost: Arc<Notify>,
+    mut kubelet_gen: watch::Receiver<u64>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let name = res.config.name.clone();
+    let path = dir.join(&res.config.socket_name);
+    let mut backoff = BACKOFF_START;
+    let (mut failures, mut last_warned) = (0u32, None);
+    'outer: while !*stop.borrow() {
+        let (retire_tx, retire_rx) = watch::channel(false);
+        let listener = match bind(&path) {
+            Ok(l) => {
+                signals.bind_ok();
+                l
+            }
+            Err(e) => {
+                signals.bind_failed(&dir, &name, &path, &e, backoff);
+                // The folder coming back (or a new kubelet) is worth an attempt at once.
+                let woken = tokio::select! {
+                    _ = tokio::time::sleep(backoff) => false,
+                    _ = kubelet_gen.changed() => true,
+                    _ = stop.changed() => break,
+                };
+                backoff = if woken { BACKOFF_START } else { (backoff * 2).min(BACKOFF_MAX) };
+                continue;
+            }
+        };
+        let our_inode = inode(&path);
+        let endpoint = Endpoint { resource: res.clone(), services: services.clone(), retired: retire_rx.clone() };
+        let mut retire_wait = retire_rx.clone();
+        let server = tokio::spawn(crate::fronts::device_plugin::endpoint::serve(endpoint, listener, async move {
+            let _ = retire_wait.wait_for(|r| *r).await;
+        }));
+        // A lost-socket signal from before this bind is stale.
+        let _ = tokio::time::timeout(Duration::ZERO, lost.notified()).await;
+        kubelet_gen.borrow_and_update();
+        // Register, retrying while the kubelet is absent or refuses.
+        let kubelet_sock = dir.join(devhost_proto::KUBELET_SOCKET);
+        let reason = 'serve: loop {
+            let mut registered_with;
+            loop {
+                registered_with = inode(&kubelet_sock);
+                // A kubelet that never answers must not hold up a shutdown.
+                let attempt = tokio::select! {
+                    r = register(&dir, &res) => r,
+                    _ = stop.changed() => { let _ = retire_tx.send(true); break 'outer; }
+                };
+                match attempt {
+                    Ok(()) => {
+                        failures = 0;
+                        last_warned = None;
+                        res.registered.store(true, Ordering::Release);
+                        services.metrics.registered(&name);
+                        tracing::info!(resource = %name, socket = %res.config.socket_name, "registered with the kubelet");
+                        backoff = BACKOFF_START;
+                        break;
+                    }
+                    Err(e) => {
+                        // Without a kubelet this repeats every few seconds: say it
+                        // once, then once a minute, with debug detail in between.
+                        failures += 1;
+                        let why = describe(&e);
+                        if last_warned.is_none_or(|t: std::time::Instant| t.elapsed() >= QUIET) {
+                            let again =
+                                if failures > 1 { format!(" ({failures} attempts so far)") } else { String::new() };
+                            tracing::warn!(resource = %name, "registration failed{again}: {why}; retrying every {BACKOFF_MAX:?} at most");
+                            last_warned = Some(std::time::Instant::now());
+                        } else {
+                            tracing::debug!(resource = %name, "registration failed: {why}; retrying in {backoff:?}");
+                        }
+                        tokio::select! {
+                            _ = tokio::time::sleep(backoff) => {}
+                            _ = kubelet_gen.changed() => { backoff = BACKOFF_START; }
+                            _ = stop.changed() => { let _ = retire_tx.send(true); break 'outer; }
+                        }
+                        backoff = (backoff * 2).min(BACKOFF_MAX);
+                        if inode(&path) != our_inode {
+                            // The kubelet wiped the folder meanwhile: serve on a fresh socket.
+                            let _ = retire_tx.send(true);
+                            let _ = tokio::time::timeout(Duration::from_secs(1), server).await;
+                            continue 'outer;
+                        }
+                    }
+                }
+            }
+            // A kubelet restart that left our socket in place (the kubelet
+            // wipes the folder when it starts, but a late or doubled notice
+            // can come after we registered with the new one) needs a new
+            // registration only: the server and its connections stay, so an
+            // Allocate in flight is not cut off.
+            loop {
+                tokio::select! {
+                    _ = kubelet_gen.changed() => {
+                        if inode(&path) != our_inode {
+                            break 'serve "kubelet restarted";
+                        }
+                        if inode(&kubelet_sock) != registered_with {
+                            tracing::info!(resource = %name, "kubelet restarted: registering again on the same socket");
+                            continue 'serve;
+                        }
+                    },
+                    // inotify can deliver the removal of the previous socket
+                    // late: only a socket that is really gone counts.
+                    _ = lost.notified() => if inode(&path) != our_inode { break 'serve "socket removed" },
+                    _ = stop.changed() => break 'serve "shutting down",
+                }
+            }
+        };
+        res.registered.store(false, Ordering::Release);
+        services.metrics.unregistered(&name);
+        tracing::info!(resource = %name, "{reason}: retiring endpoint");
+        let _ = retire_tx.send(true);
+        if tokio::time::timeout(Duration::from_secs(1), server).await.is_err() {
+            tracing::warn!(resource = %name, "endpoint did not stop within 1 s");
+        }
+    }
+    res.registered.store(false, Ordering::Release);
+    remove_own_socket(&path);
+}
+
+/// Binds the socket, replacing a stale one of ours.
+fn bind(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
+    remove_own_socket(path);
+    tokio::net::UnixListener::bind(path)
+}
+
+/// Removes `path` only if it is a socket (our file name; never kubelet.sock).
+fn remove_own_socket(path: &Path) {
+    if inode(path).is_some() {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+async fn register(dir: &Path, res: &Resource) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let sock = dir.join(devhost_proto::KUBELET_SOCKET);
+    let channel = devhost_proto::connect_uds_timeout(&sock, Duration::from_secs(5))
+        .await
+        .with_context(|| format!("cannot reach the kubelet at {}", sock.display()))?;
+    let mut client = pb::registration_client::RegistrationClient::new(channel);
+    let req = pb::RegisterRequest {
+        version: devhost_proto::VERSION.to_string(),
+        endpoint: res.config.socket_name.clone(),
+        resource_name: res.config.name.clone(),
+        options: Some(Endpoint::options(res)),
+    };
+    tokio::time::timeout(Duration::from_secs(15), client.register(req))
+        .await
+        .map_err(|_| anyhow::anyhow!("kubelet did not answer Register within 15 s"))?
+        .map_err(|s| anyhow::anyhow!("kubelet refused: {}", s.message()))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn stuck_endpoints_are_cancelled_under_one_deadline_and_their_sockets_removed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut tasks = Vec::new();
+        let mut listeners = Vec::new();
+        for name in ["a", "b", "c"] {
+            let socket = tmp.path().join(format!("{name}.sock"));
+            listeners.push(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+            // Ignores every stop request, like an endpoint stuck in a call.
+            let task = tokio::spawn(std::future::pending::<()>());
+            tasks.push((name.to_string(), socket, task));
+        }
+        // A finished endpoint whose path holds a regular file: never removed.
+        let kept = tmp.path().join("done.sock");
+        std::fs::write(&kept, "").unwrap();
+        tasks.push(("done".to_string(), kept.clone(), tokio::spawn(async {})));
+        let start = std::time::Instant::now();
+        let late = join_or_cancel(tasks, Duration::from_millis(300)).await;
+        let took = start.elapsed();
+        assert_eq!(late, ["a", "b", "c"]);
+        assert!(took < Duration::from_secs(2), "one deadline for all, not one each: {took:?}");
+        for name in ["a", "b", "c"] {
+            assert!(!tmp.path().join(format!("{name}.sock")).exists(), "{name}.sock left behind");
+        }
+        assert!(kept.exists(), "only sockets are removed");
+        drop(listeners);
+    }
+}

@@ -1,0 +1,370 @@
+//! Device release (ABI 1.1): when a device that a container held is held by
+//! no container any more, call the driver's `release` hook so it can reset
+//! or scrub the device before the next tenant, and report the device
+//! Unhealthy until that succeeds, so the kubelet does not hand it out
+//! half-clean.
+//!
+//! One [`ReleaseRunner`] per resource reads the pod-resources follower's
+//! snapshots, keeps a [`Tracker`] (the state machine, in `tracker.rs`), runs
+//! the due release calls (each on the instance's worker thread, with its
+//! deadline) and publishes the devices to report Unhealthy, with the reason,
+//! through a latest-value channel the registry consults when it publishes.
+//! With a [`Store`] (the daemon), the tracker's state is kept in a file
+//! (`state.rs`) and restored at the next start, so a device let go of while
+//! devhost was down is still released.
+
+pub mod state;
+mod tracker;
+
+#[cfg(test)]
+mod restart_tests;
+#[cfg(test)]
+mod tests;
+
+pub use state::{Saved, SavedBatch, Store};
+pub use tracker::{Backoff, Batch, Finished, Observed, Outcome, Phase, Tracker, driver_id};
+
+use crate::driver::instance::{CallError, Instance};
+use crate::fronts::device_plugin::podresources::Snapshot;
+use devhost_abi as abi;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+/// Devices to report Unhealthy because of a pending release: driver device
+/// ID → reason.
+pub type Overlay = BTreeMap<String, String>;
+
+/// What the runner needs from a driver instance; [`Instance`] in the daemon.
+pub trait Releaser: Send + Sync + 'static {
+    /// Whether the driver has a release hook at all.
+    fn has_release(&self) -> bool;
+    /// Calls the hook with the instance's deadline, off the async runtime.
+    fn release(&self, ids: Vec<String>) -> impl Future<Output = Result<bool, CallError>> + Send;
+}
+
+impl Releaser for Instance {
+    fn has_release(&self) -> bool {
+        self.module.release
+    }
+
+    fn release(&self, ids: Vec<String>) -> impl Future<Output = Result<bool, CallError>> + Send {
+        Instance::release(self, ids)
+    }
+}
+
+/// How a call result counts for the tracker: the driver saying NOT_FOUND
+/// means the devices are gone, so there is nothing left to clean.
+pub fn outcome(result: Result<bool, CallError>) -> Outcome {
+    match result {
+        Ok(_) => Outcome::Done,
+        Err(e @ CallError::Status { code: abi::DEVHOST_ERR_NOT_FOUND, .. }) => Outcome::Gone(e.to_string()),
+        Err(e) => Outcome::Failed(e.to_string()),
+    }
+}
+
+/// The release runner of one resource. Dropping it stops it (a call in
+/// flight still finishes on the driver's worker thread).
+pub struct ReleaseRunner {
+    tracker: Arc<Mutex<Tracker>>,
+    overlay: watch::Receiver<Arc<Overlay>>,
+    /// The snapshot generation the tracker saw last.
+    seen: Arc<AtomicU64>,
+    /// Whether the tracker went on from a saved state.
+    restored: bool,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl ReleaseRunner {
+    /// Starts releasing devices of `resource` through `driver`, following
+    /// `holders`. A driver without a release hook gets no task: its devices
+    /// are never marked, and holders are still shown by whoever reads them.
+    pub fn start<R: Releaser>(
+        resource: &str,
+        driver: Arc<R>,
+        holders: watch::Receiver<Snapshot>,
+        backoff: Backoff,
+    ) -> ReleaseRunner {
+        Self::start_kept(resource, driver, holders, backoff, None)
+    }
+
+    /// Like [`start`](Self::start), going on from what `store` kept for
+    /// `resource` (a previous daemon, or the runner a reload replaces) and
+    /// keeping its state there from now on. A driver without a release hook
+    /// leaves the kept state as it is.
+    pub fn start_kept<R: Releaser>(
+        resource: &str,
+        driver: Arc<R>,
+        holders: watch::Receiver<Snapshot>,
+        backoff: Backoff,
+        store: Option<Arc<Store>>,
+    ) -> ReleaseRunner {
+        let store = store.filter(|_| driver.has_release()).map(|s| {
+            let (owner, saved) = s.claim(resource);
+            (s, owner, saved)
+        });
+        let tracker = match store.as_ref().and_then(|(_, _, saved)| saved.as_ref()) {
+            Some(saved) => {
+                if !saved.pending.is_empty() || !saved.held.is_empty() {
+                    tracing::info!(
+                        resource = %resource,
+                        "going on from the kept release state: {} held device(s), {} pending release(s)",
+                        saved.held.len(),
+                        saved.pending.len()
+                    );
+                }
+                Tracker::restore(backoff, saved, Instant::now())
+            }
+            None => Tracker::new(backoff),
+        };
+        let restored = store.as_ref().is_some_and(|(_, _, saved)| saved.is_some());
+        let tracker = Arc::new(Mutex::new(tracker));
+        let (tx, overlay) = watch::channel(Arc::new(Overlay::new()));
+        let seen = Arc::new(AtomicU64::new(0));
+        let task = driver.has_release().then(|| {
+            let run = Run {
+                resource: resource.to_string(),
+                driver,
+                holders,
+                tracker: tracker.clone(),
+                overlay: tx,
+                seen: seen.clone(),
+                store: store.map(|(s, owner, _)| (s, owner)),
+            };
+            tokio::spawn(run.run())
+        });
+        ReleaseRunner { tracker, overlay, seen, restored, task }
+    }
+
+    /// Whether the runner went on from a kept state: the registry then waits
+    /// for it to compare that state with the kubelet's holders before the
+    /// resource is served.
+    pub fn restored(&self) -> bool {
+        self.restored
+    }
+
+    /// Stops calling the driver (a reload replaces this runner); what it
+    /// reports Unhealthy stays as it is until it is dropped.
+    pub fn stop(&self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
+
+    /// The [`Snapshot::generation`] the runner has taken in last (0: none
+    /// yet, or the driver has no hook). The runner reads only the latest
+    /// snapshot: a device freed and handed out again between two of its
+    /// reads was never seen free, and is not released.
+    pub fn seen_generation(&self) -> u64 {
+        self.seen.load(Ordering::Acquire)
+    }
+
+    /// Why device `id` must be reported Unhealthy now (its release is
+    /// running or failed), or `None`.
+    pub fn unhealthy(&self, id: &str) -> Option<String> {
+        lock(&self.tracker).unhealthy(id)
+    }
+
+    /// Every device to report Unhealthy, with its reason. Changes whenever a
+    /// release starts, ends or fails: republish the resource then.
+    pub fn subscribe(&self) -> watch::Receiver<Arc<Overlay>> {
+        self.overlay.clone()
+    }
+
+    /// Pending batches (running or failed), for `/status`.
+    pub fn pending(&self) -> Vec<Batch> {
+        lock(&self.tracker).batches().cloned().collect()
+    }
+}
+
+impl Drop for ReleaseRunner {
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
+}
+
+fn lock(tracker: &Mutex<Tracker>) -> MutexGuard<'_, Tracker> {
+    tracker.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+struct Run<R> {
+    resource: String,
+    driver: Arc<R>,
+    holders: watch::Receiver<Snapshot>,
+    tracker: Arc<Mutex<Tracker>>,
+    overlay: watch::Sender<Arc<Overlay>>,
+    seen: Arc<AtomicU64>,
+    /// Where the tracker's state is kept, and our owner token there.
+    store: Option<(Arc<Store>, u64)>,
+}
+
+impl<R: Releaser> Run<R> {
+    async fn run(mut self) {
+        let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(u64, Result<bool, CallError>)>();
+        let mut seen_generation = 0;
+        loop {
+            let fresh = {
+                let snap = self.holders.borrow_and_update();
+                match snap.holders(&self.resource) {
+                    Some(h) if snap.generation != seen_generation => {
+                        seen_generation = snap.generation;
+                        Some(h)
+                    }
+                    _ => None,
+                }
+            };
+            if let Some(holders) = fresh {
+                let observed = lock(&self.tracker).observe(&holders);
+                self.seen.store(seen_generation, Ordering::Release);
+                self.log_observed(&observed);
+            }
+            let due = lock(&self.tracker).due(Instant::now());
+            self.keep();
+            // Unhealthy goes out before the hook starts, so the kubelet
+            // stops handing these devices out as early as possible.
+            self.publish();
+            for (id, ids) in due {
+                let driver = self.driver.clone();
+                let done = done_tx.clone();
+                tokio::spawn(async move {
+                    let result = driver.release(ids).await;
+                    let _ = done.send((id, result));
+                });
+            }
+            let retry = lock(&self.tracker).next_retry();
+            tokio::select! {
+                changed = self.holders.changed() => {
+                    if changed.is_err() {
+                        return; // the follower is gone: the daemon is stopping
+                    }
+                }
+                Some((id, result)) = done_rx.recv() => {
+                    let finished = lock(&self.tracker).finished(id, outcome(result), Instant::now());
+                    self.keep();
+                    self.log_finished(finished);
+                }
+                _ = sleep_until(retry) => {}
+            }
+        }
+    }
+
+    /// Hands the tracker's state to the store (written soon after).
+    fn keep(&self) {
+        if let Some((store, owner)) = &self.store {
+            let saved = lock(&self.tracker).saved();
+            store.update(&self.resource, *owner, saved);
+        }
+    }
+
+    fn publish(&self) {
+        let overlay = lock(&self.tracker).overlay();
+        self.overlay.send_if_modified(|current| {
+            let changed = **current != overlay;
+            if changed {
+                *current = Arc::new(overlay);
+            }
+            changed
+        });
+    }
+
+    fn log_observed(&self, observed: &Observed) {
+        let resource = &self.resource;
+        for (holder, devices) in observed.released.iter().filter(|_| observed.since_restart) {
+            tracing::info!(
+                resource = %resource,
+                "{} let go of {} while devhost was restarting or reloading; calling the driver's release hook (Unhealthy meanwhile)",
+                holder,
+                devices.join(",")
+            );
+        }
+        for (holder, devices) in observed.released.iter().filter(|_| !observed.since_restart) {
+            tracing::info!(
+                resource = %resource,
+                "{} let go of {}; calling the driver's release hook (Unhealthy meanwhile)",
+                holder,
+                devices.join(",")
+            );
+        }
+        for (device, holder) in &observed.reused {
+            tracing::warn!(
+                resource = %resource,
+                device = %device,
+                "handed to {holder} before its release finished; not releasing it"
+            );
+        }
+        for (device, from, to) in &observed.moved {
+            tracing::warn!(
+                resource = %resource,
+                device = %device,
+                "went from {from} to {to} without being seen free; not released in between"
+            );
+        }
+    }
+
+    fn log_finished(&self, finished: Option<Finished>) {
+        let resource = &self.resource;
+        match finished {
+            None => {}
+            Some(Finished::Released { holder, devices, attempts }) => tracing::info!(
+                resource = %resource,
+                "released {} after {holder} ({attempts} attempt(s)); Healthy again",
+                devices.join(",")
+            ),
+            Some(Finished::Gone { holder, devices, message }) => tracing::info!(
+                resource = %resource,
+                "{} (released after {holder}) no longer exist; nothing to release: {message}",
+                devices.join(",")
+            ),
+            Some(Finished::Retry { holder, devices, message, attempts, after }) => tracing::warn!(
+                resource = %resource,
+                "release of {} after {holder} failed (attempt {attempts}); Unhealthy, retrying in {after:?}: {message}",
+                devices.join(",")
+            ),
+        }
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// How long a (re)load waits for [`settle`] at most.
+pub const SETTLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Waits until the pod-resources follower has an answer (or has failed) and
+/// each runner has taken an answer in, at most `timeout`. Without an answer
+/// the runners compare their kept state with the first one that comes later.
+///
+/// Any answer will do: a runner marks what it must release Unhealthy as soon
+/// as it has compared one List with its kept state. Waiting for the newest
+/// generation instead would wait for a release hook to finish (the follower
+/// counts every List, but wakes a runner only when the holders change, and a
+/// busy runner reads the next one after its hook), holding back every
+/// resource's registration meanwhile.
+pub async fn settle(mut holders: watch::Receiver<Snapshot>, runners: &[&ReleaseRunner], timeout: std::time::Duration) {
+    let waiting = async {
+        match holders.wait_for(|s| s.generation > 0 || s.error.is_some()).await {
+            // No answer yet, only an error: nothing to compare with.
+            Ok(s) if s.generation == 0 => return,
+            Ok(_) => {}
+            Err(_) => return,
+        }
+        while runners.iter().any(|r| r.seen_generation() == 0) {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    };
+    if tokio::time::timeout(timeout, waiting).await.is_err() {
+        tracing::warn!(
+            "no pod-resources answer within {timeout:?}; serving now, devices let go of while devhost was not \
+             running are released once the kubelet answers"
+        );
+    }
+}

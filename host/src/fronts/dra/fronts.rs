@@ -1,0 +1,94 @@
+//! The DRA fronts of the daemon: one [`DraFront`] per `api = "dra"` resource whose driver is
+//! loaded, kept in step with the manifest at start and at each reload.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::DraFront;
+use super::api::ApiServer;
+use crate::engine::registry::Resource;
+use crate::manifest::Manifest;
+
+/// Every DRA resource being served, under one kubelet root directory.
+pub struct Fronts {
+    root: PathBuf,
+    kubeconfig: Option<PathBuf>,
+    node_name: Option<String>,
+    /// Made when the first DRA resource needs it (a node without DRA resources never needs a
+    /// kubeconfig), and again at a later sync if making it failed.
+    api: Option<ApiServer>,
+    served: Vec<(Arc<Resource>, DraFront)>,
+}
+
+impl Fronts {
+    /// No front yet; the kubelet root (`kubelet_root_dir`), the API server (`kubeconfig`) and the
+    /// node (`node_name`) come from `manifest`.
+    pub fn new(manifest: &Manifest) -> Fronts {
+        Fronts {
+            root: manifest.kubelet_root_dir.clone(),
+            kubeconfig: manifest.kubeconfig.clone(),
+            node_name: manifest.node_name.clone(),
+            api: None,
+            served: Vec::new(),
+        }
+    }
+
+    /// The API client, made on first use; an error names why it cannot be made.
+    async fn api(&mut self) -> Result<ApiServer, String> {
+        if let Some(api) = &self.api {
+            return Ok(api.clone());
+        }
+        let api = ApiServer::connect(self.kubeconfig.as_deref(), self.node_name.as_deref())
+            .await
+            .map_err(|e| e.to_string())?;
+        tracing::info!(node = %api.node, "DRA: API server client ready");
+        self.api = Some(api.clone());
+        Ok(api)
+    }
+
+    /// Serves exactly the DRA resources of `resources` whose driver is loaded: stops the fronts
+    /// of resources gone or changed (a reload makes a new `Resource` for a changed entry), then
+    /// starts the missing ones. A front that cannot start costs only its own resource.
+    pub async fn sync(&mut self, resources: &[Arc<Resource>]) {
+        let wanted: Vec<&Arc<Resource>> =
+            resources.iter().filter(|r| r.driver.is_some() && r.config.api.dra_driver().is_some()).collect();
+        let (keep, gone): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut self.served).into_iter().partition(|(r, _)| wanted.iter().any(|w| Arc::ptr_eq(w, r)));
+        self.served = keep;
+        for (_, front) in gone {
+            front.stop().await;
+        }
+        for r in wanted {
+            if self.served.iter().any(|(s, _)| Arc::ptr_eq(s, r)) {
+                continue;
+            }
+            let Some(driver) = r.config.api.dra_driver() else { continue };
+            let api = match self.api().await {
+                Ok(api) => api,
+                Err(e) => {
+                    tracing::error!(resource = %r.config.name, dra_driver = driver, "not served: {e}");
+                    continue;
+                }
+            };
+            match DraFront::start(&self.root, driver, r.clone(), api).await {
+                Ok(front) => {
+                    tracing::warn!(
+                        resource = %r.config.name,
+                        dra_driver = driver,
+                        "served through DRA, which is in progress: the kubelet can register the driver, but devhost \
+                         publishes no ResourceSlices and cannot prepare claims yet, so no pod gets these devices"
+                    );
+                    self.served.push((r.clone(), front));
+                }
+                Err(e) => tracing::error!(resource = %r.config.name, "not served: {e}"),
+            }
+        }
+    }
+
+    /// Stops every front and removes its sockets.
+    pub async fn shutdown(&mut self) {
+        for (_, front) in std::mem::take(&mut self.served) {
+            front.stop().await;
+        }
+    }
+}

@@ -1,0 +1,165 @@
+//! What NodePrepareResources answers for one claim, decided without sockets: the claim's
+//! allocation results (read from the API server by the caller) are mapped back from DRA device
+//! names to the driver's device IDs, and each device is answered with its CDI device ID (the
+//! spec the registry already keeps per resource, see [`crate::engine::cdi`]). The whole claim is checked
+//! before anything is answered, as Allocate does: one bad result fails the claim, naming it.
+//!
+//! Device names, fixed here: a DRA device name is a DNS label (lower-case letters, digits and
+//! `-`, at most 63, starting and ending with a letter or digit). A device ID that already is one
+//! is its own name; any other is lower-cased, every other character becomes `-`, the ends are
+//! trimmed, the body is cut to 54 characters and `-` plus 8 hex digits of the ID's hash is
+//! appended, so a name never changes across restarts and two IDs share a name only on a 32-bit
+//! hash collision.
+
+use devhost_proto::dra::v1 as pb;
+
+use crate::driver::device::Device;
+
+/// Longest DRA device name (a DNS label).
+const MAX_DEVICE_NAME: usize = 63;
+/// Room for the body of a hashed name: 63 minus `-` and 8 hex digits.
+const MAX_HASHED_BODY: usize = MAX_DEVICE_NAME - 9;
+
+/// One entry of a claim's `status.allocation.devices.results`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllocationResult {
+    /// The request name, possibly `request/subrequest`.
+    pub request: String,
+    pub driver: String,
+    pub pool: String,
+    pub device: String,
+}
+
+fn is_label_char(c: char) -> bool {
+    c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'
+}
+
+fn is_device_name(name: &str) -> bool {
+    let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    name.len() <= MAX_DEVICE_NAME
+        && name.chars().all(is_label_char)
+        && alnum(name.chars().next())
+        && alnum(name.chars().last())
+}
+
+/// FNV-1a, 32 bits: stable across builds and restarts, unlike std's hasher.
+fn fnv1a(text: &str) -> u32 {
+    text.bytes().fold(0x811c_9dc5, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193))
+}
+
+/// The DRA device name of a driver's device ID (rule in the module docs).
+pub fn device_name(id: &str) -> String {
+    if is_device_name(id) {
+        return id.to_owned();
+    }
+    let body: String =
+        id.chars().map(|c| c.to_ascii_lowercase()).map(|c| if is_label_char(c) { c } else { '-' }).collect();
+    let body = body.trim_matches('-');
+    let body: String = body.chars().take(MAX_HASHED_BODY).collect();
+    let body = body.trim_end_matches('-');
+    let hash = fnv1a(id);
+    if body.is_empty() { format!("x-{hash:08x}") } else { format!("{body}-{hash:08x}") }
+}
+
+/// The devices NodePrepareResources answers for one claim of DRA driver `driver`, whose devices
+/// (those of `resource`, its one pool `pool`) are `devices`. Results for other drivers are not
+/// ours and are skipped, as the kubelet sends each driver the whole claim. An error names the
+/// claim's device that cannot be prepared and why.
+pub fn plan(
+    resource: &str,
+    driver: &str,
+    pool: &str,
+    devices: &[Device],
+    results: &[AllocationResult],
+) -> Result<Vec<pb::Device>, String> {
+    let mut answer = Vec::new();
+    for result in results.iter().filter(|r| r.driver == driver) {
+        if result.pool != pool {
+            return Err(format!(
+                "device {} of request {} is in pool {}, but driver {driver} serves only pool {pool} on this node",
+                result.device, result.request, result.pool
+            ));
+        }
+        let Some(device) = devices.iter().find(|d| device_name(&d.id) == result.device) else {
+            return Err(format!(
+                "device {} of request {} is not a device of driver {driver} on this node (gone since allocation?)",
+                result.device, result.request
+            ));
+        };
+        if !device.healthy {
+            return Err(format!(
+                "device {} (ID {}) of request {} is unhealthy",
+                result.device, device.id, result.request
+            ));
+        }
+        let request = result.request.split_once('/').map_or(result.request.as_str(), |(r, _)| r);
+        answer.push(pb::Device {
+            request_names: vec![request.to_owned()],
+            pool_name: pool.to_owned(),
+            device_name: result.device.clone(),
+            cdi_device_ids: vec![crate::engine::cdi::qualified_name(resource, &device.id)],
+            share_id: None,
+        });
+    }
+    Ok(answer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn device(id: &str, healthy: bool) -> Device {
+        Device {
+            id: id.into(),
+            healthy,
+            health_reason: None,
+            numa_node: None,
+            attributes: Default::default(),
+            edits: Default::default(),
+            links: Vec::new(),
+        }
+    }
+
+    fn result(request: &str, driver: &str, pool: &str, device: &str) -> AllocationResult {
+        AllocationResult { request: request.into(), driver: driver.into(), pool: pool.into(), device: device.into() }
+    }
+
+    #[test]
+    fn device_names_are_stable_dns_labels() {
+        assert_eq!(device_name("gpu-0"), "gpu-0");
+        let pci = device_name("0000:3B:00.0");
+        assert!(pci.starts_with("0000-3b-00-0-") && pci.len() == 13 + 8, "{pci}");
+        assert_eq!(device_name("0000:3B:00.0"), pci, "the same ID always gets the same name");
+        assert_ne!(device_name("GPU-1"), device_name("gpu-1"), "a lossy mapping keeps IDs apart");
+        let long = device_name(&"A".repeat(100));
+        assert!(long.len() <= 63 && is_device_name(&long), "{long}");
+        assert!(is_device_name(&device_name("::")), "{}", device_name("::"));
+    }
+
+    #[test]
+    fn plan_maps_names_back_to_ids_and_answers_cdi_ids() {
+        let devices = [device("GPU-A", true), device("gpu-1", true)];
+        let results = [
+            result("gpus/large", "gpu.example.com", "node-1", &device_name("GPU-A")),
+            result("gpus", "other.example.com", "node-1", "x"),
+            result("one", "gpu.example.com", "node-1", "gpu-1"),
+        ];
+        let answer = plan("example.com/gpu", "gpu.example.com", "node-1", &devices, &results).unwrap();
+        assert_eq!(answer.len(), 2, "the other driver's result is skipped");
+        assert_eq!(answer[0].request_names, ["gpus"], "the subrequest suffix is dropped");
+        assert_eq!(answer[0].cdi_device_ids, [crate::engine::cdi::qualified_name("example.com/gpu", "GPU-A")]);
+        assert_eq!((answer[1].pool_name.as_str(), answer[1].device_name.as_str()), ("node-1", "gpu-1"));
+        assert_eq!(answer[1].cdi_device_ids, ["example.com/gpu=gpu-1"]);
+    }
+
+    #[test]
+    fn plan_refuses_unknown_foreign_pool_and_unhealthy_devices_by_name() {
+        let devices = [device("gpu-0", true), device("gpu-1", false)];
+        let plan = |r: AllocationResult| plan("example.com/gpu", "d.example.com", "n", &devices, &[r]).unwrap_err();
+        assert!(plan(result("r", "d.example.com", "n", "gpu-9")).contains("gpu-9 of request r is not a device"));
+        assert!(plan(result("r", "d.example.com", "other", "gpu-0")).contains("in pool other"));
+        assert!(
+            plan(result("r", "d.example.com", "n", "gpu-1")).contains("gpu-1 (ID gpu-1) of request r is unhealthy")
+        );
+    }
+}
