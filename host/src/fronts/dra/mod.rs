@@ -6,6 +6,7 @@
 //! each claim with an error saying so.
 
 pub mod api;
+mod authority;
 mod fronts;
 pub mod plugin;
 pub mod prepare;
@@ -22,6 +23,7 @@ use devhost_proto::pluginregistration::registration_server::RegistrationServer;
 use tokio::net::UnixListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::service::Routes;
 
@@ -113,8 +115,9 @@ impl DraFront {
             verdict.clone(),
         )));
         let tasks = vec![
-            spawn_server(driver, "plugin", dra, plugin, stop_rx.clone()),
-            spawn_server(driver, "registration", reg, registration, stop_rx),
+            spawn_server(driver, "plugin", dra, plugin, false, stop_rx.clone()),
+            // The kubelet's plugin watcher sends the socket path as :authority (see `authority`).
+            spawn_server(driver, "registration", reg, registration, true, stop_rx),
         ];
         tracing::info!(dra_driver = driver, registration = %paths.registration.display(), plugin = %paths.plugin.display(),
             "DRA driver sockets are up; waiting for the kubelet's plugin watcher");
@@ -188,6 +191,7 @@ fn spawn_server(
     which: &'static str,
     routes: Routes,
     listener: UnixListener,
+    mend_authority: bool,
     mut stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
     let driver = driver.to_owned();
@@ -195,10 +199,14 @@ fn spawn_server(
         let shutdown = async move {
             let _ = stop.wait_for(|stopped| *stopped).await;
         };
-        let served = tonic::transport::Server::builder()
-            .add_routes(routes)
-            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
-            .await;
+        let server = tonic::transport::Server::builder().add_routes(routes);
+        let incoming = UnixListenerStream::new(listener);
+        let served = if mend_authority {
+            let mended = incoming.map(|conn| conn.map(authority::mend));
+            server.serve_with_incoming_shutdown(mended, shutdown).await
+        } else {
+            server.serve_with_incoming_shutdown(incoming, shutdown).await
+        };
         if let Err(e) = served {
             tracing::error!(dra_driver = %driver, "the DRA {which} server stopped: {e}");
         }
