@@ -1,0 +1,129 @@
+package cluster
+
+import (
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/pem"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// KCMControllers is what kube-controller-manager runs: the resourceclaim controller only
+// (ResourceClaimTemplate -> one ResourceClaim per pod, reservedFor kept, generated claims
+// deleted with their pod). The scheduler writes allocations and extended-resource claims
+// itself; service accounts and namespaces are made by the tests; nothing else is needed, and
+// fewer controllers start faster on a loaded machine.
+const KCMControllers = "resourceclaim-controller"
+
+// startControlPlane starts kube-scheduler and kube-controller-manager as cluster admin, with
+// their HTTPS ports off (two clusters may run at once on one machine).
+func (c *Cluster) startControlPlane() error {
+	p, err := c.start("kube-scheduler", "--kubeconfig", c.AdminKubeconfig,
+		"--leader-elect=false", "--secure-port=0", "--v=2")
+	if err != nil {
+		return err
+	}
+	c.procs = append(c.procs, p)
+	p, err = c.start("kube-controller-manager", "--kubeconfig", c.AdminKubeconfig,
+		"--leader-elect=false", "--secure-port=0", "--controllers", KCMControllers,
+		"--service-account-private-key-file", filepath.Join(c.Dir, "sa.key"),
+		"--root-ca-file", filepath.Join(c.Dir, "ca.crt"),
+		"--v=2")
+	if err != nil {
+		return err
+	}
+	c.procs = append(c.procs, p)
+	// Both read their flags and connect at once: an early exit (a flag this release does not
+	// know, a refused gate) shows here rather than as a pod that never gets scheduled.
+	time.Sleep(2 * time.Second)
+	for _, p := range c.procs {
+		if p.Exited() {
+			return fmt.Errorf("%s exited at start", p.Name)
+		}
+	}
+	return nil
+}
+
+// writeDevhostKubeconfig writes <dir>/ca.crt (the CA of the API server's self-signed
+// certificate) and <dir>/kubeconfig-devhost (DevhostUser's token, that CA inline). It checks
+// that the certificate names 127.0.0.1, which a verifying client (rustls) needs.
+func (c *Cluster) writeDevhostKubeconfig() error {
+	path := filepath.Join(c.Dir, "certs", "apiserver.crt")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("the API server's certificate: %w", err)
+	}
+	var ca []byte
+	var leaf *x509.Certificate
+	for rest := data; ; {
+		var block *pem.Block
+		if block, rest = pem.Decode(rest); block == nil {
+			break
+		}
+		cert, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		if cert.IsCA {
+			ca = pem.EncodeToMemory(block)
+		} else if leaf == nil {
+			leaf = cert
+		}
+	}
+	if ca == nil || leaf == nil {
+		return fmt.Errorf("%s: expected a serving certificate and its CA, found CA %v, leaf %v", path, ca != nil, leaf != nil)
+	}
+	names := false
+	for _, ip := range leaf.IPAddresses {
+		names = names || ip.Equal(net.IPv4(127, 0, 0, 1))
+	}
+	if !names {
+		return fmt.Errorf("%s: the serving certificate's SANs are IPs %v, DNS %v: no 127.0.0.1, so devhost cannot verify it",
+			path, leaf.IPAddresses, leaf.DNSNames)
+	}
+	if err := writeFile(filepath.Join(c.Dir, "ca.crt"), string(ca)); err != nil {
+		return err
+	}
+	c.DevhostKubeconfig = filepath.Join(c.Dir, "kubeconfig-devhost")
+	return writeFile(c.DevhostKubeconfig, fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters: [{name: local, cluster: {server: "https://127.0.0.1:%d", certificate-authority-data: %s}}]
+users: [{name: devhost, user: {token: devhost-token}}]
+contexts: [{name: local, context: {cluster: local, user: devhost, namespace: kube-system}}]
+current-context: local
+`, c.apiPort, base64.StdEncoding.EncodeToString(ca)))
+}
+
+// Scheduler and ControllerManager are those processes (nil without Options.ControlPlane).
+func (c *Cluster) Scheduler() *Proc         { return c.proc("kube-scheduler") }
+func (c *Cluster) ControllerManager() *Proc { return c.proc("kube-controller-manager") }
+
+func (c *Cluster) proc(name string) *Proc {
+	for _, p := range c.procs {
+		if p.Name == name {
+			return p
+		}
+	}
+	return nil
+}
+
+// KubeletLogLines is every line of the kubelet's log (all kubelets started so far, which
+// append to one file) that contains each of the words.
+func (c *Cluster) KubeletLogLines(words ...string) []string {
+	data, _ := os.ReadFile(filepath.Join(c.Dir, "kubelet.log"))
+	var out []string
+	for _, line := range strings.Split(string(data), "\n") {
+		all := true
+		for _, w := range words {
+			all = all && strings.Contains(line, w)
+		}
+		if all {
+			out = append(out, line)
+		}
+	}
+	return out
+}
