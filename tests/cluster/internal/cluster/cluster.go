@@ -263,7 +263,13 @@ resolvConf: ""
 	if err := c.StartKubelet(); err != nil {
 		return nil, err
 	}
-	return c, c.WaitNodeReady(120 * time.Second)
+	if err := c.WaitNodeReady(120 * time.Second); err != nil {
+		return nil, err
+	}
+	if opts.ControlPlane {
+		return c, c.untaintNode()
+	}
+	return c, nil
 }
 
 // StartKubelet starts the kubelet (again).

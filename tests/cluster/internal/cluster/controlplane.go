@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"context"
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/pem"
@@ -10,6 +11,9 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // KCMControllers is what kube-controller-manager runs: the resourceclaim controller only
@@ -126,4 +130,28 @@ func (c *Cluster) KubeletLogLines(words ...string) []string {
 		}
 	}
 	return out
+}
+
+// untaintNode removes the node.kubernetes.io/not-ready taint the kubelet registers the Node
+// with. The node lifecycle controller would remove it once the Node is Ready, but it also
+// taints and evicts while a test's kubelet is down, so it does not run here.
+func (c *Cluster) untaintNode() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	n, err := c.Client.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	var keep []v1.Taint
+	for _, t := range n.Spec.Taints {
+		if t.Key != v1.TaintNodeNotReady {
+			keep = append(keep, t)
+		}
+	}
+	if len(keep) == len(n.Spec.Taints) {
+		return nil
+	}
+	n.Spec.Taints = keep
+	_, err = c.Client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
+	return err
 }
