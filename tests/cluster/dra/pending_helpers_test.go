@@ -173,15 +173,6 @@ func (n *node) deviceByName(t *testing.T, resource, name string) devhost.Device 
 	return devhost.Device{}
 }
 
-func contains(l []string, s string) bool {
-	for _, x := range l {
-		if x == s {
-			return true
-		}
-	}
-	return false
-}
-
 // pool is the node's pool of driver as a consumer sees it: the slices of the highest
 // generation, complete when there are resourceSliceCount of them.
 type pool struct {

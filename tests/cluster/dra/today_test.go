@@ -8,11 +8,15 @@ import (
 	"testing"
 	"time"
 
+	authv1 "k8s.io/api/authentication/v1"
 	v1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 
+	"devhost.test/cluster/internal/cluster"
 	"devhost.test/cluster/internal/devhost"
 )
 
@@ -109,4 +113,44 @@ func TestClaimTemplateBecomesAClaimThatNoDeviceCanSatisfy(t *testing.T) {
 		}
 		return fmt.Sprintf("claim %s still there (%v)", claim.Name, err)
 	})
+}
+
+// The kubeconfig devhost gets verifies the API server by its CA and authenticates as the
+// ServiceAccount kube-system/devhost with a token bound to a pod on the node, so the API
+// server sees the node's name in it, as for a DaemonSet pod (what a ValidatingAdmissionPolicy
+// tying ResourceSlices to their node checks).
+func TestDevhostsKubeconfigIsItsServiceAccountOnTheNode(t *testing.T) {
+	needCluster(t)
+	cfg, err := clientcmd.BuildConfigFromFlags("", cl.DevhostKubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Insecure || len(cfg.CAData) == 0 {
+		t.Fatalf("%s: insecure %v, %d bytes of CA: want the API server verified by its CA", cl.DevhostKubeconfig, cfg.Insecure, len(cfg.CAData))
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := client.AuthenticationV1().SelfSubjectReviews().Create(ctx(), &authv1.SelfSubjectReview{}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("whoami with %s: %v", cl.DevhostKubeconfig, err)
+	}
+	u := r.Status.UserInfo
+	if u.Username != cluster.DevhostUser || !contains(u.Groups, "system:serviceaccounts:kube-system") {
+		t.Errorf("devhost is %q in %v, want %s in system:serviceaccounts:kube-system", u.Username, u.Groups, cluster.DevhostUser)
+	}
+	if got := u.Extra["authentication.kubernetes.io/node-name"]; len(got) != 1 || got[0] != cluster.NodeName {
+		t.Errorf("devhost's token names node %v, want %s (extra %v)", got, cluster.NodeName, u.Extra)
+	}
+	t.Logf("devhost is %s, groups %v, node %v", u.Username, u.Groups, u.Extra["authentication.kubernetes.io/node-name"])
+}
+
+func contains(l []string, s string) bool {
+	for _, x := range l {
+		if x == s {
+			return true
+		}
+	}
+	return false
 }

@@ -48,8 +48,8 @@ type Options struct {
 	ControlPlane bool
 	// RBAC makes the API server authorize with Node,RBAC (and admit with NodeRestriction):
 	// the admin is in system:masters, the kubelet is system:node:<NodeName>, and devhost's
-	// token is DevhostUser, which has only the rights RBAC objects give it. Without RBAC every
-	// request is allowed (AlwaysAllow).
+	// token (Cluster.DevhostKubeconfig) is DevhostUser's, which has only the rights RBAC
+	// objects give it. Without RBAC every request is allowed (AlwaysAllow).
 	RBAC bool
 }
 
@@ -59,8 +59,9 @@ type Cluster struct {
 	Bin, Dir        string
 	Client          *kubernetes.Clientset
 	AdminKubeconfig string
-	// DevhostKubeconfig is a kubeconfig for devhost: the token of DevhostUser and the API
-	// server's own CA (certificate-authority-data), so that a client verifies its certificate.
+	// DevhostKubeconfig (with Options.RBAC) is a kubeconfig for devhost: a token of DevhostUser
+	// bound to a pod on the node, as a DaemonSet pod's token is, and the API server's own CA
+	// (certificate-authority-data), so that a client verifies its certificate.
 	DevhostKubeconfig string
 	RecordDir         string // fakecri's CreateContainer records
 	apiPort           int
@@ -167,8 +168,7 @@ func StartWith(bin, dir string, opts Options) (c *Cluster, err error) {
 		return nil, err
 	}
 	if err := writeFile(filepath.Join(dir, "tokens.csv"),
-		"admin-token,admin,admin,\"system:masters\"\nnode-token,system:node:"+NodeName+",node,\"system:nodes\"\n"+
-			"devhost-token,"+DevhostUser+",devhost,\"system:serviceaccounts,system:serviceaccounts:kube-system\"\n"); err != nil {
+		"admin-token,admin,admin,\"system:masters\"\nnode-token,system:node:"+NodeName+",node,\"system:nodes\"\n"); err != nil {
 		return nil, err
 	}
 	etcdPort, peerPort := freePort(), freePort()
@@ -231,7 +231,7 @@ current-context: local
 	if c.Client, err = kubernetes.NewForConfig(cfg); err != nil {
 		return nil, err
 	}
-	if err := c.writeDevhostKubeconfig(); err != nil {
+	if err := c.writeCA(); err != nil {
 		return nil, err
 	}
 	if opts.ControlPlane {
@@ -267,7 +267,14 @@ resolvConf: ""
 		return nil, err
 	}
 	if opts.ControlPlane {
-		return c, c.untaintNode()
+		if err := c.untaintNode(); err != nil {
+			return nil, err
+		}
+	}
+	if opts.RBAC {
+		if err := c.writeDevhostKubeconfig(); err != nil {
+			return nil, err
+		}
 	}
 	return c, nil
 }

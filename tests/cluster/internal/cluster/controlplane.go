@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	authv1 "k8s.io/api/authentication/v1"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -52,10 +53,9 @@ func (c *Cluster) startControlPlane() error {
 	return nil
 }
 
-// writeDevhostKubeconfig writes <dir>/ca.crt (the CA of the API server's self-signed
-// certificate) and <dir>/kubeconfig-devhost (DevhostUser's token, that CA inline). It checks
-// that the certificate names 127.0.0.1, which a verifying client (rustls) needs.
-func (c *Cluster) writeDevhostKubeconfig() error {
+// writeCA writes <dir>/ca.crt, the CA of the API server's self-signed certificate, after
+// checking that the certificate names 127.0.0.1, which a verifying client (rustls) needs.
+func (c *Cluster) writeCA() error {
 	path := filepath.Join(c.Dir, "certs", "apiserver.crt")
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -89,17 +89,55 @@ func (c *Cluster) writeDevhostKubeconfig() error {
 		return fmt.Errorf("%s: the serving certificate's SANs are IPs %v, DNS %v: no 127.0.0.1, so devhost cannot verify it",
 			path, leaf.IPAddresses, leaf.DNSNames)
 	}
-	if err := writeFile(filepath.Join(c.Dir, "ca.crt"), string(ca)); err != nil {
+	return writeFile(filepath.Join(c.Dir, "ca.crt"), string(ca))
+}
+
+// TokenPod is the pod in kube-system, bound to the node, that devhost's token is bound to.
+const TokenPod = "devhost-token-holder"
+
+// writeDevhostKubeconfig makes the ServiceAccount kube-system/devhost, a pod of it on the node
+// (TokenPod: it runs nothing, on fakecri) and a token bound to that pod (TokenRequest), so the
+// token carries the node's name (`authentication.kubernetes.io/node-name`) as a DaemonSet
+// pod's does; and writes <dir>/kubeconfig-devhost with it and the CA inline.
+func (c *Cluster) writeDevhostKubeconfig() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const ns = "kube-system"
+	if _, err := c.Client.CoreV1().ServiceAccounts(ns).Create(ctx,
+		&v1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "devhost"}}, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("ServiceAccount %s/devhost: %w", ns, err)
+	}
+	no := false
+	pod, err := c.Client.CoreV1().Pods(ns).Create(ctx, &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: TokenPod},
+		Spec: v1.PodSpec{
+			NodeName: NodeName, ServiceAccountName: "devhost", AutomountServiceAccountToken: &no,
+			Containers: []v1.Container{{Name: "main", Image: "devhost.test/pause:1", ImagePullPolicy: v1.PullIfNotPresent}},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("pod %s/%s: %w", ns, TokenPod, err)
+	}
+	day := int64(24 * 3600)
+	tr, err := c.Client.CoreV1().ServiceAccounts(ns).CreateToken(ctx, "devhost", &authv1.TokenRequest{Spec: authv1.TokenRequestSpec{
+		ExpirationSeconds: &day,
+		BoundObjectRef:    &authv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID},
+	}}, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("a token for %s/devhost: %w", ns, err)
+	}
+	ca, err := os.ReadFile(filepath.Join(c.Dir, "ca.crt"))
+	if err != nil {
 		return err
 	}
 	c.DevhostKubeconfig = filepath.Join(c.Dir, "kubeconfig-devhost")
 	return writeFile(c.DevhostKubeconfig, fmt.Sprintf(`apiVersion: v1
 kind: Config
 clusters: [{name: local, cluster: {server: "https://127.0.0.1:%d", certificate-authority-data: %s}}]
-users: [{name: devhost, user: {token: devhost-token}}]
+users: [{name: devhost, user: {token: %s}}]
 contexts: [{name: local, context: {cluster: local, user: devhost, namespace: kube-system}}]
 current-context: local
-`, c.apiPort, base64.StdEncoding.EncodeToString(ca)))
+`, c.apiPort, base64.StdEncoding.EncodeToString(ca), tr.Status.Token))
 }
 
 // Scheduler and ControllerManager are those processes (nil without Options.ControlPlane).
