@@ -1,6 +1,8 @@
 // Package cluster starts a one-node Kubernetes from the real components that tests/cluster/build
 // makes: etcd, kube-apiserver, the kubelet's fake CRI runtime (fakecri) and the kubelet, all on
-// loopback and unix sockets under one temporary folder. The kubelet's root folder is
+// loopback and unix sockets under one temporary folder; with Options.ControlPlane also
+// kube-scheduler and kube-controller-manager (what Dynamic Resource Allocation needs), and with
+// Options.RBAC the API server authorizes with Node,RBAC instead of AlwaysAllow. The kubelet's root folder is
 // /var/lib/kubelet, which the test binary has made a private tmpfs (internal/nodens): the
 // kubelet's device manager always uses /var/lib/kubelet/device-plugins, whatever --root-dir says.
 package cluster
@@ -35,15 +37,36 @@ const RootDir = "/var/lib/kubelet"
 // PodResourcesSocket is the kubelet's PodResources socket under RootDir.
 const PodResourcesSocket = RootDir + "/pod-resources/kubelet.sock"
 
-// Cluster is a running etcd, kube-apiserver, fakecri and kubelet.
+// DevhostUser is the identity devhost's kubeconfig (Cluster.DevhostKubeconfig) authenticates
+// as: the ServiceAccount `devhost` in `kube-system`, as a token of a pod of the DaemonSet would.
+const DevhostUser = "system:serviceaccount:kube-system:devhost"
+
+// Options choose what runs besides etcd, the API server, fakecri and the kubelet.
+type Options struct {
+	// ControlPlane starts kube-scheduler and kube-controller-manager (its resourceclaim
+	// controller only): pods are then scheduled, and ResourceClaimTemplates become claims.
+	ControlPlane bool
+	// RBAC makes the API server authorize with Node,RBAC (and admit with NodeRestriction):
+	// the admin is in system:masters, the kubelet is system:node:<NodeName>, and devhost's
+	// token (Cluster.DevhostKubeconfig) is DevhostUser's, which has only the rights RBAC
+	// objects give it. Without RBAC every request is allowed (AlwaysAllow).
+	RBAC bool
+}
+
+// Cluster is a running etcd, kube-apiserver, fakecri and kubelet (and, with
+// Options.ControlPlane, kube-scheduler and kube-controller-manager).
 type Cluster struct {
 	Bin, Dir        string
 	Client          *kubernetes.Clientset
 	AdminKubeconfig string
-	RecordDir       string // fakecri's CreateContainer records
-	apiPort         int
-	kubelet         *Proc
-	procs           []*Proc
+	// DevhostKubeconfig (with Options.RBAC) is a kubeconfig for devhost: a token of DevhostUser
+	// bound to a pod on the node, as a DaemonSet pod's token is, and the API server's own CA
+	// (certificate-authority-data), so that a client verifies its certificate.
+	DevhostKubeconfig string
+	RecordDir         string // fakecri's CreateContainer records
+	apiPort           int
+	kubelet           *Proc
+	procs             []*Proc
 }
 
 // Proc is one component process.
@@ -122,7 +145,10 @@ func writeFile(path, text string) error { return os.WriteFile(path, []byte(text)
 
 // Start brings the cluster up and waits until the Node is Ready; on error everything started
 // is stopped again.
-func Start(bin, dir string) (c *Cluster, err error) {
+func Start(bin, dir string) (c *Cluster, err error) { return StartWith(bin, dir, Options{}) }
+
+// StartWith is Start with the components and authorization opts choose.
+func StartWith(bin, dir string, opts Options) (c *Cluster, err error) {
 	c = &Cluster{Bin: bin, Dir: dir, RecordDir: filepath.Join(dir, "containers")}
 	defer func() {
 		if err != nil {
@@ -161,6 +187,10 @@ current-context: local
 	}
 	c.AdminKubeconfig = filepath.Join(dir, "kubeconfig-admin")
 
+	authz, admission := "AlwaysAllow", []string(nil)
+	if opts.RBAC {
+		authz, admission = "Node,RBAC", []string{"--enable-admission-plugins", "NodeRestriction"}
+	}
 	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", etcdPort)
 	p, err := c.start("etcd", "--data-dir", filepath.Join(dir, "etcd"),
 		"--listen-client-urls", etcdURL, "--advertise-client-urls", etcdURL,
@@ -172,7 +202,7 @@ current-context: local
 		return nil, err
 	}
 	c.procs = append(c.procs, p)
-	p, err = c.start("kube-apiserver", "--etcd-servers", etcdURL,
+	p, err = c.start("kube-apiserver", append([]string{"--etcd-servers", etcdURL,
 		"--bind-address", "127.0.0.1", "--secure-port", fmt.Sprint(c.apiPort),
 		"--cert-dir", filepath.Join(dir, "certs"),
 		"--service-account-issuer", "https://kubernetes.default.svc",
@@ -180,7 +210,7 @@ current-context: local
 		"--service-account-signing-key-file", filepath.Join(dir, "sa.key"),
 		"--service-cluster-ip-range", "10.96.0.0/16",
 		"--token-auth-file", filepath.Join(dir, "tokens.csv"),
-		"--authorization-mode", "AlwaysAllow")
+		"--authorization-mode", authz}, admission...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -200,6 +230,14 @@ current-context: local
 	}
 	if c.Client, err = kubernetes.NewForConfig(cfg); err != nil {
 		return nil, err
+	}
+	if err := c.writeCA(); err != nil {
+		return nil, err
+	}
+	if opts.ControlPlane {
+		if err := c.startControlPlane(); err != nil {
+			return nil, err
+		}
 	}
 	kubeletPort, healthzPort := freePort(), freePort()
 	if err := writeFile(filepath.Join(dir, "kubelet.yaml"), fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
@@ -225,7 +263,20 @@ resolvConf: ""
 	if err := c.StartKubelet(); err != nil {
 		return nil, err
 	}
-	return c, c.WaitNodeReady(120 * time.Second)
+	if err := c.WaitNodeReady(120 * time.Second); err != nil {
+		return nil, err
+	}
+	if opts.ControlPlane {
+		if err := c.untaintNode(); err != nil {
+			return nil, err
+		}
+	}
+	if opts.RBAC {
+		if err := c.writeDevhostKubeconfig(); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
 }
 
 // StartKubelet starts the kubelet (again).

@@ -1,0 +1,246 @@
+package dra_test
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"devhost.test/cluster/internal/devhost"
+)
+
+const ns = "default"
+
+func ctx() context.Context { return context.Background() }
+
+// createDeviceClass makes a DeviceClass selecting every device of driver (a test fixture, for
+// drivers deploy/dra/ ships no class for), deleted when the test ends.
+func createDeviceClass(t *testing.T, name, driver string) {
+	t.Helper()
+	dc := &resourcev1.DeviceClass{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: resourcev1.DeviceClassSpec{Selectors: []resourcev1.DeviceSelector{{
+			CEL: &resourcev1.CELDeviceSelector{Expression: fmt.Sprintf("device.driver == %q", driver)},
+		}}},
+	}
+	if _, err := cl.Client.ResourceV1().DeviceClasses().Create(ctx(), dc, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("DeviceClass %s: %v", name, err)
+	}
+	t.Cleanup(func() { _ = cl.Client.ResourceV1().DeviceClasses().Delete(ctx(), name, metav1.DeleteOptions{}) })
+}
+
+// request is one device request of a claim: count devices of class, each matching every CEL
+// expression.
+func request(name, class string, count int64, cel ...string) resourcev1.DeviceRequest {
+	var sel []resourcev1.DeviceSelector
+	for _, e := range cel {
+		sel = append(sel, resourcev1.DeviceSelector{CEL: &resourcev1.CELDeviceSelector{Expression: e}})
+	}
+	return resourcev1.DeviceRequest{Name: name, Exactly: &resourcev1.ExactDeviceRequest{
+		DeviceClassName: class, Selectors: sel,
+		AllocationMode: resourcev1.DeviceAllocationModeExactCount, Count: count,
+	}}
+}
+
+// createClaimTemplate makes a ResourceClaimTemplate (deleted when the test ends).
+func createClaimTemplate(t *testing.T, name string, devices resourcev1.DeviceClaim) {
+	t.Helper()
+	tmpl := &resourcev1.ResourceClaimTemplate{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec:       resourcev1.ResourceClaimTemplateSpec{Spec: resourcev1.ResourceClaimSpec{Devices: devices}},
+	}
+	if _, err := cl.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx(), tmpl, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("ResourceClaimTemplate %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		_ = cl.Client.ResourceV1().ResourceClaimTemplates(ns).Delete(ctx(), name, metav1.DeleteOptions{})
+	})
+}
+
+// createClaimPod makes a pod (left to the scheduler: no spec.nodeName) whose one container
+// uses a claim made from each template (pod claim name = template name), and asks for the
+// extended resources in limits. It is deleted when the test ends.
+func createClaimPod(t *testing.T, name string, templates []string, limits map[string]int64) {
+	t.Helper()
+	rl := v1.ResourceList{}
+	for k, v := range limits {
+		rl[v1.ResourceName(k)] = *resource.NewQuantity(v, resource.DecimalSI)
+	}
+	no := false
+	pod := &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: v1.PodSpec{
+			AutomountServiceAccountToken: &no,
+			Containers: []v1.Container{{
+				Name: "main", Image: "devhost.test/pause:1", ImagePullPolicy: v1.PullIfNotPresent,
+				Resources: v1.ResourceRequirements{Limits: rl, Requests: rl},
+			}},
+		},
+	}
+	for _, tmpl := range templates {
+		tmpl := tmpl
+		pod.Spec.ResourceClaims = append(pod.Spec.ResourceClaims, v1.PodResourceClaim{Name: tmpl, ResourceClaimTemplateName: &tmpl})
+		pod.Spec.Containers[0].Resources.Claims = append(pod.Spec.Containers[0].Resources.Claims, v1.ResourceClaim{Name: tmpl})
+	}
+	if _, err := cl.Client.CoreV1().Pods(ns).Create(ctx(), pod, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("pod %s: %v", name, err)
+	}
+	t.Cleanup(func() { deletePod(t, name) })
+}
+
+func deletePod(t *testing.T, name string) {
+	zero := int64(0)
+	err := cl.Client.CoreV1().Pods(ns).Delete(ctx(), name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
+	if err != nil && !apierrors.IsNotFound(err) {
+		t.Errorf("deleting pod %s: %v", name, err)
+	}
+	devhost.Eventually(t, 90*time.Second, "pod "+name+" gone", func() string {
+		_, err := cl.Client.CoreV1().Pods(ns).Get(ctx(), name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return ""
+		}
+		return fmt.Sprintf("still there (%v)\n%s", err, describe(name, nil))
+	})
+}
+
+func getPod(t *testing.T, name string) *v1.Pod {
+	t.Helper()
+	p, err := cl.Client.CoreV1().Pods(ns).Get(ctx(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// podClaim is the ResourceClaim the resourceclaim controller made for the pod's claim
+// podClaimName (from pod.status.resourceClaimStatuses), or nil while there is none.
+func podClaim(t *testing.T, pod *v1.Pod, podClaimName string) *resourcev1.ResourceClaim {
+	t.Helper()
+	for _, s := range pod.Status.ResourceClaimStatuses {
+		if s.Name == podClaimName && s.ResourceClaimName != nil {
+			c, err := cl.Client.ResourceV1().ResourceClaims(ns).Get(ctx(), *s.ResourceClaimName, metav1.GetOptions{})
+			if err != nil {
+				t.Fatalf("claim %s of pod %s: %v", *s.ResourceClaimName, pod.Name, err)
+			}
+			return c
+		}
+	}
+	return nil
+}
+
+// describe is what a reader of a failure needs about a pod: phase, conditions, claim
+// statuses, the namespace's claims (allocation, reservedFor), the pod's events, the published
+// ResourceSlices, and (with n) the devhost log tail.
+func describe(pod string, n *node) string {
+	var b strings.Builder
+	if p, err := cl.Client.CoreV1().Pods(ns).Get(ctx(), pod, metav1.GetOptions{}); err != nil {
+		fmt.Fprintf(&b, "pod %s: %v\n", pod, err)
+	} else {
+		fmt.Fprintf(&b, "pod %s: phase %q node %q reason %q message %q\n", pod, p.Status.Phase, p.Spec.NodeName, p.Status.Reason, p.Status.Message)
+		for _, c := range p.Status.Conditions {
+			fmt.Fprintf(&b, "  condition %s=%s %s: %s\n", c.Type, c.Status, c.Reason, c.Message)
+		}
+		for _, s := range p.Status.ResourceClaimStatuses {
+			fmt.Fprintf(&b, "  resourceClaimStatus %s -> %v\n", s.Name, ptrString(s.ResourceClaimName))
+		}
+		if e := p.Status.ExtendedResourceClaimStatus; e != nil {
+			fmt.Fprintf(&b, "  extendedResourceClaimStatus claim %s mappings %+v\n", e.ResourceClaimName, e.RequestMappings)
+		}
+	}
+	if claims, err := cl.Client.ResourceV1().ResourceClaims(ns).List(ctx(), metav1.ListOptions{}); err == nil {
+		for _, c := range claims.Items {
+			fmt.Fprintf(&b, "claim %s: %s\n", c.Name, claimSummary(&c))
+		}
+	}
+	if ev, err := cl.Client.CoreV1().Events(ns).List(ctx(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + pod}); err == nil {
+		for _, e := range ev.Items {
+			fmt.Fprintf(&b, "event %s %s (%s, x%d): %s\n", e.Type, e.Reason, e.Source.Component, e.Count, e.Message)
+		}
+	}
+	b.WriteString(slicesSummary(""))
+	if n != nil {
+		fmt.Fprintf(&b, "devhost log tail:\n%s\n", n.logTail(25))
+	}
+	return b.String()
+}
+
+func ptrString(s *string) string {
+	if s == nil {
+		return "<none>"
+	}
+	return *s
+}
+
+// claimSummary is a claim's allocation results and reservedFor.
+func claimSummary(c *resourcev1.ResourceClaim) string {
+	var parts []string
+	if c.Status.Allocation == nil {
+		parts = append(parts, "not allocated")
+	} else {
+		for _, r := range c.Status.Allocation.Devices.Results {
+			parts = append(parts, fmt.Sprintf("%s -> %s/%s/%s", r.Request, r.Driver, r.Pool, r.Device))
+		}
+	}
+	var users []string
+	for _, r := range c.Status.ReservedFor {
+		users = append(users, r.Resource+"/"+r.Name)
+	}
+	return fmt.Sprintf("%s; reservedFor %v; annotations %v", strings.Join(parts, ", "), users, c.Annotations)
+}
+
+// slicesSummary lists every ResourceSlice (of driver, or all with ""): name, node, pool,
+// generation, count, and each device with its attributes and capacity.
+func slicesSummary(driver string) string {
+	opts := metav1.ListOptions{}
+	if driver != "" {
+		opts.FieldSelector = "spec.driver=" + driver
+	}
+	list, err := cl.Client.ResourceV1().ResourceSlices().List(ctx(), opts)
+	if err != nil {
+		return fmt.Sprintf("ResourceSlices: %v\n", err)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d ResourceSlice(s)", len(list.Items))
+	if driver != "" {
+		fmt.Fprintf(&b, " of driver %s", driver)
+	}
+	b.WriteString(":\n")
+	for _, s := range list.Items {
+		fmt.Fprintf(&b, "  slice %s: driver %s node %v pool %s generation %d count %d, %d device(s)\n", s.Name, s.Spec.Driver,
+			ptrString(s.Spec.NodeName), s.Spec.Pool.Name, s.Spec.Pool.Generation, s.Spec.Pool.ResourceSliceCount, len(s.Spec.Devices))
+		for _, d := range s.Spec.Devices {
+			var attrs []string
+			for k, a := range d.Attributes {
+				attrs = append(attrs, fmt.Sprintf("%s=%s", k, attrString(a)))
+			}
+			for k, c := range d.Capacity {
+				attrs = append(attrs, fmt.Sprintf("capacity %s=%s", k, c.Value.String()))
+			}
+			sort.Strings(attrs)
+			fmt.Fprintf(&b, "    %s: %s\n", d.Name, strings.Join(attrs, " "))
+		}
+	}
+	return b.String()
+}
+
+func attrString(a resourcev1.DeviceAttribute) string {
+	switch {
+	case a.IntValue != nil:
+		return fmt.Sprintf("int(%d)", *a.IntValue)
+	case a.BoolValue != nil:
+		return fmt.Sprintf("bool(%v)", *a.BoolValue)
+	case a.StringValue != nil:
+		return fmt.Sprintf("string(%q)", *a.StringValue)
+	case a.VersionValue != nil:
+		return fmt.Sprintf("version(%s)", *a.VersionValue)
+	}
+	return "?"
+}
