@@ -36,6 +36,10 @@ func startDRA(t *testing.T, opts devhost.DRAOptions) *node {
 	}
 	opts.KubeletRootDir, opts.KubeletDir, opts.PodResourcesSocket = cluster.RootDir, pluginDir, cluster.PodResourcesSocket
 	opts.HealthFile, opts.ReleaseFile = n.health, n.release
+	// devhost serves a DRA resource only with an API client (it publishes slices and reads claims).
+	if opts.Kubeconfig == "" {
+		opts.Kubeconfig, opts.NodeName = cl.DevhostKubeconfig, cluster.NodeName
+	}
 	if opts.CDIDir == "" {
 		opts.CDIDir = filepath.Join(dir, "cdi")
 		if err := os.Mkdir(opts.CDIDir, 0o755); err != nil {
