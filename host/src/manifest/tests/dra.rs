@@ -136,3 +136,16 @@ fn a_node_name_that_is_not_a_dns_subdomain_is_refused_at_its_line() {
         "{error}"
     );
 }
+
+#[test]
+fn replicas_on_a_dra_resource_is_a_warning() {
+    let manifest = parse(&format!("{RESOURCE}api = \"dra\"\nreplicas = 2\n")).unwrap();
+    assert_eq!(manifest.warnings.len(), 1, "{:?}", manifest.warnings);
+    assert!(
+        manifest.warnings[0]
+            .starts_with(&format!("{PATH}:1:1: resource[0].replicas: has no effect with api = \"dra\"")),
+        "{:?}",
+        manifest.warnings
+    );
+    assert!(parse(&format!("{RESOURCE}replicas = 2\n")).unwrap().warnings.is_empty());
+}
