@@ -223,3 +223,40 @@ async fn a_pool_over_128_devices_is_split_with_one_generation() {
     assert!(got[0].spec.pool.generation > generation, "a change across slices bumps the generation");
     assert!(!device_names(&got).contains(&"example-0".to_string()));
 }
+
+/// The slice publisher compares what the API server stored with what it sent; capacities are
+/// written in the server's canonical form, so a stored slice equals the sent one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_server_stores_capacities_as_devhost_writes_them() {
+    use k8s_openapi::api::resource::v1::{Device, DeviceCapacity, ResourcePool, ResourceSliceSpec};
+    let s = setup("node-quantities").await;
+    let sent: Vec<_> = [(81559, 2), (40960, 2), (16, 3), (1024 * 1024, 2), (0, 2)]
+        .iter()
+        .map(|&(n, power)| devhost::dra::slices::binary_quantity(n, power))
+        .collect();
+    let devices = sent
+        .iter()
+        .enumerate()
+        .map(|(i, q)| Device {
+            name: format!("d{i}"),
+            capacity: Some([("memory".to_string(), DeviceCapacity { value: q.clone(), request_policy: None })].into()),
+            ..Default::default()
+        })
+        .collect();
+    let slice = ResourceSlice {
+        metadata: kube::api::ObjectMeta { name: Some("quantities".into()), ..Default::default() },
+        spec: ResourceSliceSpec {
+            driver: "q.example.com".into(),
+            node_name: Some("node-quantities".into()),
+            pool: ResourcePool { name: "node-quantities".into(), generation: 1, resource_slice_count: 1 },
+            devices: Some(devices),
+            ..Default::default()
+        },
+    };
+    let api: Api<ResourceSlice> = Api::all(s.client.clone());
+    let stored = api.create(&PostParams::default(), &slice).await.expect("create the slice");
+    let got: Vec<_> =
+        stored.spec.devices.unwrap().into_iter().map(|d| d.capacity.unwrap()["memory"].value.clone()).collect();
+    assert_eq!(got, sent);
+    assert_eq!(stored.spec.pool, slice.spec.pool);
+}

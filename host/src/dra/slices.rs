@@ -172,13 +172,30 @@ pub fn pcie_root_of_link(target: &Path) -> Option<String> {
     })
 }
 
-/// Driver attributes published as capacities instead: key → (capacity name, unit suffix).
-fn capacity_of(key: &str) -> Option<(&'static str, &'static str)> {
+/// Driver attributes published as capacities instead: key → (capacity name, power of 1024 of
+/// the unit: 2 = MiB, 3 = GiB).
+fn capacity_of(key: &str) -> Option<(&'static str, usize)> {
     match key {
-        "memory" => Some(("memory", "Mi")),
-        "hbm_gib" => Some(("memory", "Gi")),
+        "memory" => Some(("memory", 2)),
+        "hbm_gib" => Some(("memory", 3)),
         _ => None,
     }
+}
+
+/// `n` units of 1024^`power` bytes as a Quantity in the API server's canonical form (the
+/// largest binary suffix that keeps it an integer: 40960 MiB is `40Gi`), so the stored slice
+/// equals the one sent.
+pub fn binary_quantity(mut n: u64, mut power: usize) -> Quantity {
+    const SUFFIXES: [&str; 7] = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
+    if n == 0 {
+        return Quantity("0".into());
+    }
+    let power_max = SUFFIXES.len() - 1;
+    while n % 1024 == 0 && power < power_max {
+        n /= 1024;
+        power += 1;
+    }
+    Quantity(format!("{n}{}", SUFFIXES[power.min(power_max)]))
 }
 
 /// Messages that are logged once per publisher (per DRA front), keyed by their text.
@@ -207,11 +224,11 @@ pub fn dra_device(device: &Device, sysfs: &Path) -> (DraDevice, Vec<String>) {
         }
     }
     for (key, value) in &device.attributes {
-        if let Some((cap, unit)) = capacity_of(key)
+        if let Some((cap, power)) = capacity_of(key)
             && let Ok(n) = value.trim().parse::<u64>()
         {
             if !caps.iter().any(|(c, _)| c == cap) {
-                caps.push((cap.to_owned(), Quantity(format!("{n}{unit}"))));
+                caps.push((cap.to_owned(), binary_quantity(n, power)));
             }
             continue;
         }
@@ -704,6 +721,15 @@ mod tests {
         assert_eq!(attrs["pciAddress"].string.as_deref(), Some("0000:3b:00.0"));
         assert!(!attrs.contains_key("memory"));
         assert_eq!(dra.capacity.unwrap()["memory"].value, Quantity("81559Mi".into()));
+    }
+
+    #[test]
+    fn quantities_take_the_canonical_binary_suffix() {
+        assert_eq!(binary_quantity(81559, 2), Quantity("81559Mi".into()));
+        assert_eq!(binary_quantity(40960, 2), Quantity("40Gi".into()));
+        assert_eq!(binary_quantity(1024 * 1024, 3), Quantity("1Pi".into()));
+        assert_eq!(binary_quantity(16, 3), Quantity("16Gi".into()));
+        assert_eq!(binary_quantity(0, 2), Quantity("0".into()));
     }
 
     #[test]
