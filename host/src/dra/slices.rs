@@ -191,7 +191,7 @@ pub fn binary_quantity(mut n: u64, mut power: usize) -> Quantity {
         return Quantity("0".into());
     }
     let power_max = SUFFIXES.len() - 1;
-    while n % 1024 == 0 && power < power_max {
+    while n.is_multiple_of(1024) && power < power_max {
         n /= 1024;
         power += 1;
     }
