@@ -260,3 +260,87 @@ async fn the_api_server_stores_capacities_as_devhost_writes_them() {
     assert_eq!(got, sent);
     assert_eq!(stored.spec.pool, slice.spec.pool);
 }
+
+/// The NVIDIA driver (on the workspace's fake NVML) as a DRA resource: what the cluster tests'
+/// CEL selectors rely on (`model`, `numaNode`, capacity `memory`) and the standard PCI attribute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nvidia_gpus_are_published_with_model_numa_memory_and_pci_bus_id() {
+    let node = "node-gpu";
+    let s = setup(node).await;
+    let dir = Node::new();
+    let root = dir.path();
+    let uuid = "GPU-0e5b9c2a-1d3f-4a6b-8c7d-000000000001";
+    let bus = "0000:3b:00.0";
+    let lib = root.join("nvml");
+    std::fs::create_dir_all(&lib).unwrap();
+    let fake = devhost_bin().parent().unwrap().join("libfake_nvml.so");
+    assert!(fake.exists(), "{} is missing: run `cargo build --workspace` first", fake.display());
+    std::fs::copy(&fake, lib.join("libnvidia-ml.so.1")).unwrap();
+    std::fs::write(
+        lib.join("fake-nvml.toml"),
+        format!(
+            "control = \"control\"\n[[gpu]]\nuuid = \"{uuid}\"\nname = \"NVIDIA H100 80GB HBM3\"\nmemory_mib = 81559\n\
+             pci_bus_id = \"0000{}\"\nminor = 0\n",
+            bus.to_uppercase()
+        ),
+    )
+    .unwrap();
+    std::fs::write(lib.join("control"), "").unwrap();
+    let real = root.join("sys/devices/pci0000:3a").join(bus);
+    std::fs::create_dir_all(&real).unwrap();
+    std::fs::write(real.join("numa_node"), "1\n").unwrap();
+    std::fs::create_dir_all(root.join("sys/bus/pci/devices")).unwrap();
+    std::os::unix::fs::symlink(
+        format!("../../../devices/pci0000:3a/{bus}"),
+        root.join("sys/bus/pci/devices").join(bus),
+    )
+    .unwrap();
+    std::fs::create_dir_all(root.join("dev")).unwrap();
+    let manifest = dir.write_manifest(&format!(
+        r#"kubelet_root_dir = "{root}/kubelet-root"
+kubeconfig = "{kubeconfig}"
+node_name = "{node}"
+
+[driver.nvidia]
+module = "{module}"
+[driver.nvidia.options]
+nvml_lib = "{lib}/libnvidia-ml.so.1"
+sysfs_root = "{root}/sys"
+devfs_root = "{root}/dev"
+
+[[resource]]
+name = "nvidia.com/gpu"
+driver = "nvidia"
+match = {{ kind = "gpu" }}
+api = "dra"
+"#,
+        root = root.display(),
+        kubeconfig = s.harness.kubeconfig().display(),
+        module = module("nvidia").display(),
+        lib = lib.display(),
+    ));
+    let d = Daemon::start(&manifest, &dir.kubelet_dir());
+    let api: Api<ResourceSlice> = Api::all(s.client.clone());
+    let params = ListParams::default().fields(&format!("spec.driver=gpu.nvidia.com,spec.nodeName={node}"));
+    let start = Instant::now();
+    let slice = loop {
+        let items = api.list(&params).await.expect("list").items;
+        if let Some(slice) = items.into_iter().find(|s| s.spec.devices.as_ref().is_some_and(|d| !d.is_empty())) {
+            break slice;
+        }
+        assert!(start.elapsed() < PUBLISHED_WITHIN, "no GPU slice; devhost log:\n{}", d.logs());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(slice.metadata.name.as_deref(), Some("node-gpu-gpu.nvidia.com-0000"));
+    let device = &slice.spec.devices.as_ref().unwrap()[0];
+    assert_eq!(device.name, devhost::dra::prepare::device_name(uuid));
+    let attrs = device.attributes.as_ref().unwrap();
+    assert_eq!(attrs["model"].string.as_deref(), Some("NVIDIA H100 80GB HBM3"));
+    assert_eq!(attrs["numaNode"].int, Some(1));
+    assert_eq!(attrs["uuid"].string.as_deref(), Some(uuid));
+    assert_eq!(attrs["resource.kubernetes.io/pciBusID"].string.as_deref(), Some(bus));
+    assert_eq!(attrs["pciAddress"].string.as_deref(), Some(bus));
+    assert!(!attrs.contains_key("memory"), "memory is a capacity");
+    let capacity = device.capacity.as_ref().unwrap();
+    assert_eq!(capacity["memory"].value.0, "81559Mi");
+}
