@@ -7,7 +7,10 @@
 #      unknown or misspelt field is an error, and so is a kind without a
 #      schema);
 #   3. the TOML manifest inside each ConfigMap parses, and the DaemonSet
-#      agrees with it (config path, ConfigMap name, probe port, kubelet dir).
+#      agrees with it (config path, ConfigMap name, probe port, kubelet dir;
+#      with DRA resources: token, NODE_NAME, the kubelet's plugin folders);
+#   4. the same for the DRA variant (deploy/dra-render.sh: the base with the
+#      Component deploy/dra/, needs kubectl), against Kubernetes 1.34 and 1.37.
 # The tools live in a virtualenv under target/ci-venv, (re)built only when
 # deploy/requirements-ci.txt changes. kustomization.yaml is not a
 # Kubernetes object and gets step 1 only.
