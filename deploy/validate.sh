@@ -7,7 +7,10 @@
 #      unknown or misspelt field is an error, and so is a kind without a
 #      schema);
 #   3. the TOML manifest inside each ConfigMap parses, and the DaemonSet
-#      agrees with it (config path, ConfigMap name, probe port, kubelet dir).
+#      agrees with it (config path, ConfigMap name, probe port, kubelet dir;
+#      with DRA resources: token, NODE_NAME, the kubelet's plugin folders);
+#   4. the same for the DRA variant (deploy/dra-render.sh: the base with the
+#      Component deploy/dra/, needs kubectl), against Kubernetes 1.34 and 1.37.
 # The tools live in a virtualenv under target/ci-venv, (re)built only when
 # deploy/requirements-ci.txt changes. kustomization.yaml is not a
 # Kubernetes object and gets step 1 only.
@@ -18,8 +21,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Oldest and newest Kubernetes versions the manifests must be valid for.
-KUBE_VERSIONS=(1.31.0 1.37.0)
+# Oldest and newest Kubernetes versions the manifests must be valid for
+# (DEPLOY_KUBE_VERSIONS overrides: the DRA variant needs 1.34+).
+read -r -a KUBE_VERSIONS <<<"${DEPLOY_KUBE_VERSIONS:-1.31.0 1.37.0}"
 VENV=target/ci-venv
 REQUIREMENTS=deploy/requirements-ci.txt
 STAMP="$VENV/.requirements-ci.txt"
@@ -169,6 +173,22 @@ for path, name, ds in daemonsets:
             elif addr is None or not str(addr).endswith(f":{port}"):
                 problems.append(f"{where}: {probe_name} probes port {port} but the manifest's "
                                 f"metrics_addr is {addr!r}")
+        # DRA resources: the API server through the pod's token, the node's
+        # name, and the kubelet's plugin folders, read-write.
+        if any(r.get("api") == "dra" for r in manifest.get("resource", [])):
+            root = str(manifest.get("kubelet_root_dir", "/var/lib/kubelet")).rstrip("/")
+            if "kubeconfig" not in manifest and pod.get("automountServiceAccountToken") is False:
+                problems.append(f"{where}: the manifest has DRA resources but the pod mounts no "
+                                "ServiceAccount token and the manifest names no kubeconfig")
+            env = {e["name"] for e in c.get("env", [])}
+            if "node_name" not in manifest and "NODE_NAME" not in env:
+                problems.append(f"{where}: the manifest has DRA resources but neither node_name "
+                                "nor the NODE_NAME variable")
+            for sub in ("plugins", "plugins_registry"):
+                if not any(m["mountPath"].rstrip("/") == f"{root}/{sub}" and not m.get("readOnly")
+                           for m in c.get("volumeMounts", [])):
+                    problems.append(f"{where}: the manifest has DRA resources but {root}/{sub} "
+                                    "is not mounted read-write")
         kubelet_dir = manifest.get("kubelet_dir", DEFAULT_KUBELET_DIR)
         if not any(m["mountPath"] == kubelet_dir and not m.get("readOnly")
                    for m in c.get("volumeMounts", [])):
@@ -202,5 +222,16 @@ if problems:
     sys.exit(1)
 print(f"OK: {len(configmaps)} ConfigMap(s), {len(daemonsets)} DaemonSet(s)")
 PY
+
+if [ $# -eq 0 ]; then
+    # The DRA Component (deploy/dra/) on top of the base, as deploy/dra-render.sh
+    # prints it: checked like the base, against Kubernetes 1.34+ (resource.k8s.io/v1).
+    echo "== the DRA variant: deploy/dra/ on the base"
+    "$VENV/bin/yamllint" --strict -c deploy/.yamllint.yaml deploy/dra/*.yaml
+    mkdir -p target
+    deploy/dra-render.sh >target/dra-render.yaml || fail "deploy/dra-render.sh failed (needs kubectl)"
+    DEPLOY_KUBE_VERSIONS="1.34.0 1.37.0" YAMLLINT_CONFIG=deploy/helm/yamllint-rendered.yaml \
+        deploy/validate.sh target/dra-render.yaml | grep -v '^INFO'
+fi
 
 echo "deploy/validate.sh: all checks passed"

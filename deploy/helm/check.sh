@@ -11,7 +11,8 @@
 #      ConfigMap manifest and DaemonSet as the kustomize base in deploy/
 #      (`kubectl kustomize`), Helm's bookkeeping labels aside;
 #   4. what the ci values promise: CDI and node affinity on by default and
-#      off when switched off, the ServiceMonitor's selector; and that
+#      off when switched off, the ServiceMonitor's selector, DRA off by
+#      default and complete when on (ci/dra-values.yaml); and that
 #      values.schema.json refuses misspelt and mistyped values.
 # helm is the real one, built from its Go module at HELM_VERSION (needs Go;
 # the binary is cached in ~/.cache/devhost-helm/<version>/, so only the first
@@ -106,7 +107,10 @@ for name in names:
 PY
 for name in "${renders[@]}"; do
     echo "== deploy/validate.sh: $name render"
-    deploy/validate.sh "$OUT/$name.objects.yaml" | grep -v '^INFO'
+    # DRA objects (resource.k8s.io/v1) exist from Kubernetes 1.34.
+    versions="1.31.0 1.37.0"
+    [[ $name == dra* ]] && versions="1.34.0 1.37.0"
+    DEPLOY_KUBE_VERSIONS=$versions deploy/validate.sh "$OUT/$name.objects.yaml" | grep -v '^INFO'
 done
 
 echo "== the chart against the kustomize base, and what the ci values promise"
@@ -258,6 +262,31 @@ if "full" in renders:
         ds = daemonset(docs)
         if svc["spec"]["selector"] != ds["spec"]["selector"]["matchLabels"]:
             problems.append("full values: the Service does not select the DaemonSet's pods")
+
+# DRA: off by default (no API rights, no token); on, the rights, the
+# DeviceClasses and the token (the mounts and NODE_NAME: deploy/validate.sh).
+for kind in ("ClusterRole", "ClusterRoleBinding", "DeviceClass", "ValidatingAdmissionPolicy"):
+    if find(chart, kind):
+        problems.append(f"default values: the chart renders a {kind}, but dra.enabled is off")
+if pod(daemonset(chart)).get("automountServiceAccountToken") is not False:
+    problems.append("default values: the pod mounts a ServiceAccount token without DRA")
+if "dra" in renders:
+    docs = renders["dra"]
+    classes = {d["metadata"]["name"]: d["spec"] for d in find(docs, "DeviceClass")}
+    gpu = classes.get("gpu.nvidia.com", {})
+    if gpu.get("extendedResourceName") != "nvidia.com/gpu":
+        problems.append(f"dra values: DeviceClass gpu.nvidia.com is {gpu}")
+    rules = [r for d in find(docs, "ClusterRole") for r in d["rules"]]
+    if not any("resourceslices" in r["resources"] and "watch" in r["verbs"] for r in rules):
+        problems.append(f"dra values: no ClusterRole rule lets devhost watch resourceslices: {rules}")
+    if len(find(docs, "ValidatingAdmissionPolicy")) != 1:
+        problems.append("dra values: no ValidatingAdmissionPolicy")
+    sa = find(docs, "ServiceAccount")[0]
+    if sa.get("automountServiceAccountToken") is not True or \
+            pod(daemonset(docs)).get("automountServiceAccountToken") is not True:
+        problems.append("dra values: the ServiceAccount token is not mounted")
+    if manifest(docs).get("kubelet_root_dir") != "/var/lib/k0s/kubelet":
+        problems.append("dra values: the manifest's kubelet_root_dir is not dra.kubeletRootDir")
 
 for p in problems:
     print(p, file=sys.stderr)

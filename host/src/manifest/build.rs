@@ -155,6 +155,14 @@ pub(super) fn parse(text: &str, path: &Path, kubelet_dir_override: Option<&Path>
             let field = format!("resource[{index}].one_replica_per_container");
             manifest.warnings.push(format!("{}: {field}: has no effect without replicas > 1", r.location));
         }
+        if r.replicas > 1 && r.api.dra_driver().is_some() {
+            let field = format!("resource[{index}].replicas");
+            manifest.warnings.push(format!(
+                "{}: {field}: has no effect with api = \"dra\": DRA publishes each physical device once (pods share \
+                 a device by sharing one ResourceClaim)",
+                r.location
+            ));
+        }
     }
     Ok(manifest)
 }

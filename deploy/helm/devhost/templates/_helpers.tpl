@@ -95,6 +95,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- if and (ne .Values.state.hostPath "/var/lib/devhost") (not (hasKey $settings "state_dir")) }}
 {{- $_ := set $settings "state_dir" .Values.state.hostPath }}
 {{- end }}
+{{- if and .Values.dra.enabled (ne .Values.dra.kubeletRootDir "/var/lib/kubelet") (not (hasKey $settings "kubelet_root_dir")) }}
+{{- $_ := set $settings "kubelet_root_dir" .Values.dra.kubeletRootDir }}
+{{- end }}
 {{- if and .Values.nfd.enabled (not (hasKey $settings "nfd_features_dir")) }}
 {{- $_ := set $settings "nfd_features_dir" "/etc/kubernetes/node-feature-discovery/features.d" }}
 {{- end }}

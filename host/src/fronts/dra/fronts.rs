@@ -75,8 +75,8 @@ impl Fronts {
                     tracing::warn!(
                         resource = %r.config.name,
                         dra_driver = driver,
-                        "served through DRA, which is in progress: the kubelet can register the driver, but devhost \
-                         publishes no ResourceSlices and cannot prepare claims yet, so no pod gets these devices"
+                        "served through DRA, which is in progress: the kubelet can register the driver and devhost \
+                         publishes its ResourceSlices, but cannot prepare claims yet, so no pod gets these devices"
                     );
                     self.served.push((r.clone(), front));
                 }

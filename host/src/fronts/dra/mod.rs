@@ -1,7 +1,8 @@
 //! The DRA front (in progress): serves one Dynamic Resource Allocation driver to the kubelet,
 //! with the plugin service (v1 and v1beta1) on `<kubelet root>/plugins/<driver>/dra.sock` and the registration
 //! service on `<kubelet root>/plugins_registry/<driver>-reg.sock`, where the kubelet's plugin
-//! watcher finds it; [`Fronts`] keeps one per `api = "dra"` resource. Preparing a claim needs its
+//! watcher finds it; [`Fronts`] keeps one per `api = "dra"` resource. [`slices`] publishes the
+//! resource's healthy devices as ResourceSlices through the API server while the front runs. Preparing a claim needs its
 //! allocation from the API server, which devhost does not read yet: until then [`plugin`] fails
 //! each claim with an error saying so.
 
@@ -11,6 +12,7 @@ mod fronts;
 pub mod plugin;
 pub mod prepare;
 pub mod registration;
+pub mod slices;
 
 use std::io;
 use std::os::unix::fs::FileTypeExt;
@@ -106,6 +108,7 @@ impl DraFront {
                 return Err(e);
             }
         };
+        let publisher = slices::spawn(driver, resource.clone(), api.clone(), stop_rx.clone());
         let service = Arc::new(plugin::Plugin::new(driver, resource, api));
         let dra = Routes::new(v1::dra_plugin_server::DraPluginServer::from_arc(service.clone()))
             .add_service(v1beta1::dra_plugin_server::DraPluginServer::from_arc(service));
@@ -118,6 +121,7 @@ impl DraFront {
             spawn_server(driver, "plugin", dra, plugin, false, stop_rx.clone()),
             // The kubelet's plugin watcher sends the socket path as :authority (see `authority`).
             spawn_server(driver, "registration", reg, registration, true, stop_rx),
+            publisher,
         ];
         tracing::info!(dra_driver = driver, registration = %paths.registration.display(), plugin = %paths.plugin.display(),
             "DRA driver sockets are up; waiting for the kubelet's plugin watcher");

@@ -148,3 +148,16 @@ fn a_dra_resource_is_not_held_to_the_device_plugin_socket_length() {
     let plugin = format!("[[resource]]\nname = \"{name}\"\ndriver = \"x\"\n");
     assert!(only_error(&plugin).contains("bytes long; a unix socket path may have at most 107"));
 }
+
+#[test]
+fn replicas_on_a_dra_resource_is_a_warning() {
+    let manifest = parse(&format!("{RESOURCE}api = \"dra\"\nreplicas = 2\n")).unwrap();
+    assert_eq!(manifest.warnings.len(), 1, "{:?}", manifest.warnings);
+    assert!(
+        manifest.warnings[0]
+            .starts_with(&format!("{PATH}:1:1: resource[0].replicas: has no effect with api = \"dra\"")),
+        "{:?}",
+        manifest.warnings
+    );
+    assert!(parse(&format!("{RESOURCE}replicas = 2\n")).unwrap().warnings.is_empty());
+}
