@@ -183,3 +183,14 @@ async fn a_file_that_is_not_a_socket_is_left_alone_and_named() {
     assert!(error.contains("dra.sock") && error.contains("not a socket"), "{error}");
     assert_eq!(std::fs::read_to_string(&paths.plugin).unwrap(), "not ours");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_test_api_server_answers_kubectl_and_the_daemons_client() {
+    let server = common::apiserver::ApiServerHarness::start();
+    let text = std::fs::read_to_string(server.kubeconfig()).unwrap();
+    assert!(text.contains("certificate-authority:"), "the self-signed certificate names 127.0.0.1:\n{text}");
+    assert!(server.kubectl(&["get", "namespace", "default", "-o", "name"]).contains("namespace/default"));
+    let api = ApiServer::connect(Some(server.kubeconfig()), Some("node-1")).await.expect("client");
+    let version = api.client.apiserver_version().await.expect("the daemon's client reaches the server over TLS");
+    assert_eq!(version.major, "1");
+}

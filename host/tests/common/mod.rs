@@ -3,6 +3,8 @@
 //! here with the system compiler, and the kubelet emulator.
 #![allow(dead_code)]
 
+pub mod apiserver;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
