@@ -259,7 +259,7 @@ async fn run(config: &Path, kubelet_dir: Option<&Path>) -> ExitCode {
     }
     let endpoints = devhost::kubelet::Endpoints::start(manifest.kubelet_dir.clone(), registry.services.clone());
     endpoints.sync(&registry.resources()).await;
-    let mut dra = devhost::dra::Fronts::new(&manifest);
+    let mut dra = devhost::dra::Fronts::new(&manifest, registry.services.metrics.clone());
     dra.sync(&registry.resources()).await;
     let nfd = manifest.nfd_features_dir.clone().map(|dir| devhost::nfd::spawn(dir, registry.clone()));
     // A ConfigMap update replaces the file (through a symlink swap): watch

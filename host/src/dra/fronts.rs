@@ -4,9 +4,10 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::DraFront;
 use super::api::ApiServer;
+use super::{DEFAULT_CDI_DIR, DraFront, Settings};
 use crate::manifest::Manifest;
+use crate::metrics::Metrics;
 use crate::registry::Resource;
 
 /// Every DRA resource being served, under one kubelet root directory.
@@ -17,18 +18,23 @@ pub struct Fronts {
     /// Made when the first DRA resource needs it (a node without DRA resources never needs a
     /// kubeconfig), and again at a later sync if making it failed.
     api: Option<ApiServer>,
+    /// Where the fronts keep claims' CDI specs and their checkpoints.
+    settings: Settings,
     served: Vec<(Arc<Resource>, DraFront)>,
 }
 
 impl Fronts {
     /// No front yet; the kubelet root (`kubelet_root_dir`), the API server (`kubeconfig`) and the
-    /// node (`node_name`) come from `manifest`.
-    pub fn new(manifest: &Manifest) -> Fronts {
+    /// node (`node_name`) come from `manifest`, as do the folders of claims' CDI specs
+    /// (`cdi_dir`, else [`DEFAULT_CDI_DIR`]) and of the checkpoints (`state_dir`).
+    pub fn new(manifest: &Manifest, metrics: Arc<Metrics>) -> Fronts {
+        let cdi_dir = manifest.cdi_dir.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_CDI_DIR));
         Fronts {
             root: manifest.kubelet_root_dir.clone(),
             kubeconfig: manifest.kubeconfig.clone(),
             node_name: manifest.node_name.clone(),
             api: None,
+            settings: Settings { cdi_dir, state_dir: manifest.state_dir.clone(), metrics },
             served: Vec::new(),
         }
     }
@@ -70,13 +76,14 @@ impl Fronts {
                     continue;
                 }
             };
-            match DraFront::start(&self.root, driver, r.clone(), api).await {
+            match DraFront::start(&self.root, driver, r.clone(), api, &self.settings).await {
                 Ok(front) => {
                     tracing::warn!(
                         resource = %r.config.name,
                         dra_driver = driver,
-                        "served through DRA, which is in progress: the kubelet can register the driver, but devhost \
-                         publishes no ResourceSlices and cannot prepare claims yet, so no pod gets these devices"
+                        "served through DRA: the kubelet can register the driver and devhost prepares claims \
+                         allocated to it, but devhost publishes no ResourceSlices yet, so the scheduler cannot \
+                         allocate these devices"
                     );
                     self.served.push((r.clone(), front));
                 }
