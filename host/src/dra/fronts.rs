@@ -99,3 +99,21 @@ impl Fronts {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fronts(extra: &str) -> Fronts {
+        let text = format!("{extra}[[resource]]\nname = \"example.com/gpu\"\ndriver = \"x\"\napi = \"dra\"\n");
+        let manifest = Manifest::parse(&text, std::path::Path::new("/etc/devhost/devhost.toml"), None).unwrap();
+        Fronts::new(&manifest, Arc::new(Metrics::new()))
+    }
+
+    #[test]
+    fn claims_cdi_specs_go_to_the_runtimes_default_folder_unless_cdi_dir_is_set() {
+        assert_eq!(fronts("").settings.cdi_dir, std::path::Path::new("/var/run/cdi"));
+        assert_eq!(fronts("cdi_dir = \"/etc/cdi\"\n").settings.cdi_dir, std::path::Path::new("/etc/cdi"));
+        assert_eq!(fronts("state_dir = \"/srv/state\"\n").settings.state_dir, std::path::Path::new("/srv/state"));
+    }
+}

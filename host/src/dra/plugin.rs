@@ -34,6 +34,8 @@ macro_rules! dra_plugin_service {
     ($api:ident) => {
         #[tonic::async_trait]
         impl $api::dra_plugin_server::DraPlugin for Plugin {
+            // `..Default::default()` is v1's share ID (absent from v1beta1), which devhost sets to none.
+            #[allow(clippy::needless_update)]
             async fn node_prepare_resources(
                 &self,
                 request: Request<$api::NodePrepareResourcesRequest>,
