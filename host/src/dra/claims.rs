@@ -24,7 +24,7 @@ use crate::metrics::{self, Metrics};
 use crate::registry::{Resource, compose};
 use crate::release::{self, Outcome, Releaser};
 
-/// How long one claim GET may take: several fit in the kubelet's 45 s deadline.
+/// How long a claim GET may take (they run at once), well within the kubelet's 45 s deadline.
 const GET_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where a DRA front keeps what it prepares.
@@ -81,10 +81,23 @@ impl Claims {
     /// Prepares `claims`: one answer per claim, or an error for the whole call when a claim
     /// cannot be read from the API server (the kubelet then retries the call).
     pub async fn prepare(&self, claims: Vec<ClaimRef>) -> Result<Vec<(String, Prepared)>, String> {
+        // All GETs at once: the kubelet gives the whole call 45 s.
+        let mut gets = tokio::task::JoinSet::new();
+        for (i, claim) in claims.iter().cloned().enumerate() {
+            let (client, driver) = (self.api.client.clone(), self.driver.clone());
+            gets.spawn(async move { (i, get(client, &driver, &claim).await) });
+        }
+        let mut got: Vec<Option<Read>> = vec![None; claims.len()];
+        while let Some(joined) = gets.join_next().await {
+            let (i, answer) =
+                joined.map_err(|e| format!("devhost DRA driver {}: a claim read failed: {e}", self.driver))?;
+            got[i] = Some(answer);
+        }
+        // The first claim (in the kubelet's order) that could not be read fails the call.
         let mut read = Vec::with_capacity(claims.len());
-        for claim in claims {
-            let got = self.get(&claim).await?;
-            read.push((claim, got));
+        for (claim, answer) in claims.into_iter().zip(got) {
+            let Some(answer) = answer else { continue };
+            read.push((claim, answer?));
         }
         let mut checkpoint = self.checkpoint.lock().await;
         let mut answers = Vec::with_capacity(read.len());
@@ -98,37 +111,6 @@ impl Claims {
             answers.push((claim.uid, answer));
         }
         Ok(answers)
-    }
-
-    /// The claim's allocation results, or (inner error) why the claim cannot be prepared as it
-    /// is; the outer error fails the whole call.
-    async fn get(&self, claim: &ClaimRef) -> Result<Result<Vec<AllocationResult>, String>, String> {
-        let api: kube::Api<ResourceClaim> = kube::Api::namespaced(self.api.client.clone(), &claim.namespace);
-        let fail = |why: String| {
-            let error =
-                format!("devhost DRA driver {}: cannot read ResourceClaim {}: {why}", self.driver, claim.shown());
-            tracing::warn!(dra_driver = %self.driver, claim = %claim.shown(), "{error}");
-            error
-        };
-        let got = match tokio::time::timeout(GET_TIMEOUT, api.get(&claim.name)).await {
-            Ok(Ok(got)) => got,
-            Ok(Err(e)) => return Err(fail(e.to_string())),
-            Err(_) => return Err(fail(format!("no answer from the API server within {GET_TIMEOUT:?}"))),
-        };
-        let uid = got.metadata.uid.as_deref().unwrap_or_default();
-        if uid != claim.uid {
-            return Ok(Err(format!(
-                "the claim of that name now has uid {uid}: it got replaced since the kubelet read it"
-            )));
-        }
-        let Some(allocation) = got.status.and_then(|s| s.allocation) else {
-            return Ok(Err("the claim is not allocated (no status.allocation)".to_owned()));
-        };
-        let results = allocation.devices.and_then(|d| d.results).unwrap_or_default();
-        Ok(Ok(results
-            .into_iter()
-            .map(|r| AllocationResult { request: r.request, driver: r.driver, pool: r.pool, device: r.device })
-            .collect()))
     }
 
     async fn prepare_one(
@@ -295,4 +277,35 @@ impl Claims {
             "DRA: unprepared a claim");
         Ok(())
     }
+}
+
+/// What reading a claim gave: its allocation results, or (inner error) why the claim cannot be
+/// prepared as it is; the outer error fails the whole call.
+type Read = Result<Result<Vec<AllocationResult>, String>, String>;
+
+/// Reads a claim from the API server (see [`Read`]).
+async fn get(client: kube::Client, driver: &str, claim: &ClaimRef) -> Read {
+    let api: kube::Api<ResourceClaim> = kube::Api::namespaced(client, &claim.namespace);
+    let fail = |why: String| {
+        let error = format!("devhost DRA driver {}: cannot read ResourceClaim {}: {why}", driver, claim.shown());
+        tracing::warn!(dra_driver = driver, claim = %claim.shown(), "{error}");
+        error
+    };
+    let got = match tokio::time::timeout(GET_TIMEOUT, api.get(&claim.name)).await {
+        Ok(Ok(got)) => got,
+        Ok(Err(e)) => return Err(fail(e.to_string())),
+        Err(_) => return Err(fail(format!("no answer from the API server within {GET_TIMEOUT:?}"))),
+    };
+    let uid = got.metadata.uid.as_deref().unwrap_or_default();
+    if uid != claim.uid {
+        return Ok(Err(format!("the claim of that name now has uid {uid}: it got replaced since the kubelet read it")));
+    }
+    let Some(allocation) = got.status.and_then(|s| s.allocation) else {
+        return Ok(Err("the claim is not allocated (no status.allocation)".to_owned()));
+    };
+    let results = allocation.devices.and_then(|d| d.results).unwrap_or_default();
+    Ok(Ok(results
+        .into_iter()
+        .map(|r| AllocationResult { request: r.request, driver: r.driver, pool: r.pool, device: r.device })
+        .collect()))
 }
