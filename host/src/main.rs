@@ -262,7 +262,7 @@ async fn run(config: &Path, kubelet_dir: Option<&Path>) -> ExitCode {
         registry.services.clone(),
     );
     endpoints.sync(&registry.resources()).await;
-    let mut dra = devhost::fronts::dra::Fronts::new(&manifest);
+    let mut dra = devhost::fronts::dra::Fronts::new(&manifest, registry.services.metrics.clone());
     dra.sync(&registry.resources()).await;
     let nfd = manifest.nfd_features_dir.clone().map(|dir| devhost::ops::nfd::spawn(dir, registry.clone()));
     // A ConfigMap update replaces the file (through a symlink swap): watch

@@ -282,10 +282,23 @@ async fn dra_resource_is_served_through_dra_and_not_as_a_device_plugin() {
     let extra = "api = \"dra\"\n";
     let manifest = mixed_manifest(&node, extra);
     let text = std::fs::read_to_string(&manifest).unwrap();
-    let manifest = node.write_manifest(&format!("kubelet_root_dir = \"{}\"\n{text}", root.display()));
+    // A DRA resource needs an API client; nothing here asks the (absent) server anything.
+    let kubeconfig = node.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:1\n\
+         users:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\n\
+         current-context: x\n",
+    )
+    .unwrap();
+    let manifest = node.write_manifest(&format!(
+        "kubelet_root_dir = \"{}\"\nkubeconfig = \"{}\"\nnode_name = \"node-1\"\n{text}",
+        root.display(),
+        kubeconfig.display()
+    ));
     let mut d = Daemon::start(&manifest, &node.kubelet_dir());
     kubelet.wait_registered("example.com/c", WAIT).await.unwrap();
-    let line = d.wait_log("served through DRA, which is in progress", WAIT).await;
+    let line = d.wait_log("served through DRA: ", WAIT).await;
     assert!(line.contains("example.com/r") && line.contains("r.example.com"), "{line}");
     // The kubelet's plugin watcher: the registration socket, GetInfo, the verdict.
     let reg = root.join("plugins_registry/r.example.com-reg.sock");

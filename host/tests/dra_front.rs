@@ -7,8 +7,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use devhost::engine::registry::{Mode, Registry};
+use devhost::engine::telemetry::Metrics;
 use devhost::fronts::dra::api::ApiServer;
-use devhost::fronts::dra::{DraFront, FrontError, Paths};
+use devhost::fronts::dra::{DraFront, FrontError, Paths, Settings};
 use devhost::manifest::Manifest;
 use devhost_proto::dra::v1::dra_plugin_client::DraPluginClient;
 use devhost_proto::dra::v1::{Claim, NodePrepareResourcesRequest, NodeUnprepareResourcesRequest};
@@ -16,21 +17,13 @@ use devhost_proto::pluginregistration::registration_client::RegistrationClient;
 use devhost_proto::pluginregistration::{InfoRequest, RegistrationStatus};
 
 const DRIVER: &str = "gpu.example.com";
+/// The node (and pool) the fronts serve.
+const NODE: &str = "node-1";
 
 /// The front of one DRA resource of the C example driver (two devices), with a client for an
 /// API server that is not there (these tests never reach it).
 async fn start(root: &Path) -> Result<DraFront, FrontError> {
     let dir = tempfile::tempdir().unwrap();
-    let text = format!(
-        "kubelet_dir = \"{kubelet}\"\nstate_dir = \"{kubelet}\"\nlock_dir = \"{kubelet}\"\n\
-         [driver.example_c]\nmodule = \"{module}\"\n[driver.example_c.options]\ncount = 2\n\
-         [[resource]]\nname = \"example.com/gpu\"\ndriver = \"example_c\"\napi = \"dra\"\ndra_driver = \"{DRIVER}\"\n",
-        kubelet = dir.path().display(),
-        module = common::module("example_c").display(),
-    );
-    let manifest = Manifest::parse(&text, &dir.path().join("devhost.toml"), None).expect("manifest");
-    let registry = Registry::open(&manifest, Mode::Inspect).await;
-    let resource: Arc<_> = registry.resources().into_iter().next().expect("one resource");
     let kubeconfig = dir.path().join("kubeconfig");
     std::fs::write(
         &kubeconfig,
@@ -39,8 +32,28 @@ async fn start(root: &Path) -> Result<DraFront, FrontError> {
          current-context: x\n",
     )
     .unwrap();
-    let api = ApiServer::connect(Some(&kubeconfig), Some("node-1")).await.expect("client");
-    DraFront::start(root, DRIVER, resource, api).await
+    start_at(root, dir.path(), &kubeconfig, Arc::new(Metrics::new())).await
+}
+
+/// The front of one DRA resource of the C example driver (two devices, its releases recorded in
+/// `<dir>/released`, failing for the IDs listed in `<dir>/release-fails`), keeping claims in
+/// `<dir>/state` and their CDI specs in `<dir>/cdi`, reaching the API server through `kubeconfig`.
+async fn start_at(root: &Path, dir: &Path, kubeconfig: &Path, metrics: Arc<Metrics>) -> Result<DraFront, FrontError> {
+    let text = format!(
+        "kubelet_dir = \"{dir}\"\nstate_dir = \"{dir}/state\"\nlock_dir = \"{dir}\"\n\
+         [driver.example_c]\nmodule = \"{module}\"\nisolation = \"in-process\"\n[driver.example_c.options]\ncount = 2\n\
+         release_file = \"{dir}/released\"\nrelease_fail_file = \"{dir}/release-fails\"\n\
+         [[resource]]\nname = \"example.com/gpu\"\ndriver = \"example_c\"\napi = \"dra\"\ndra_driver = \"{DRIVER}\"\n",
+        dir = dir.display(),
+        module = common::module("example_c").display(),
+    );
+    let manifest = Manifest::parse(&text, &dir.join("devhost.toml"), None).expect("manifest");
+    let registry = Registry::open(&manifest, Mode::Inspect).await;
+    let resource: Arc<_> = registry.resources().into_iter().next().expect("one resource");
+    assert!(resource.driver.is_some(), "the example driver is loaded: {:?}", resource.error);
+    let api = ApiServer::connect(Some(kubeconfig), Some(NODE)).await.expect("client");
+    let settings = Settings { cdi_dir: dir.join("cdi"), state_dir: manifest.state_dir.clone(), metrics };
+    DraFront::start(root, DRIVER, resource, api, &settings).await
 }
 
 fn claims() -> Vec<Claim> {
@@ -94,22 +107,17 @@ async fn refused_registration_is_remembered() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn prepare_answers_every_claim_with_an_error_until_allocations_can_be_read() {
+async fn prepare_fails_the_whole_call_when_a_claim_cannot_be_read() {
     let root = tempfile::tempdir().unwrap();
     let front = start(root.path()).await.unwrap();
     let endpoint = register(root.path()).await;
     let mut plugin = DraPluginClient::new(devhost_proto::connect_uds(&endpoint).await.unwrap());
-    let answer = plugin.node_prepare_resources(NodePrepareResourcesRequest { claims: claims() }).await.unwrap();
-    let answer = answer.into_inner().claims;
-    let mut uids: Vec<&String> = answer.keys().collect();
-    uids.sort();
-    assert_eq!(uids, ["uid-a", "uid-b"], "one entry per claim UID");
-    let a = &answer["uid-a"];
-    assert!(a.devices.is_empty());
+    let status = plugin.node_prepare_resources(NodePrepareResourcesRequest { claims: claims() }).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unavailable, "the kubelet retries the call: {status:?}");
+    let message = status.message();
     assert!(
-        a.error.contains(DRIVER) && a.error.contains("ns/claim-a") && a.error.contains("not yet available"),
-        "{}",
-        a.error
+        message.contains(DRIVER) && message.contains("ResourceClaim ns/claim-a (uid uid-a)"),
+        "names the claim it could not read: {message}"
     );
     front.stop().await;
 }
@@ -168,8 +176,8 @@ async fn a_v1beta1_kubelet_is_answered_on_the_same_socket() {
     let answer = plugin.node_unprepare_resources(request).await.unwrap().into_inner().claims;
     assert_eq!(answer["uid-a"].error, "");
     let request = v1beta1::NodePrepareResourcesRequest { claims: vec![claim] };
-    let answer = plugin.node_prepare_resources(request).await.unwrap().into_inner().claims;
-    assert!(answer["uid-a"].error.contains("not yet available"), "{answer:?}");
+    let status = plugin.node_prepare_resources(request).await.unwrap_err();
+    assert!(status.message().contains("cannot read ResourceClaim ns/claim-a"), "{status:?}");
     front.stop().await;
 }
 
@@ -182,4 +190,246 @@ async fn a_file_that_is_not_a_socket_is_left_alone_and_named() {
     let error = start(root.path()).await.err().expect("refused").to_string();
     assert!(error.contains("dra.sock") && error.contains("not a socket"), "{error}");
     assert_eq!(std::fs::read_to_string(&paths.plugin).unwrap(), "not ours");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_test_api_server_answers_kubectl_and_the_daemons_client() {
+    let server = common::apiserver::ApiServerHarness::start();
+    let text = std::fs::read_to_string(server.kubeconfig()).unwrap();
+    assert!(text.contains("certificate-authority:"), "the self-signed certificate names 127.0.0.1:\n{text}");
+    assert!(server.kubectl(&["get", "namespace", "default", "-o", "name"]).contains("namespace/default"));
+    let api = ApiServer::connect(Some(server.kubeconfig()), Some("node-1")).await.expect("client");
+    let version = api.client.apiserver_version().await.expect("the daemon's client reaches the server over TLS");
+    assert_eq!(version.major, "1");
+}
+
+// ---- Prepare and Unprepare against a real API server --------------------------------------
+
+use common::apiserver::ApiServerHarness;
+use devhost_proto::dra::v1::NodePrepareResourceResponse;
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+/// A front of the example driver reaching the shared test API server, with its folders.
+struct Served {
+    root: tempfile::TempDir,
+    dir: tempfile::TempDir,
+    front: Option<DraFront>,
+    metrics: Arc<Metrics>,
+    plugin: DraPluginClient<tonic::transport::Channel>,
+}
+
+impl Served {
+    async fn start() -> Served {
+        let (root, dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        Served::start_in(root, dir).await
+    }
+
+    /// A new front (a restarted devhost) on the same kubelet root and state.
+    async fn restart(mut self) -> Served {
+        self.front.take().unwrap().stop().await;
+        Served::start_in(self.root, self.dir).await
+    }
+
+    async fn start_in(root: tempfile::TempDir, dir: tempfile::TempDir) -> Served {
+        let server = ApiServerHarness::shared();
+        let metrics = Arc::new(Metrics::new());
+        let front = start_at(root.path(), dir.path(), server.kubeconfig(), metrics.clone()).await.unwrap();
+        let endpoint = register(root.path()).await;
+        let plugin = DraPluginClient::new(devhost_proto::connect_uds(&endpoint).await.unwrap());
+        Served { root, dir, front: Some(front), metrics, plugin }
+    }
+
+    async fn prepare(&mut self, claims: &[(&str, &str)]) -> HashMap<String, NodePrepareResourceResponse> {
+        let claims = claims.iter().map(|(name, uid)| claim(name, uid)).collect();
+        self.plugin.node_prepare_resources(NodePrepareResourcesRequest { claims }).await.unwrap().into_inner().claims
+    }
+
+    async fn unprepare(&mut self, name: &str, uid: &str) -> String {
+        let request = NodeUnprepareResourcesRequest { claims: vec![claim(name, uid)] };
+        let mut answer = self.plugin.node_unprepare_resources(request).await.unwrap().into_inner().claims;
+        answer.remove(uid).expect("an entry for the claim").error
+    }
+
+    fn spec_path(&self, uid: &str) -> PathBuf {
+        self.dir.path().join("cdi").join(format!("devhost.dra_{DRIVER}_{uid}.json"))
+    }
+
+    fn checkpoint(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("state").join(format!("dra-{DRIVER}.json"))).unwrap_or_default()
+    }
+
+    fn released(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("released")).unwrap_or_default()
+    }
+
+    /// How many allocate hook calls this front made.
+    fn allocate_calls(&self) -> f64 {
+        let text = self.metrics.encode(false).unwrap();
+        text.lines()
+            .find(|l| l.starts_with("devhost_driver_calls_total{") && l.contains("call=\"allocate\""))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or(0.0)
+    }
+}
+
+fn claim(name: &str, uid: &str) -> Claim {
+    Claim { namespace: "default".into(), uid: uid.into(), name: name.into() }
+}
+
+/// Creates ResourceClaim `name` (namespace `default`) asking for `count` devices in request
+/// `gpu`, and returns its UID.
+fn create_claim(name: &str, count: u32) -> String {
+    let server = ApiServerHarness::shared();
+    let yaml = format!(
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {{name: {name}, namespace: default}}\n\
+         spec:\n  devices:\n    requests:\n    - name: gpu\n      exactly: {{deviceClassName: {DRIVER}, \
+         allocationMode: ExactCount, count: {count}}}\n"
+    );
+    server.kubectl_stdin(&["create", "-f", "-"], &yaml);
+    server.kubectl(&["get", "resourceclaim", name, "-n", "default", "-o", "jsonpath={.metadata.uid}"])
+}
+
+/// Writes the claim's allocation as the scheduler would: `devices` of this driver's pool.
+fn allocate(name: &str, devices: &[&str]) {
+    let results: Vec<serde_json::Value> = devices
+        .iter()
+        .map(|d| serde_json::json!({"request": "gpu", "driver": DRIVER, "pool": NODE, "device": d}))
+        .collect();
+    let patch = serde_json::json!({"status": {"allocation": {"devices": {"results": results}}}});
+    ApiServerHarness::shared().kubectl(&[
+        "patch",
+        "resourceclaim",
+        name,
+        "-n",
+        "default",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &patch.to_string(),
+    ]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepare_answers_the_claims_cdi_devices_writes_its_spec_and_repeats_the_same_answer() {
+    let uid = create_claim("prep-two", 2);
+    allocate("prep-two", &["example-0", "example-1"]);
+    let mut served = Served::start().await;
+    let answer = served.prepare(&[("prep-two", &uid)]).await;
+    let got = &answer[&uid];
+    assert_eq!(got.error, "");
+    let devices: Vec<(&str, &str, &[String], &[String])> = got
+        .devices
+        .iter()
+        .map(|d| (d.pool_name.as_str(), d.device_name.as_str(), &d.request_names[..], &d.cdi_device_ids[..]))
+        .collect();
+    let ids = |d: &str| vec![format!("{DRIVER}/claim={uid}-{d}")];
+    assert_eq!(
+        devices,
+        [
+            (NODE, "example-0", &["gpu".to_string()][..], &ids("example-0")[..]),
+            (NODE, "example-1", &["gpu".to_string()][..], &ids("example-1")[..]),
+        ]
+    );
+    let spec: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(served.spec_path(&uid)).unwrap()).unwrap();
+    assert_eq!(spec["kind"], format!("{DRIVER}/claim"));
+    let first = &spec["devices"][0];
+    assert_eq!(first["name"], format!("{uid}-example-0"));
+    let env: Vec<&str> =
+        first["containerEdits"]["env"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+    assert!(env.contains(&"EXAMPLE_VISIBLE_DEVICES=example-0,example-1"), "composed over the claim: {env:?}");
+    assert!(env.contains(&"EXAMPLE_ALLOCATED=example-0,example-1"), "the allocate hook's edit: {env:?}");
+    let nodes = first["containerEdits"]["deviceNodes"].as_array().unwrap();
+    assert_eq!(nodes.len(), 1, "only its own device node: {nodes:?}");
+    assert!(served.checkpoint().contains(&uid) && served.checkpoint().contains("example-1"), "{}", served.checkpoint());
+    assert_eq!(served.allocate_calls(), 1.0, "one allocate hook call for the whole claim");
+
+    let again = served.prepare(&[("prep-two", &uid)]).await;
+    assert_eq!(again[&uid], *got, "the kubelet repeats Prepare: the same answer");
+    assert_eq!(served.allocate_calls(), 1.0, "a prepared claim is answered without calling the driver");
+    served.front.take().unwrap().stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replaced_and_unallocated_claims_are_refused_each_with_its_reason() {
+    let uid = create_claim("prep-unallocated", 1);
+    let mut served = Served::start().await;
+    let answer = served.prepare(&[("prep-unallocated", &uid), ("prep-unallocated", "an-older-uid")]).await;
+    assert_eq!(answer.len(), 2, "{answer:?}");
+    let error = &answer[&uid].error;
+    assert!(error.contains("default/prep-unallocated") && error.contains("not allocated"), "{error}");
+    let error = &answer["an-older-uid"].error;
+    assert!(error.contains("got replaced") && error.contains(&uid), "{error}");
+    assert!(answer.values().all(|a| a.devices.is_empty()));
+    assert_eq!(served.allocate_calls(), 0.0);
+    served.front.take().unwrap().stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_prepared_for_another_claim_is_refused_naming_both() {
+    let first = create_claim("prep-first", 1);
+    let second = create_claim("prep-second", 1);
+    allocate("prep-first", &["example-0"]);
+    allocate("prep-second", &["example-0"]);
+    let mut served = Served::start().await;
+    assert_eq!(served.prepare(&[("prep-first", &first)]).await[&first].error, "");
+    let answer = served.prepare(&[("prep-second", &second)]).await;
+    let error = &answer[&second].error;
+    assert!(
+        error.contains("default/prep-second") && error.contains("example-0") && error.contains("default/prep-first"),
+        "{error}"
+    );
+    assert!(!served.spec_path(&second).exists());
+    // Once the first is unprepared the device is free for the second.
+    assert_eq!(served.unprepare("prep-first", &first).await, "");
+    assert_eq!(served.prepare(&[("prep-second", &second)]).await[&second].error, "");
+    served.front.take().unwrap().stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_prepare_rewrites_a_lost_spec_and_unprepare_releases_the_devices() {
+    let uid = create_claim("prep-restart", 1);
+    allocate("prep-restart", &["example-1"]);
+    let mut served = Served::start().await;
+    let before = served.prepare(&[("prep-restart", &uid)]).await.remove(&uid).unwrap();
+    assert_eq!(before.error, "");
+    let spec = std::fs::read_to_string(served.spec_path(&uid)).unwrap();
+    let mut served = served.restart().await;
+    // A reboot empties /var/run/cdi (tmpfs), and the kubelet prepares again.
+    std::fs::remove_file(served.spec_path(&uid)).unwrap();
+    let after = served.prepare(&[("prep-restart", &uid)]).await.remove(&uid).unwrap();
+    assert_eq!(after, before, "the restarted front answers from its checkpoint");
+    assert_eq!(served.allocate_calls(), 0.0, "without calling the driver again");
+    assert_eq!(std::fs::read_to_string(served.spec_path(&uid)).unwrap(), spec, "the lost spec is written again");
+
+    assert_eq!(served.unprepare("prep-restart", &uid).await, "");
+    assert_eq!(served.released(), "released example-1\n", "the release hook ran for the claim's device");
+    assert!(!served.spec_path(&uid).exists(), "the spec is removed");
+    assert!(!served.checkpoint().contains(&uid), "{}", served.checkpoint());
+    assert_eq!(served.unprepare("prep-restart", &uid).await, "", "idempotent");
+    assert_eq!(served.released(), "released example-1\n", "released once");
+    served.front.take().unwrap().stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_release_hook_fails_the_claim_with_the_drivers_message_until_it_passes() {
+    let uid = create_claim("prep-release-fails", 1);
+    allocate("prep-release-fails", &["example-0"]);
+    let mut served = Served::start().await;
+    assert_eq!(served.prepare(&[("prep-release-fails", &uid)]).await[&uid].error, "");
+    let fails = served.dir.path().join("release-fails");
+    std::fs::write(&fails, "example-0\n").unwrap();
+    let error = served.unprepare("prep-release-fails", &uid).await;
+    assert!(
+        error.contains("default/prep-release-fails") && error.contains("did not come back from its reset"),
+        "{error}"
+    );
+    assert!(served.spec_path(&uid).exists(), "still prepared: the kubelet retries");
+    assert!(served.checkpoint().contains(&uid));
+    std::fs::write(&fails, "").unwrap();
+    assert_eq!(served.unprepare("prep-release-fails", &uid).await, "");
+    assert!(!served.spec_path(&uid).exists());
+    assert_eq!(served.released(), "released example-0\n");
+    served.front.take().unwrap().stop().await;
 }

@@ -203,6 +203,26 @@ pub fn render(resource: &str, devices: &[Device]) -> Option<Vec<u8>> {
     Some(bytes)
 }
 
+/// A spec file of kind `kind` with one entry per `(device name, edits)`; entries without edits
+/// are left out (CDI forbids them), and `None` when none is left. Used for DRA claims, whose
+/// devices each carry their own part of the claim's edits.
+pub fn render_entries(kind: &str, entries: &[(String, Edits)]) -> Option<Vec<u8>> {
+    let none = BTreeSet::new();
+    let devices: Vec<SpecDevice> = entries
+        .iter()
+        .filter_map(|(name, edits)| {
+            device_edits(edits, &none).map(|e| SpecDevice { name: name.clone(), container_edits: e })
+        })
+        .collect();
+    if devices.is_empty() {
+        return None;
+    }
+    let spec = SpecFile { cdi_version: cdi_version(kind), kind: kind.to_string(), devices };
+    let mut bytes = serde_json::to_vec_pretty(&spec).ok()?;
+    bytes.push(b'\n');
+    Some(bytes)
+}
+
 /// Turns the composed edits of one container request into the `cdi` strategy's answer: the CDI
 /// names of the requested devices that have a spec entry, the same names in the CDI annotation,
 /// and what CDI cannot carry (list variables, annotations, CDI names the driver declared).

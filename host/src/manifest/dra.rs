@@ -55,7 +55,8 @@ pub fn derive_dra_driver_name(resource: &str) -> String {
 }
 
 /// A DRA driver name is a lower-case DNS subdomain of at most 63 characters (the API server's
-/// rule for `ResourceSlice.spec.driver`).
+/// rule for `ResourceSlice.spec.driver`) that starts with a letter (a CDI vendor's rule: the
+/// CDI kind of prepared claims is `<driver>/claim`).
 pub fn check_dra_driver_name(name: &str) -> Result<(), String> {
     if name.is_empty() {
         return Err("the DRA driver name is empty".to_owned());
@@ -74,6 +75,13 @@ pub fn check_dra_driver_name(name: &str) -> Result<(), String> {
         if label.is_empty() || !chars_ok || !alnum(label.chars().next()) || !alnum(label.chars().last()) {
             return Err(format!("`{name}` is not a valid DRA driver name; {rule}"));
         }
+    }
+    // Prepared claims get the CDI kind `<driver>/claim`, and a CDI vendor starts with a letter.
+    if !name.starts_with(|c: char| c.is_ascii_lowercase()) {
+        return Err(format!(
+            "the DRA driver name `{name}` starts with a digit; devhost names the CDI kind of its claims \
+             `{name}/claim`, and a CDI vendor must start with a letter"
+        ));
     }
     Ok(())
 }

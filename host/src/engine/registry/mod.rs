@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use tokio::sync::watch;
 
+pub mod compose;
 mod view;
 pub use view::{Mode, Services, View};
 

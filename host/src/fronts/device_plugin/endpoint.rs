@@ -6,10 +6,9 @@
 pub mod census;
 pub mod intake;
 
-use crate::driver::device::{self, Edits, quoted};
-use crate::engine::cdi;
+use crate::driver::device::{Edits, quoted};
 use crate::engine::preferred::{self, Candidate};
-use crate::engine::registry::{Resource, Services};
+use crate::engine::registry::{Resource, Services, compose};
 use crate::engine::sharing;
 use crate::engine::telemetry;
 use crate::manifest::DeviceListStrategy;
@@ -322,24 +321,16 @@ impl Endpoint {
         }
         let mut responses = Vec::with_capacity(req.container_requests.len());
         for (i, (c, phys)) in req.container_requests.into_iter().zip(physical).enumerate() {
-            let (mut edits, conflicts) = device::compose(phys.iter().filter_map(|id| view.physical(id)));
-            for conflict in conflicts {
-                tracing::warn!(resource = name, "conflicting container edits: {conflict}");
-            }
-            if cfg.device_list_strategy == DeviceListStrategy::Cdi {
-                edits = cdi::allocate_edits(name, &view.devices, &phys, edits);
-            }
-            let result = driver.allocate(phys).await;
-            self.services.metrics.driver_call(&driver.name, "allocate", telemetry::call_outcome(&result));
-            match result {
-                Ok(Some(hook)) => edits.amend(hook),
-                Ok(None) => {}
+            let cdi_names = cfg.device_list_strategy == DeviceListStrategy::Cdi;
+            let composed = compose::compose(name, &view, &phys, cdi_names, driver, &self.services.metrics).await;
+            let edits = match composed {
+                Ok(edits) => edits,
                 Err(e) => {
                     tracing::warn!(resource = name, "allocate failed: {e}");
                     status.allocation(i, &c.devices_ids, Err(e.to_string()), started.elapsed());
                     return Err(e.to_status());
                 }
-            }
+            };
             status.allocation(i, &c.devices_ids, Ok(()), started.elapsed());
             responses.push(to_response(edits));
         }

@@ -4,9 +4,10 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::DraFront;
 use super::api::ApiServer;
+use super::{DEFAULT_CDI_DIR, DraFront, Settings};
 use crate::engine::registry::Resource;
+use crate::engine::telemetry::Metrics;
 use crate::manifest::Manifest;
 
 /// Every DRA resource being served, under one kubelet root directory.
@@ -17,18 +18,23 @@ pub struct Fronts {
     /// Made when the first DRA resource needs it (a node without DRA resources never needs a
     /// kubeconfig), and again at a later sync if making it failed.
     api: Option<ApiServer>,
+    /// Where the fronts keep claims' CDI specs and their checkpoints.
+    settings: Settings,
     served: Vec<(Arc<Resource>, DraFront)>,
 }
 
 impl Fronts {
     /// No front yet; the kubelet root (`kubelet_root_dir`), the API server (`kubeconfig`) and the
-    /// node (`node_name`) come from `manifest`.
-    pub fn new(manifest: &Manifest) -> Fronts {
+    /// node (`node_name`) come from `manifest`, as do the folders of claims' CDI specs
+    /// (`cdi_dir`, else [`DEFAULT_CDI_DIR`]) and of the checkpoints (`state_dir`).
+    pub fn new(manifest: &Manifest, metrics: Arc<Metrics>) -> Fronts {
+        let cdi_dir = manifest.cdi_dir.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_CDI_DIR));
         Fronts {
             root: manifest.kubelet_root_dir.clone(),
             kubeconfig: manifest.kubeconfig.clone(),
             node_name: manifest.node_name.clone(),
             api: None,
+            settings: Settings { cdi_dir, state_dir: manifest.state_dir.clone(), metrics },
             served: Vec::new(),
         }
     }
@@ -70,13 +76,14 @@ impl Fronts {
                     continue;
                 }
             };
-            match DraFront::start(&self.root, driver, r.clone(), api).await {
+            match DraFront::start(&self.root, driver, r.clone(), api, &self.settings).await {
                 Ok(front) => {
-                    tracing::warn!(
+                    tracing::info!(
                         resource = %r.config.name,
                         dra_driver = driver,
-                        "served through DRA, which is in progress: the kubelet can register the driver and devhost \
-                         publishes its ResourceSlices, but cannot prepare claims yet, so no pod gets these devices"
+                        node = %self.api.as_ref().map_or("", |a| a.node.as_str()),
+                        "served through DRA: its devices are published as ResourceSlices and claims allocated \
+                         to them are prepared"
                     );
                     self.served.push((r.clone(), front));
                 }
@@ -90,5 +97,23 @@ impl Fronts {
         for (_, front) in std::mem::take(&mut self.served) {
             front.stop().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fronts(extra: &str) -> Fronts {
+        let text = format!("{extra}[[resource]]\nname = \"example.com/gpu\"\ndriver = \"x\"\napi = \"dra\"\n");
+        let manifest = Manifest::parse(&text, std::path::Path::new("/etc/devhost/devhost.toml"), None).unwrap();
+        Fronts::new(&manifest, Arc::new(Metrics::new()))
+    }
+
+    #[test]
+    fn claims_cdi_specs_go_to_the_runtimes_default_folder_unless_cdi_dir_is_set() {
+        assert_eq!(fronts("").settings.cdi_dir, std::path::Path::new("/var/run/cdi"));
+        assert_eq!(fronts("cdi_dir = \"/etc/cdi\"\n").settings.cdi_dir, std::path::Path::new("/etc/cdi"));
+        assert_eq!(fronts("state_dir = \"/srv/state\"\n").settings.state_dir, std::path::Path::new("/srv/state"));
     }
 }

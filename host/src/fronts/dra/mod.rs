@@ -1,13 +1,16 @@
-//! The DRA front (in progress): serves one Dynamic Resource Allocation driver to the kubelet,
+//! The DRA front: serves one Dynamic Resource Allocation driver to the kubelet,
 //! with the plugin service (v1 and v1beta1) on `<kubelet root>/plugins/<driver>/dra.sock` and the registration
 //! service on `<kubelet root>/plugins_registry/<driver>-reg.sock`, where the kubelet's plugin
 //! watcher finds it; [`Fronts`] keeps one per `api = "dra"` resource. [`slices`] publishes the
-//! resource's healthy devices as ResourceSlices through the API server while the front runs. Preparing a claim needs its
-//! allocation from the API server, which devhost does not read yet: until then [`plugin`] fails
-//! each claim with an error saying so.
+//! resource's healthy devices as ResourceSlices through the API server while the front runs;
+//! [`claims`] prepares and unprepares the claims the kubelet sends, keeping them in a
+//! [`checkpoint`].
 
 pub mod api;
 mod authority;
+pub mod checkpoint;
+pub mod claim_spec;
+pub mod claims;
 mod fronts;
 pub mod plugin;
 pub mod prepare;
@@ -33,6 +36,8 @@ use crate::engine::registry::Resource;
 use crate::manifest::MAX_SOCKET_PATH;
 use api::ApiServer;
 
+pub use claims::Settings;
+
 pub use fronts::Fronts;
 
 /// The kubelet's plugin watcher folder, under its root directory (`--root-dir`).
@@ -41,6 +46,9 @@ pub const PLUGINS_REGISTRY: &str = "plugins_registry";
 pub const PLUGINS: &str = "plugins";
 /// File name of the DRA plugin socket inside `plugins/<driver>/`.
 pub const PLUGIN_SOCKET: &str = "dra.sock";
+/// Where claims' CDI specs go when the manifest sets no `cdi_dir`: the folder containerd and
+/// CRI-O read by default (often a tmpfs, which is why Prepare writes a missing spec again).
+pub const DEFAULT_CDI_DIR: &str = "/var/run/cdi";
 /// How long [`DraFront::stop`] waits for calls in flight before dropping them.
 const STOP_DEADLINE: Duration = Duration::from_secs(3);
 
@@ -96,6 +104,7 @@ impl DraFront {
         driver: &str,
         resource: Arc<Resource>,
         api: ApiServer,
+        settings: &Settings,
     ) -> Result<DraFront, FrontError> {
         let paths = Paths::new(root, driver);
         let (stop, stop_rx) = watch::channel(false);
@@ -109,7 +118,7 @@ impl DraFront {
             }
         };
         let publisher = slices::spawn(driver, resource.clone(), api.clone(), stop_rx.clone());
-        let service = Arc::new(plugin::Plugin::new(driver, resource, api));
+        let service = Arc::new(plugin::Plugin::new(driver, resource, api, settings));
         let dra = Routes::new(v1::dra_plugin_server::DraPluginServer::from_arc(service.clone()))
             .add_service(v1beta1::dra_plugin_server::DraPluginServer::from_arc(service));
         let reg = Routes::new(RegistrationServer::new(registration::Registration::new(

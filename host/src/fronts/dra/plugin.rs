@@ -3,10 +3,9 @@
 //! prepare and unprepare a pod's claims. Every requested claim gets an entry in the answer: a
 //! missing one makes the kubelet retry, and a gRPC error makes it drop the whole answer.
 //!
-//! In progress: a claim's allocation (which devices it got) is read from the API server, which
-//! devhost does not do yet, so Prepare fails each claim with an error that says so. Nothing is
-//! ever prepared, so Unprepare succeeds for every claim, as the kubelet requires for claims the
-//! driver does not know (a pod must never hang in Terminating on us).
+//! The work is [`Claims`]'s; this file only maps the messages of both versions onto it. A claim
+//! that cannot be read from the API server fails the whole Prepare call with `UNAVAILABLE`, as
+//! the Go helper does; every other failure is the claim's own `error`.
 
 use std::sync::Arc;
 
@@ -14,43 +13,29 @@ use devhost_proto::dra::{v1, v1beta1};
 use tonic::{Request, Response, Status};
 
 use super::api::ApiServer;
+use super::claims::{ClaimRef, Claims, Settings};
 use crate::engine::registry::Resource;
 
 /// The plugin service of one DRA driver, served as both v1 and v1beta1 on one socket (the
 /// messages are the same on the wire, apart from v1's share ID).
 pub struct Plugin {
-    driver: String,
-    /// The manifest resource this driver serves: its devices and its driver instance.
-    #[allow(dead_code)] // Read once claims are prepared.
-    resource: Arc<Resource>,
-    /// Where claims are read from.
-    #[allow(dead_code)]
-    api: ApiServer,
+    claims: Claims,
 }
 
 impl Plugin {
-    pub fn new(driver: &str, resource: Arc<Resource>, api: ApiServer) -> Plugin {
-        Plugin { driver: driver.to_owned(), resource, api }
-    }
-
-    /// Why a claim (namespace, uid, name) cannot be prepared yet; logged once per claim asked.
-    fn refuse(&self, namespace: &str, uid: &str, name: &str) -> String {
-        let error = format!(
-            "devhost DRA driver {}: cannot prepare claim {namespace}/{name} (uid {uid}): reading claim allocations \
-             from the API server is not yet available in this devhost build",
-            self.driver
-        );
-        tracing::warn!(dra_driver = %self.driver, claim = %format!("{namespace}/{name}"), "{error}");
-        error
+    pub fn new(driver: &str, resource: Arc<Resource>, api: ApiServer, settings: &Settings) -> Plugin {
+        Plugin { claims: Claims::new(driver, resource, api, settings) }
     }
 }
 
-/// v1 and v1beta1 have the same messages (v1 adds a share ID, which nothing sets yet): one body
-/// serves both versions.
+/// v1 and v1beta1 have the same messages (v1 adds a share ID, which devhost does not set): one
+/// body serves both versions.
 macro_rules! dra_plugin_service {
     ($api:ident) => {
         #[tonic::async_trait]
         impl $api::dra_plugin_server::DraPlugin for Plugin {
+            // `..Default::default()` is v1's share ID (absent from v1beta1), which devhost sets to none.
+            #[allow(clippy::needless_update)]
             async fn node_prepare_resources(
                 &self,
                 request: Request<$api::NodePrepareResourcesRequest>,
@@ -59,9 +44,29 @@ macro_rules! dra_plugin_service {
                     .into_inner()
                     .claims
                     .into_iter()
-                    .map(|c| {
-                        let error = self.refuse(&c.namespace, &c.uid, &c.name);
-                        (c.uid, $api::NodePrepareResourceResponse { devices: Vec::new(), error })
+                    .map(|c| ClaimRef { namespace: c.namespace, uid: c.uid, name: c.name })
+                    .collect();
+                let answers = self.claims.prepare(claims).await.map_err(Status::unavailable)?;
+                let claims = answers
+                    .into_iter()
+                    .map(|(uid, answer)| {
+                        let response = match answer {
+                            Ok(devices) => $api::NodePrepareResourceResponse {
+                                devices: devices
+                                    .into_iter()
+                                    .map(|d| $api::Device {
+                                        request_names: d.requests,
+                                        pool_name: d.pool,
+                                        device_name: d.device,
+                                        cdi_device_ids: d.cdi_device_ids,
+                                        ..Default::default()
+                                    })
+                                    .collect(),
+                                error: String::new(),
+                            },
+                            Err(error) => $api::NodePrepareResourceResponse { devices: Vec::new(), error },
+                        };
+                        (uid, response)
                     })
                     .collect();
                 Ok(Response::new($api::NodePrepareResourcesResponse { claims }))
@@ -75,7 +80,16 @@ macro_rules! dra_plugin_service {
                     .into_inner()
                     .claims
                     .into_iter()
-                    .map(|c| (c.uid, $api::NodeUnprepareResourceResponse::default()))
+                    .map(|c| ClaimRef { namespace: c.namespace, uid: c.uid, name: c.name })
+                    .collect();
+                let claims = self
+                    .claims
+                    .unprepare(claims)
+                    .await
+                    .into_iter()
+                    .map(|(uid, answer)| {
+                        (uid, $api::NodeUnprepareResourceResponse { error: answer.err().unwrap_or_default() })
+                    })
                     .collect();
                 Ok(Response::new($api::NodeUnprepareResourcesResponse { claims }))
             }

@@ -1,8 +1,7 @@
 //! What NodePrepareResources answers for one claim, decided without sockets: the claim's
 //! allocation results (read from the API server by the caller) are mapped back from DRA device
-//! names to the driver's device IDs, and each device is answered with its CDI device ID (the
-//! spec the registry already keeps per resource, see [`crate::engine::cdi`]). The whole claim is checked
-//! before anything is answered, as Allocate does: one bad result fails the claim, naming it.
+//! names to the driver's device IDs. The whole claim is checked before anything is prepared, as
+//! Allocate does: one bad result fails the claim, naming it.
 //!
 //! Device names, fixed here: a DRA device name is a DNS label (lower-case letters, digits and
 //! `-`, at most 63, starting and ending with a letter or digit). A device ID that already is one
@@ -10,8 +9,6 @@
 //! trimmed, the body is cut to 54 characters and `-` plus 8 hex digits of the ID's hash is
 //! appended, so a name never changes across restarts and two IDs share a name only on a 32-bit
 //! hash collision.
-
-use devhost_proto::dra::v1 as pb;
 
 use crate::driver::device::Device;
 
@@ -61,18 +58,29 @@ pub fn device_name(id: &str) -> String {
     if body.is_empty() { format!("x-{hash:08x}") } else { format!("{body}-{hash:08x}") }
 }
 
-/// The devices NodePrepareResources answers for one claim of DRA driver `driver`, whose devices
-/// (those of `resource`, its one pool `pool`) are `devices`. Results for other drivers are not
-/// ours and are skipped, as the kubelet sends each driver the whole claim. An error names the
-/// claim's device that cannot be prepared and why.
+/// One device of a claim, mapped back to the driver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Planned {
+    /// The driver's device ID.
+    pub id: String,
+    /// The DRA device name the allocation gave.
+    pub device: String,
+    /// The requests it was allocated for, subrequest suffixes dropped (`req/sub` → `req`).
+    pub requests: Vec<String>,
+}
+
+/// The devices NodePrepareResources prepares for one claim of DRA driver `driver`, whose devices
+/// (its one pool `pool`) are `devices`. Results for other drivers are not ours and are skipped,
+/// as the kubelet sends each driver the whole claim. A device named by several results is
+/// planned once, with every request. An error names the claim's device that cannot be prepared
+/// and why.
 pub fn plan(
-    resource: &str,
     driver: &str,
     pool: &str,
     devices: &[Device],
     results: &[AllocationResult],
-) -> Result<Vec<pb::Device>, String> {
-    let mut answer = Vec::new();
+) -> Result<Vec<Planned>, String> {
+    let mut planned: Vec<Planned> = Vec::new();
     for result in results.iter().filter(|r| r.driver == driver) {
         if result.pool != pool {
             return Err(format!(
@@ -92,16 +100,16 @@ pub fn plan(
                 result.device, device.id, result.request
             ));
         }
-        let request = result.request.split_once('/').map_or(result.request.as_str(), |(r, _)| r);
-        answer.push(pb::Device {
-            request_names: vec![request.to_owned()],
-            pool_name: pool.to_owned(),
-            device_name: result.device.clone(),
-            cdi_device_ids: vec![crate::engine::cdi::qualified_name(resource, &device.id)],
-            share_id: None,
-        });
+        let request = result.request.split_once('/').map_or(result.request.as_str(), |(r, _)| r).to_owned();
+        match planned.iter_mut().find(|p| p.id == device.id) {
+            Some(p) if !p.requests.contains(&request) => p.requests.push(request),
+            Some(_) => {}
+            None => {
+                planned.push(Planned { id: device.id.clone(), device: result.device.clone(), requests: vec![request] })
+            }
+        }
     }
-    Ok(answer)
+    Ok(planned)
 }
 
 #[cfg(test)]
@@ -137,25 +145,26 @@ mod tests {
     }
 
     #[test]
-    fn plan_maps_names_back_to_ids_and_answers_cdi_ids() {
+    fn plan_maps_names_back_to_ids() {
         let devices = [device("GPU-A", true), device("gpu-1", true)];
         let results = [
             result("gpus/large", "gpu.example.com", "node-1", &device_name("GPU-A")),
             result("gpus", "other.example.com", "node-1", "x"),
             result("one", "gpu.example.com", "node-1", "gpu-1"),
+            result("two", "gpu.example.com", "node-1", "gpu-1"),
         ];
-        let answer = plan("example.com/gpu", "gpu.example.com", "node-1", &devices, &results).unwrap();
-        assert_eq!(answer.len(), 2, "the other driver's result is skipped");
-        assert_eq!(answer[0].request_names, ["gpus"], "the subrequest suffix is dropped");
-        assert_eq!(answer[0].cdi_device_ids, [crate::engine::cdi::qualified_name("example.com/gpu", "GPU-A")]);
-        assert_eq!((answer[1].pool_name.as_str(), answer[1].device_name.as_str()), ("node-1", "gpu-1"));
-        assert_eq!(answer[1].cdi_device_ids, ["example.com/gpu=gpu-1"]);
+        let planned = plan("gpu.example.com", "node-1", &devices, &results).unwrap();
+        assert_eq!(planned.len(), 2, "the other driver's result is skipped, a device is planned once");
+        assert_eq!((planned[0].id.as_str(), planned[0].device.as_str()), ("GPU-A", device_name("GPU-A").as_str()));
+        assert_eq!(planned[0].requests, ["gpus"], "the subrequest suffix is dropped");
+        assert_eq!(planned[1].id, "gpu-1");
+        assert_eq!(planned[1].requests, ["one", "two"]);
     }
 
     #[test]
     fn plan_refuses_unknown_foreign_pool_and_unhealthy_devices_by_name() {
         let devices = [device("gpu-0", true), device("gpu-1", false)];
-        let plan = |r: AllocationResult| plan("example.com/gpu", "d.example.com", "n", &devices, &[r]).unwrap_err();
+        let plan = |r: AllocationResult| plan("d.example.com", "n", &devices, &[r]).unwrap_err();
         assert!(plan(result("r", "d.example.com", "n", "gpu-9")).contains("gpu-9 of request r is not a device"));
         assert!(plan(result("r", "d.example.com", "other", "gpu-0")).contains("in pool other"));
         assert!(

@@ -35,6 +35,8 @@ fn derived_names_are_lower_case_dns_subdomains() {
     assert_eq!(check_dra_driver_name("h100.nvidia.com"), Ok(()));
     assert!(check_dra_driver_name("-x.example.com").is_err());
     assert!(check_dra_driver_name("Gpu.example.com").is_err());
+    let digit = check_dra_driver_name("3d.example.com").unwrap_err();
+    assert!(digit.contains("`3d.example.com/claim`") && digit.contains("CDI vendor"), "{digit}");
     assert!(check_dra_driver_name(&format!("{}.example.com", "a".repeat(60))).unwrap_err().contains("at most 63"));
 }
 

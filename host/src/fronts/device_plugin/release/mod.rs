@@ -24,11 +24,9 @@ mod tests;
 pub use state::{Saved, SavedBatch, Store};
 pub use tracker::{Backoff, Batch, Finished, Observed, Outcome, Phase, Tracker, driver_id};
 
-use crate::driver::instance::{CallError, Instance};
+use crate::driver::instance::CallError;
 use crate::fronts::device_plugin::podresources::Snapshot;
-use devhost_abi as abi;
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::{mpsc, watch};
@@ -38,33 +36,7 @@ use tokio::time::Instant;
 /// ID → reason.
 pub type Overlay = BTreeMap<String, String>;
 
-/// What the runner needs from a driver instance; [`Instance`] in the daemon.
-pub trait Releaser: Send + Sync + 'static {
-    /// Whether the driver has a release hook at all.
-    fn has_release(&self) -> bool;
-    /// Calls the hook with the instance's deadline, off the async runtime.
-    fn release(&self, ids: Vec<String>) -> impl Future<Output = Result<bool, CallError>> + Send;
-}
-
-impl Releaser for Instance {
-    fn has_release(&self) -> bool {
-        self.module.release
-    }
-
-    fn release(&self, ids: Vec<String>) -> impl Future<Output = Result<bool, CallError>> + Send {
-        Instance::release(self, ids)
-    }
-}
-
-/// How a call result counts for the tracker: the driver saying NOT_FOUND
-/// means the devices are gone, so there is nothing left to clean.
-pub fn outcome(result: Result<bool, CallError>) -> Outcome {
-    match result {
-        Ok(_) => Outcome::Done,
-        Err(e @ CallError::Status { code: abi::DEVHOST_ERR_NOT_FOUND, .. }) => Outcome::Gone(e.to_string()),
-        Err(e) => Outcome::Failed(e.to_string()),
-    }
-}
+pub use crate::engine::release_hook::{Releaser, outcome};
 
 /// The release runner of one resource. Dropping it stops it (a call in
 /// flight still finishes on the driver's worker thread).

@@ -1,6 +1,8 @@
 //! The release state machine, then the runner against a scripted driver.
 
 use super::*;
+use devhost_abi as abi;
+use std::future::Future;
 use crate::fronts::device_plugin::podresources::{Holder, HolderMap, Holders};
 use std::collections::VecDeque;
 use std::time::Duration;

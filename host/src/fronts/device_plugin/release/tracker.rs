@@ -48,16 +48,7 @@ pub fn driver_id(kubelet_id: &str) -> &str {
     crate::engine::sharing::parse_replica(kubelet_id).map_or(kubelet_id, |(id, _)| id)
 }
 
-/// How a release call ended.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    /// The devices are clean.
-    Done,
-    /// The driver does not know the devices any more: nothing to clean.
-    Gone(String),
-    /// Anything else, with the message for the operator; retried.
-    Failed(String),
-}
+pub use crate::engine::release_hook::Outcome;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Phase {

@@ -1,0 +1,39 @@
+//! The composition both kubelet fronts share: what a set of a resource's devices gives a
+//! container. The devices' scanned edits are composed (conflicts logged), turned into CDI names
+//! when the resource answers with CDI, and then amended by the driver's allocate hook, whose call
+//! is counted in the metrics. The device plugin's Allocate runs it once per container request,
+//! DRA's NodePrepareResources once per claim.
+
+use crate::engine::cdi;
+use crate::driver::device::{self, Edits};
+use crate::driver::instance::{CallError, Instance};
+use crate::engine::telemetry::{self, Metrics};
+
+use super::View;
+
+/// The edits for the physical devices `physical` of resource `resource` (their devices are in
+/// `view`; IDs not in it contribute nothing). With `cdi_names`, the answer carries the devices'
+/// CDI names instead of their raw edits (the `cdi` device list strategy). The driver's allocate
+/// hook, if it has one, is called once with all of `physical` and its edits go on top.
+pub async fn compose(
+    resource: &str,
+    view: &View,
+    physical: &[String],
+    cdi_names: bool,
+    driver: &Instance,
+    metrics: &Metrics,
+) -> Result<Edits, CallError> {
+    let (mut edits, conflicts) = device::compose(physical.iter().filter_map(|id| view.physical(id)));
+    for conflict in conflicts {
+        tracing::warn!(resource, "conflicting container edits: {conflict}");
+    }
+    if cdi_names {
+        edits = cdi::allocate_edits(resource, &view.devices, physical, edits);
+    }
+    let result = driver.allocate(physical.to_vec()).await;
+    metrics.driver_call(&driver.name, "allocate", telemetry::call_outcome(&result));
+    if let Some(hook) = result? {
+        edits.amend(hook);
+    }
+    Ok(edits)
+}

@@ -1,0 +1,49 @@
+//! The driver's release hook (ABI 1.1) as both fronts call it: the Device Plugin front when the
+//! last container holding a device lets go of it (`fronts/device_plugin/release`), the DRA front
+//! in NodeUnprepareResources. [`Releaser`] is what a caller needs of a driver instance, and
+//! [`outcome`] is how a call's result counts: NOT_FOUND means the devices are gone, so there is
+//! nothing left to clean.
+
+use std::future::Future;
+
+use devhost_abi as abi;
+
+use crate::driver::instance::{CallError, Instance};
+
+/// What a release caller needs from a driver instance; [`Instance`] in the daemon.
+pub trait Releaser: Send + Sync + 'static {
+    /// Whether the driver has a release hook at all.
+    fn has_release(&self) -> bool;
+    /// Calls the hook with the instance's deadline, off the async runtime.
+    fn release(&self, ids: Vec<String>) -> impl Future<Output = Result<bool, CallError>> + Send;
+}
+
+impl Releaser for Instance {
+    fn has_release(&self) -> bool {
+        self.module.release
+    }
+
+    fn release(&self, ids: Vec<String>) -> impl Future<Output = Result<bool, CallError>> + Send {
+        Instance::release(self, ids)
+    }
+}
+
+/// How a release call ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The devices are clean.
+    Done,
+    /// The driver does not know the devices any more: nothing to clean.
+    Gone(String),
+    /// Anything else, with the message for the operator; retried.
+    Failed(String),
+}
+
+/// How a call result counts: the driver saying NOT_FOUND means the devices are gone.
+pub fn outcome(result: Result<bool, CallError>) -> Outcome {
+    match result {
+        Ok(_) => Outcome::Done,
+        Err(e @ CallError::Status { code: abi::DEVHOST_ERR_NOT_FOUND, .. }) => Outcome::Gone(e.to_string()),
+        Err(e) => Outcome::Failed(e.to_string()),
+    }
+}

@@ -1,0 +1,311 @@
+//! Preparing and unpreparing claims for one DRA driver: the work behind the plugin service.
+//!
+//! Prepare reads each claim from the API server first (no lock held), then, one call of the
+//! driver at a time: a claim already in the [`Checkpoint`] is answered as before (its CDI spec
+//! written again if it is gone: CDI folders are often tmpfs); a new one is mapped back to the
+//! driver's devices ([`prepare::plan`]), checked against the devices other claims hold, composed
+//! with the shared core's [`compose`] (one allocate hook call per claim), written as a CDI spec
+//! ([`claim_spec`]) and kept in the checkpoint. Unprepare runs the driver's release hook (ABI
+//! 1.1, the call the release module makes) for a known claim's devices, removes its spec and
+//! forgets it; an unknown claim is already unprepared.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use tokio::sync::Mutex;
+
+use super::api::ApiServer;
+use super::checkpoint::{self, Checkpoint, PreparedClaim, PreparedDevice};
+use super::claim_spec;
+use super::prepare::{self, AllocationResult};
+use crate::engine::telemetry::{self, Metrics};
+use crate::engine::registry::{Resource, compose};
+use crate::engine::release_hook::{self, Outcome, Releaser};
+
+/// How long a claim GET may take (they run at once), well within the kubelet's 45 s deadline.
+const GET_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where a DRA front keeps what it prepares.
+#[derive(Clone)]
+pub struct Settings {
+    /// The folder the claims' CDI specs are written to.
+    pub cdi_dir: PathBuf,
+    /// The folder of the checkpoint (`dra-<driver>.json`).
+    pub state_dir: PathBuf,
+    pub metrics: Arc<Metrics>,
+}
+
+/// A claim the kubelet names: namespace, UID, name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimRef {
+    pub namespace: String,
+    pub uid: String,
+    pub name: String,
+}
+
+impl ClaimRef {
+    fn shown(&self) -> String {
+        format!("{}/{} (uid {})", self.namespace, self.name, self.uid)
+    }
+}
+
+/// The devices of one prepared claim, or why it was not prepared.
+pub type Prepared = Result<Vec<PreparedDevice>, String>;
+
+/// The claims of one DRA driver.
+pub struct Claims {
+    driver: String,
+    resource: Arc<Resource>,
+    api: ApiServer,
+    cdi_dir: PathBuf,
+    metrics: Arc<Metrics>,
+    /// Held for the whole of each Prepare and Unprepare: calls are serialised per driver.
+    checkpoint: Mutex<Checkpoint>,
+}
+
+impl Claims {
+    /// The claims of `driver` (serving `resource`), going on from its checkpoint in `settings`.
+    pub fn new(driver: &str, resource: Arc<Resource>, api: ApiServer, settings: &Settings) -> Claims {
+        Claims {
+            driver: driver.to_owned(),
+            resource,
+            api,
+            cdi_dir: settings.cdi_dir.clone(),
+            metrics: settings.metrics.clone(),
+            checkpoint: Mutex::new(Checkpoint::load(&settings.state_dir, driver)),
+        }
+    }
+
+    /// Prepares `claims`: one answer per claim, or an error for the whole call when a claim
+    /// cannot be read from the API server (the kubelet then retries the call).
+    pub async fn prepare(&self, claims: Vec<ClaimRef>) -> Result<Vec<(String, Prepared)>, String> {
+        // All GETs at once: the kubelet gives the whole call 45 s.
+        let mut gets = tokio::task::JoinSet::new();
+        for (i, claim) in claims.iter().cloned().enumerate() {
+            let (client, driver) = (self.api.client.clone(), self.driver.clone());
+            gets.spawn(async move { (i, get(client, &driver, &claim).await) });
+        }
+        let mut got: Vec<Option<Read>> = vec![None; claims.len()];
+        while let Some(joined) = gets.join_next().await {
+            let (i, answer) =
+                joined.map_err(|e| format!("devhost DRA driver {}: a claim read failed: {e}", self.driver))?;
+            got[i] = Some(answer);
+        }
+        // The first claim (in the kubelet's order) that could not be read fails the call.
+        let mut read = Vec::with_capacity(claims.len());
+        for (claim, answer) in claims.into_iter().zip(got) {
+            let Some(answer) = answer else { continue };
+            read.push((claim, answer?));
+        }
+        let mut checkpoint = self.checkpoint.lock().await;
+        let mut answers = Vec::with_capacity(read.len());
+        for (claim, got) in read {
+            let answer = self.prepare_one(&mut checkpoint, &claim, got).await.map_err(|why| {
+                let error =
+                    format!("devhost DRA driver {}: cannot prepare claim {}: {why}", self.driver, claim.shown());
+                tracing::warn!(dra_driver = %self.driver, claim = %claim.shown(), "{error}");
+                error
+            });
+            answers.push((claim.uid, answer));
+        }
+        Ok(answers)
+    }
+
+    async fn prepare_one(
+        &self,
+        checkpoint: &mut Checkpoint,
+        claim: &ClaimRef,
+        got: Result<Vec<AllocationResult>, String>,
+    ) -> Prepared {
+        if let Some(known) = checkpoint.claims.get(&claim.uid) {
+            // Prepared before: the same answer, without calling the driver again.
+            if let (Some(path), Some(content)) = (&known.cdi_spec, &known.cdi_spec_content)
+                && !path.exists()
+            {
+                claim_spec::write(path, content).map_err(|e| e.to_string())?;
+                tracing::info!(dra_driver = %self.driver, claim = %claim.shown(), path = %path.display(),
+                    "DRA: wrote the CDI spec of an already prepared claim again (it was gone)");
+            }
+            return Ok(known.devices.clone());
+        }
+        let results = got?;
+        let view = self.resource.snapshot();
+        let planned = prepare::plan(&self.driver, &self.api.node, &view.devices, &results)?;
+        for p in &planned {
+            if let Some((uid, other)) = checkpoint.holder_of(&p.id, &claim.uid) {
+                return Err(format!(
+                    "device {} (ID {}) is prepared for claim {}/{} (uid {uid}), which has not been unprepared",
+                    p.device, p.id, other.namespace, other.name
+                ));
+            }
+        }
+        if checkpoint.claims.len() >= checkpoint::MAX_CLAIMS {
+            return Err(format!(
+                "{} claims are prepared already, the most one driver keeps; unprepare some first",
+                checkpoint::MAX_CLAIMS
+            ));
+        }
+        let mut prepared = PreparedClaim {
+            namespace: claim.namespace.clone(),
+            name: claim.name.clone(),
+            devices: planned
+                .iter()
+                .map(|p| PreparedDevice {
+                    id: p.id.clone(),
+                    requests: p.requests.clone(),
+                    pool: self.api.node.clone(),
+                    device: p.device.clone(),
+                    cdi_device_ids: Vec::new(),
+                })
+                .collect(),
+            cdi_spec: None,
+            cdi_spec_content: None,
+        };
+        if !planned.is_empty() {
+            let Some(driver) = &self.resource.driver else {
+                return Err(format!("the driver of resource {} is not loaded", self.resource.config.name));
+            };
+            let ids: Vec<String> = planned.iter().map(|p| p.id.clone()).collect();
+            let total = compose::compose(&self.resource.config.name, &view, &ids, false, driver, &self.metrics)
+                .await
+                .map_err(|e| e.to_string())?;
+            let own: Vec<(String, &crate::driver::device::Edits)> = planned
+                .iter()
+                .filter_map(|p| {
+                    let device = view.physical(&p.id)?;
+                    Some((claim_spec::device_name(&claim.uid, &p.device), &device.edits))
+                })
+                .collect();
+            let entries = claim_spec::split(&own, &total);
+            if let Some(content) = claim_spec::render(&self.driver, &entries) {
+                let path = claim_spec::path(&self.cdi_dir, &self.driver, &claim.uid);
+                claim_spec::write(&path, &content).map_err(|e| e.to_string())?;
+                for (device, (_, edits)) in prepared.devices.iter_mut().zip(&entries) {
+                    let empty = edits.device_nodes.is_empty() && edits.mounts.is_empty() && edits.envs.is_empty();
+                    if !empty {
+                        device.cdi_device_ids.push(claim_spec::qualified_name(
+                            &self.driver,
+                            &claim.uid,
+                            &device.device,
+                        ));
+                    }
+                }
+                prepared.cdi_spec = Some(path);
+                prepared.cdi_spec_content = Some(content);
+            }
+            // CDI names the driver declared itself (a spec of its own) go to the first device.
+            if let Some(first) = prepared.devices.first_mut() {
+                for name in total.cdi_devices {
+                    if !first.cdi_device_ids.contains(&name) {
+                        first.cdi_device_ids.push(name);
+                    }
+                }
+            }
+            if !total.annotations.is_empty() {
+                tracing::debug!(dra_driver = %self.driver, claim = %claim.shown(),
+                    "DRA: container annotations of the devices or the allocate hook are not delivered (CDI has no annotation edit)");
+            }
+        }
+        let devices = prepared.devices.clone();
+        let spec = prepared.cdi_spec.clone();
+        checkpoint.claims.insert(claim.uid.clone(), prepared);
+        if let Err(e) = checkpoint.save() {
+            checkpoint.claims.remove(&claim.uid);
+            if let Some(path) = &spec {
+                let _ = claim_spec::remove(path);
+            }
+            return Err(format!("cannot keep it in the checkpoint: {e}"));
+        }
+        let ids: Vec<&str> = devices.iter().map(|d| d.id.as_str()).collect();
+        tracing::info!(dra_driver = %self.driver, claim = %claim.shown(), devices = %ids.join(","),
+            "DRA: prepared a claim");
+        Ok(devices)
+    }
+
+    /// Unprepares `claims`: `Ok` for each one that is (now) unprepared, including claims this
+    /// driver never prepared; an error names the claim and the driver's message.
+    pub async fn unprepare(&self, claims: Vec<ClaimRef>) -> Vec<(String, Result<(), String>)> {
+        let mut checkpoint = self.checkpoint.lock().await;
+        let mut answers = Vec::with_capacity(claims.len());
+        for claim in claims {
+            let answer = self.unprepare_one(&mut checkpoint, &claim).await.map_err(|why| {
+                let error =
+                    format!("devhost DRA driver {}: cannot unprepare claim {}: {why}", self.driver, claim.shown());
+                tracing::warn!(dra_driver = %self.driver, claim = %claim.shown(), "{error}");
+                error
+            });
+            answers.push((claim.uid, answer));
+        }
+        answers
+    }
+
+    async fn unprepare_one(&self, checkpoint: &mut Checkpoint, claim: &ClaimRef) -> Result<(), String> {
+        let Some(known) = checkpoint.claims.get(&claim.uid) else {
+            return Ok(());
+        };
+        let ids = known.device_ids();
+        if !ids.is_empty()
+            && let Some(driver) = &self.resource.driver
+        {
+            let result = Releaser::release(driver.as_ref(), ids.clone()).await;
+            if driver.has_release() {
+                self.metrics.driver_call(&driver.name, "release", telemetry::call_outcome(&result));
+            }
+            match release_hook::outcome(result) {
+                Outcome::Done => {}
+                Outcome::Gone(message) => tracing::info!(dra_driver = %self.driver, claim = %claim.shown(),
+                    "DRA: the claim's devices no longer exist; nothing to release: {message}"),
+                Outcome::Failed(message) => {
+                    return Err(format!("the driver's release hook failed (the kubelet retries): {message}"));
+                }
+            }
+        }
+        if let Some(path) = &known.cdi_spec {
+            claim_spec::remove(path).map_err(|e| e.to_string())?;
+        }
+        let removed = checkpoint.claims.remove(&claim.uid);
+        if let Err(e) = checkpoint.save() {
+            // Still known, so a retry does the rest; the devices are released already.
+            if let Some(removed) = removed {
+                checkpoint.claims.insert(claim.uid.clone(), removed);
+            }
+            return Err(format!("cannot drop it from the checkpoint: {e}"));
+        }
+        tracing::info!(dra_driver = %self.driver, claim = %claim.shown(), devices = %ids.join(","),
+            "DRA: unprepared a claim");
+        Ok(())
+    }
+}
+
+/// What reading a claim gave: its allocation results, or (inner error) why the claim cannot be
+/// prepared as it is; the outer error fails the whole call.
+type Read = Result<Result<Vec<AllocationResult>, String>, String>;
+
+/// Reads a claim from the API server (see [`Read`]).
+async fn get(client: kube::Client, driver: &str, claim: &ClaimRef) -> Read {
+    let api: kube::Api<ResourceClaim> = kube::Api::namespaced(client, &claim.namespace);
+    let fail = |why: String| {
+        let error = format!("devhost DRA driver {}: cannot read ResourceClaim {}: {why}", driver, claim.shown());
+        tracing::warn!(dra_driver = driver, claim = %claim.shown(), "{error}");
+        error
+    };
+    let got = match tokio::time::timeout(GET_TIMEOUT, api.get(&claim.name)).await {
+        Ok(Ok(got)) => got,
+        Ok(Err(e)) => return Err(fail(e.to_string())),
+        Err(_) => return Err(fail(format!("no answer from the API server within {GET_TIMEOUT:?}"))),
+    };
+    let uid = got.metadata.uid.as_deref().unwrap_or_default();
+    if uid != claim.uid {
+        return Ok(Err(format!("the claim of that name now has uid {uid}: it got replaced since the kubelet read it")));
+    }
+    let Some(allocation) = got.status.and_then(|s| s.allocation) else {
+        return Ok(Err("the claim is not allocated (no status.allocation)".to_owned()));
+    };
+    let results = allocation.devices.and_then(|d| d.results).unwrap_or_default();
+    Ok(Ok(results
+        .into_iter()
+        .map(|r| AllocationResult { request: r.request, driver: r.driver, pool: r.pool, device: r.device })
+        .collect()))
+}
