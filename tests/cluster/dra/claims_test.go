@@ -96,9 +96,13 @@ func createClaimPod(t *testing.T, name string, templates []string, limits map[st
 	t.Cleanup(func() { deletePod(t, name) })
 }
 
+// deletePod deletes the pod gracefully, as kubectl does (a short grace period), so that it is
+// gone from the API server only once the kubelet has stopped it and unprepared its claims; a
+// forced delete (grace 0) would leave that to the kubelet after the object is gone, and a test
+// that then stopped devhost would leave the kubelet retrying Unprepare for ever.
 func deletePod(t *testing.T, name string) {
-	zero := int64(0)
-	err := cl.Client.CoreV1().Pods(ns).Delete(ctx(), name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
+	grace := int64(1)
+	err := cl.Client.CoreV1().Pods(ns).Delete(ctx(), name, metav1.DeleteOptions{GracePeriodSeconds: &grace})
 	if err != nil && !apierrors.IsNotFound(err) {
 		t.Errorf("deleting pod %s: %v", name, err)
 	}

@@ -5,9 +5,9 @@
 // Node,RBAC: devhost's token is the ServiceAccount kube-system/devhost, whose rights are only
 // those of the RBAC objects in deploy/dra/, so the tests prove those objects suffice.
 //
-// today_test.go runs today. registration_test.go and pending_test.go (build tag dra_pending)
-// hold what fails until the Rust side lands: the kubelet's registration of devhost's drivers,
-// and the scenarios of issue #19 that need devhost's ResourceSlices and NodePrepareResources.
+// today_test.go checks the control plane and devhost's identity, registration_test.go the
+// kubelet's registration of devhost's drivers, and scenarios_test.go the scenarios of issue
+// #19: slices, claims scheduled, prepared, started and unprepared, restarts.
 package dra_test
 
 import (

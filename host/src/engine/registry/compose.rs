@@ -4,9 +4,9 @@
 //! is counted in the metrics. The device plugin's Allocate runs it once per container request,
 //! DRA's NodePrepareResources once per claim.
 
-use crate::engine::cdi;
 use crate::driver::device::{self, Edits};
 use crate::driver::instance::{CallError, Instance};
+use crate::engine::cdi;
 use crate::engine::telemetry::{self, Metrics};
 
 use super::View;

@@ -20,9 +20,9 @@ use super::api::ApiServer;
 use super::checkpoint::{self, Checkpoint, PreparedClaim, PreparedDevice};
 use super::claim_spec;
 use super::prepare::{self, AllocationResult};
-use crate::engine::telemetry::{self, Metrics};
 use crate::engine::registry::{Resource, compose};
 use crate::engine::release_hook::{self, Outcome, Releaser};
+use crate::engine::telemetry::{self, Metrics};
 
 /// How long a claim GET may take (they run at once), well within the kubelet's 45 s deadline.
 const GET_TIMEOUT: Duration = Duration::from_secs(10);

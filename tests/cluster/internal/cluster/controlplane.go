@@ -17,12 +17,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// KCMControllers is what kube-controller-manager runs: the resourceclaim controller only
-// (ResourceClaimTemplate -> one ResourceClaim per pod, reservedFor kept, generated claims
-// deleted with their pod). The scheduler writes allocations and extended-resource claims
+// KCMControllers is what kube-controller-manager runs: the resourceclaim controller
+// (ResourceClaimTemplate -> one ResourceClaim per pod, reservedFor kept, the allocation dropped
+// once no pod uses it) and the garbage collector, which deletes a generated claim once its pod
+// is gone (the claim's owner reference; the resourceclaim controller deletes it only for a pod
+// that is still there and done). The scheduler writes allocations and extended-resource claims
 // itself; service accounts and namespaces are made by the tests; nothing else is needed, and
 // fewer controllers start faster on a loaded machine.
-const KCMControllers = "resourceclaim-controller"
+const KCMControllers = "resourceclaim-controller,garbage-collector-controller"
 
 // startControlPlane starts kube-scheduler and kube-controller-manager as cluster admin, with
 // their HTTPS ports off (two clusters may run at once on one machine).

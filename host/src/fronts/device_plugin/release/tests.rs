@@ -1,10 +1,10 @@
 //! The release state machine, then the runner against a scripted driver.
 
 use super::*;
-use devhost_abi as abi;
-use std::future::Future;
 use crate::fronts::device_plugin::podresources::{Holder, HolderMap, Holders};
+use devhost_abi as abi;
 use std::collections::VecDeque;
+use std::future::Future;
 use std::time::Duration;
 use tokio::sync::Notify;
 

@@ -1,12 +1,8 @@
-//go:build dra_pending
-
 // The scenarios of issue #19 item 5, against the contract of the DRA front: devhost publishes
 // one pool per node (pool name = node name) of DNS-label device names derived from the device
 // IDs, the driver's attributes typed under the driver's domain (NUMA node as int `numaNode`,
 // NVIDIA memory as capacity `memory`), prepares claims with CDI device IDs and runs the release
-// hook on NodeUnprepareResources. They need devhost's ResourceSlices and NodePrepareResources
-// (and the kubelet's plugin watcher to register devhost: registration_test.go), so they build
-// only with the tag dra_pending until those land.
+// hook on NodeUnprepareResources.
 package dra_test
 
 import (

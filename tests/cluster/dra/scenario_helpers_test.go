@@ -1,5 +1,3 @@
-//go:build dra_pending
-
 package dra_test
 
 import (
