@@ -476,12 +476,12 @@ fn links_text(d: &devhost::driver::device::Device) -> Option<String> {
 /// Who holds each device, from the kubelet's pod-resources socket when
 /// there is one (a running node); `list` works without it.
 async fn add_holders(out: &mut [serde_json::Value], manifest: &Manifest) {
-    let holders = devhost::fronts::device_plugin::podresources::list_once(&manifest.pod_resources_socket).await;
+    let holders = devhost::engine::podresources::list_once(&manifest.pod_resources_socket).await;
     for r in out.iter_mut() {
         let name = r["resource"].as_str().unwrap_or_default().to_string();
         match &holders {
             Ok(map) => {
-                let snap = devhost::fronts::device_plugin::podresources::Snapshot {
+                let snap = devhost::engine::podresources::Snapshot {
                     generation: 1,
                     resources: Some(std::sync::Arc::new(map.clone())),
                     error: None,

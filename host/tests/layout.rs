@@ -9,12 +9,8 @@
 use std::path::{Path, PathBuf};
 
 /// (file under host/src, imported path prefix): known imports against the order, still to cut.
-/// The registry starts the Device Plugin front's holder follower and release runners itself.
-const EXCEPTIONS: &[(&str, &str)] = &[
-    ("engine/registry/mod.rs", "fronts::device_plugin::podresources"),
-    ("engine/registry/mod.rs", "fronts::device_plugin::release"),
-    ("engine/registry/view.rs", "fronts::device_plugin::podresources"),
-];
+/// None left: holder tracking and release moved into the engine.
+const EXCEPTIONS: &[(&str, &str)] = &[];
 
 /// The area of a module path (segments after `crate`), with its rank in the order; `None` for the
 /// crate root and `fronts` itself, which only declare modules.

@@ -7,8 +7,8 @@
 mod common;
 use common::*;
 use devhost::driver::instance::Instance;
-use devhost::fronts::device_plugin::podresources::{Follower, Holder, Snapshot};
-use devhost::fronts::device_plugin::release::{Backoff, ReleaseRunner};
+use devhost::engine::podresources::{Follower, Holder, Snapshot};
+use devhost::engine::release::{Backoff, ReleaseRunner};
 use kubelet_emu::PodResourcesServer;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

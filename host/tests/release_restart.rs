@@ -62,10 +62,7 @@ impl Setup {
     }
 
     fn state_file(&self) -> PathBuf {
-        devhost::fronts::device_plugin::release::state::state_path(
-            &self.node.path().join("state"),
-            &self.node.kubelet_dir(),
-        )
+        devhost::engine::release::state::state_path(&self.node.path().join("state"), &self.node.kubelet_dir())
     }
 
     fn state(&self) -> String {
@@ -249,7 +246,7 @@ async fn an_unusable_state_file_is_ignored(text: &str, says: &str) {
     let daemon = s.start(&devhost_bin(), "daemon");
     let log = daemon.wait_log("release state file ignored", WAIT).await;
     assert!(log.contains(says), "{log}");
-    let ignored = devhost::fronts::device_plugin::release::state::ignored_path(&s.state_file());
+    let ignored = devhost::engine::release::state::ignored_path(&s.state_file());
     assert_eq!(std::fs::read_to_string(&ignored).unwrap(), text, "set aside for inspection");
     s.kubelet.wait_devices(RES, WAIT, |x| x.len() == 2 && x.iter().all(|d| d.health == "Healthy")).await.unwrap();
     s.kept_held(&daemon, "example-0").await;

@@ -1,11 +1,15 @@
 //! The shared core both kubelet fronts stand on: [`registry`] (the devices of each resource),
 //! [`sharing`] (replicas of one device), [`preferred`] (topology-aware choice), [`cdi`] (CDI spec files),
 //! [`status`] (health history and allocations), [`telemetry`] (the metrics the host records) and
-//! [`release_hook`] (calling a driver's release hook, for both fronts).
+//! [`release_hook`] (calling a driver's release hook, for both fronts), [`podresources`] (who
+//! holds which device, from the kubelet's PodResources API) and [`release`] (cleaning a device
+//! when its last holder let go of it, kept across restarts).
 
 pub mod cdi;
+pub mod podresources;
 pub mod preferred;
 pub mod registry;
+pub mod release;
 pub mod release_hook;
 pub mod sharing;
 pub mod status;

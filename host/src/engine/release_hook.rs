@@ -1,5 +1,5 @@
 //! The driver's release hook (ABI 1.1) as both fronts call it: the Device Plugin front when the
-//! last container holding a device lets go of it (`fronts/device_plugin/release`), the DRA front
+//! last container holding a device lets go of it (`engine/release`, following the PodResources API), the DRA front
 //! in NodeUnprepareResources. [`Releaser`] is what a caller needs of a driver instance, and
 //! [`outcome`] is how a call's result counts: NOT_FOUND means the devices are gone, so there is
 //! nothing left to clean.

@@ -312,7 +312,7 @@ async fn preferred_report(kubelet: &Kubelet, r: &Resource) -> String {
 /// Ends a simulated pod that held `id` and shows the release hook running.
 async fn pod_end_report(
     pods: &PodResourcesServer,
-    follower: Option<&Arc<crate::fronts::device_plugin::podresources::Follower>>,
+    follower: Option<&Arc<crate::engine::podresources::Follower>>,
     r: &Resource,
     pod: &str,
     id: &str,
@@ -368,10 +368,8 @@ async fn pod_end_report(
                 return Ok(());
             }
             // Still listed after the call returned: it failed, and the host retries.
-            let failed = runner
-                .pending()
-                .iter()
-                .any(|b| matches!(b.phase, crate::fronts::device_plugin::release::Phase::Failed { .. }));
+            let failed =
+                runner.pending().iter().any(|b| matches!(b.phase, crate::engine::release::Phase::Failed { .. }));
             if let Some(reason) = runner.unhealthy(id).filter(|_| failed) {
                 return Err(reason);
             }

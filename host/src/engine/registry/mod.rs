@@ -7,10 +7,10 @@ use crate::driver::device::Device;
 use crate::driver::instance::Instance;
 use crate::driver::loader::{self, Module};
 use crate::engine::cdi::CdiWriter;
+use crate::engine::podresources::Follower;
+use crate::engine::release::{self, Backoff, ReleaseRunner};
 use crate::engine::status::{self, Tracker};
 use crate::engine::telemetry::{self, Metrics};
-use crate::fronts::device_plugin::podresources::Follower;
-use crate::fronts::device_plugin::release::{self, Backoff, ReleaseRunner};
 use crate::manifest::{DriverConfig, Isolation, Manifest, ResourceConfig};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
@@ -659,9 +659,9 @@ impl Registry {
                 d["held_by"] = serde_json::json!(snap.holders_of_device(&r.config.name, &id));
                 if let Some(b) = pending.iter().find(|b| b.devices.contains(&id)) {
                     let state = match &b.phase {
-                        crate::fronts::device_plugin::release::Phase::Due => "due",
-                        crate::fronts::device_plugin::release::Phase::Running => "running",
-                        crate::fronts::device_plugin::release::Phase::Failed { .. } => "failed",
+                        crate::engine::release::Phase::Due => "due",
+                        crate::engine::release::Phase::Running => "running",
+                        crate::engine::release::Phase::Failed { .. } => "failed",
                     };
                     d["release"] = serde_json::json!({
                         "state": state,

@@ -3,9 +3,9 @@
 
 use crate::driver::device::Device;
 use crate::engine::cdi::CdiWriter;
+use crate::engine::podresources::Follower;
 use crate::engine::sharing;
 use crate::engine::telemetry::Metrics;
-use crate::fronts::device_plugin::podresources::Follower;
 use devhost_proto::v1beta1 as pb;
 use std::collections::HashMap;
 use std::sync::Arc;

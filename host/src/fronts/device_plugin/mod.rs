@@ -1,8 +1,6 @@
-//! The Device Plugin front: [`endpoint`] (one gRPC server per resource: ListAndWatch, Allocate),
-//! [`kubelet`] (registration and kubelet restarts), [`podresources`] and [`release`] (who holds a
-//! device; cleaning it when let go).
+//! The Device Plugin front: [`endpoint`] (one gRPC server per resource: ListAndWatch, Allocate)
+//! and [`kubelet`] (registration and kubelet restarts). Who holds a device and cleaning it when
+//! let go are the engine's (`engine::podresources`, `engine::release`).
 
 pub mod endpoint;
 pub mod kubelet;
-pub mod podresources;
-pub mod release;

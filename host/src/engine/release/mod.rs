@@ -25,7 +25,7 @@ pub use state::{Saved, SavedBatch, Store};
 pub use tracker::{Backoff, Batch, Finished, Observed, Outcome, Phase, Tracker, driver_id};
 
 use crate::driver::instance::CallError;
-use crate::fronts::device_plugin::podresources::Snapshot;
+use crate::engine::podresources::Snapshot;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};

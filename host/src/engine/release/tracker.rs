@@ -16,7 +16,7 @@
 //! was handed to someone else is unknown.
 
 use super::state::{Saved, SavedBatch};
-use crate::fronts::device_plugin::podresources::{Holder, Holders};
+use crate::engine::podresources::{Holder, Holders};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 use tokio::time::Instant;

@@ -1,7 +1,7 @@
 //! The release state machine, then the runner against a scripted driver.
 
 use super::*;
-use crate::fronts::device_plugin::podresources::{Holder, HolderMap, Holders};
+use crate::engine::podresources::{Holder, HolderMap, Holders};
 use devhost_abi as abi;
 use std::collections::VecDeque;
 use std::future::Future;

@@ -5,7 +5,7 @@
 use super::state::{self, LoadError, MAX_BYTES, Saved, SavedBatch, Store, VERSION};
 use super::tests::{FAST, Fake, Lists, Step, eventually, held, holder, ids};
 use super::*;
-use crate::fronts::device_plugin::podresources::{Holder, Holders};
+use crate::engine::podresources::{Holder, Holders};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
@@ -319,7 +319,7 @@ async fn settle_returns_once_runners_saw_the_first_answer_or_it_failed() {
     assert!(!settled.is_finished(), "returned before any answer");
     lists.tx.send_modify(|s| {
         s.generation = 1;
-        s.resources = Some(Arc::new(crate::fronts::device_plugin::podresources::HolderMap::new()));
+        s.resources = Some(Arc::new(crate::engine::podresources::HolderMap::new()));
     });
     assert_eq!(tokio::time::timeout(Duration::from_secs(5), settled).await.unwrap().unwrap(), 1);
     let failed = Lists::new();
@@ -337,7 +337,7 @@ async fn settle_does_not_wait_for_a_newer_list_the_runner_was_not_woken_for() {
     let runner = ReleaseRunner::start("x.com/gpu", Fake::with(vec![]), lists.tx.subscribe(), FAST);
     lists.tx.send_modify(|s| {
         s.generation = 1;
-        s.resources = Some(Arc::new(crate::fronts::device_plugin::podresources::HolderMap::new()));
+        s.resources = Some(Arc::new(crate::engine::podresources::HolderMap::new()));
     });
     let start = std::time::Instant::now();
     while runner.seen_generation() == 0 {

@@ -12,7 +12,7 @@
 //! none. The [`Store`] keeps the latest state in memory; the release runners
 //! update it and a writer task saves it soon after each change.
 
-use crate::fronts::device_plugin::podresources::Holder;
+use crate::engine::podresources::Holder;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
