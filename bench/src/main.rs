@@ -307,6 +307,11 @@ fn bench(out: &Path, idle: Duration, no_build: bool, no_micro: bool) -> Result<(
                 if let Err(e) = events::startup(&art, &demo, &mut report).await {
                     report.failures.push(format!("4. start-up: {e:#}"));
                 }
+                step("start-up by isolation");
+                match startup::run(&art, 15).await {
+                    Ok(md) => report.section(startup::HEADING, md),
+                    Err(e) => report.failures.push(format!("start-up by isolation: {e:#}")),
+                }
                 step("5. idle footprint");
                 if let Err(e) = footprint::run(&art, &demo, idle, &mut report).await {
                     report.failures.push(format!("5. idle footprint: {e:#}"));
