@@ -396,7 +396,10 @@ fn exit_notice(s: &Shared, pid: u32, generation: u64) -> bool {
     // SAFETY: the descriptor was just returned to us and nothing else owns it.
     let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
     let _runtime = s.runtime.enter();
-    let Ok(fd) = AsyncFd::with_interest(fd, tokio::io::Interest::READABLE) else { return false };
+    // SAFETY: the AsyncFd owns this descriptor until it is dropped.
+    let Ok(fd) = (unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }) else {
+        return false;
+    };
     let events = s.events.clone();
     s.runtime.spawn(async move {
         let _ = fd.readable().await;
