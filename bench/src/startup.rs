@@ -108,7 +108,7 @@ async fn null_once(art: &Artifacts, kubelet: &Kubelet, node: &Node, names: &[Str
 pub async fn run(art: &Artifacts, starts: usize) -> Result<String> {
     let node = Node::new()?;
     let mut body = format!(
-        "Process start → every resource registered with the emulated kubelet (`devhost-bench startup`): each \
+        "Process start → every resource registered with the emulated kubelet (command: `cargo run --release -p devhost-bench -- startup --record docs/benchmarks.md`): each \
          node's drivers all `isolation = \"in-process\"`, then all `\"process\"` (the default), and the null \
          plugin registering as many resources itself as soon as its socket listens; {starts} rounds, the three \
          in turn in each, so that the machine's load hits them alike. Taken on a loaded 2-CPU machine (other \
