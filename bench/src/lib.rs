@@ -19,4 +19,5 @@ pub mod peers;
 pub mod prefer;
 pub mod report;
 pub mod scale;
+pub mod startup;
 pub mod stats;

@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use devhost_bench::node::{Artifacts, Node};
 use devhost_bench::report::{self, Report};
-use devhost_bench::{demo, events, footprint, handoff, icount, latency, micro, nodescale, null, peers, scale};
+use devhost_bench::{demo, events, footprint, handoff, icount, latency, micro, nodescale, null, peers, scale, startup};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
@@ -70,6 +70,15 @@ enum Sub {
         #[arg(long)]
         record: Option<PathBuf>,
     },
+    /// Start-up → every resource registered, drivers in process and
+    /// isolated, against the null plugin; prints a markdown table.
+    Startup {
+        #[arg(long, default_value_t = 15)]
+        starts: usize,
+        /// Replace (or add) the section "Start-up by isolation" of this file.
+        #[arg(long)]
+        record: Option<PathBuf>,
+    },
     /// NVIDIA's k8s-device-plugin (built from bench/peer) beside devhost's
     /// NVIDIA driver on the fake NVML machine; prints the "Peers" table.
     Peers {
@@ -95,6 +104,7 @@ fn main() -> ExitCode {
         }
         Some(Sub::Handoff { calls, record }) => handoff_main(calls, record),
         Some(Sub::Peers { record }) => peers_main(record),
+        Some(Sub::Startup { starts, record }) => startup_main(starts, record),
         Some(Sub::NodeScale { sizes, starts, restarts, record }) => node_scale_main(&sizes, starts, restarts, record),
         Some(Sub::Icount { check, record }) => icount_main(check, record),
         None => bench(&cli.out, Duration::from_secs(cli.idle_secs), cli.no_build, cli.no_micro),
@@ -172,6 +182,18 @@ fn peers_main(record: Option<PathBuf>) -> Result<()> {
     print!("{md}");
     if let Some(path) = record {
         record_section(&path, "Peers", &md)?;
+    }
+    Ok(())
+}
+
+fn startup_main(starts: usize, record: Option<PathBuf>) -> Result<()> {
+    let art = Artifacts::locate()?;
+    art.require()?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let md = rt.block_on(startup::run(&art, starts))?;
+    print!("{md}");
+    if let Some(path) = record {
+        record_section(&path, startup::HEADING, &md)?;
     }
     Ok(())
 }
@@ -284,6 +306,11 @@ fn bench(out: &Path, idle: Duration, no_build: bool, no_micro: bool) -> Result<(
                 step("4. start-up");
                 if let Err(e) = events::startup(&art, &demo, &mut report).await {
                     report.failures.push(format!("4. start-up: {e:#}"));
+                }
+                step("start-up by isolation");
+                match startup::run(&art, 15).await {
+                    Ok(md) => report.section(startup::HEADING, md),
+                    Err(e) => report.failures.push(format!("start-up by isolation: {e:#}")),
                 }
                 step("5. idle footprint");
                 if let Err(e) = footprint::run(&art, &demo, idle, &mut report).await {

@@ -324,6 +324,8 @@ impl<'n> Events<'n> {
                 Some(Err(NvmlError::Timeout)) => {}
                 Some(Err(NvmlError::GpuLost)) => {
                     self.find_lost();
+                    // The host hears of it now, not one tick later.
+                    self.flush();
                     self.pause();
                 }
                 Some(Err(e)) => {

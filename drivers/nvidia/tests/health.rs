@@ -90,6 +90,23 @@ fn a_lost_gpu_is_unhealthy_until_it_answers_again() {
 }
 
 #[test]
+fn a_lost_gpu_is_reported_to_the_host_before_the_pause_that_follows() {
+    let (gpus, machine) = four_gpus("");
+    let fx = Fixture::new(&gpus, &machine);
+    // Without recovery the thread's tick, and so its pause after a lost GPU, is 500 ms.
+    let node = fx.open(&[("recovery_period", "never")]);
+    node.watch_start();
+    let before = fx.changes.load(Ordering::SeqCst);
+    fx.control("lost 1");
+    assert!(wait_until(SOON, || !healthy(&node, 1)), "GPU 1 never became Unhealthy");
+    let marked = Instant::now();
+    assert!(wait_until(SOON, || fx.changes.load(Ordering::SeqCst) > before), "the host was not told");
+    let told = marked.elapsed();
+    assert!(told < Duration::from_millis(300), "the host was told {told:?} after the GPU was marked");
+    node.watch_stop();
+}
+
+#[test]
 fn an_xid_from_a_gpu_that_no_longer_answers_marks_only_that_gpu() {
     let (gpus, machine) = four_gpus("");
     let fx = Fixture::new(&gpus, &machine);

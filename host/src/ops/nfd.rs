@@ -132,6 +132,11 @@ fn entries(registry: &Registry) -> Vec<Entry> {
 /// the daemon.
 pub fn spawn(dir: PathBuf, registry: Arc<Registry>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
+        // The file kept from the last run stays until every first scan is in:
+        // a half-scanned node must not relabel itself.
+        for r in registry.resources() {
+            r.first_scan().await;
+        }
         let path = dir.join(FILE_NAME);
         let mut written: Option<(Vec<Entry>, SystemTime)> = None;
         let mut last_problem: Option<String> = None;

@@ -35,11 +35,24 @@ pub struct Resource {
     pub release: Option<ReleaseRunner>,
     /// The latest devices before the release overlay, for republishing.
     raw: Mutex<(Vec<Device>, String)>,
+    /// True once its driver's first scan is in (or the start grace ran
+    /// out): the endpoint registers then, not when every driver is done.
+    ready: watch::Sender<bool>,
 }
 
 impl Resource {
     pub fn snapshot(&self) -> Arc<View> {
         self.view.borrow().clone()
+    }
+
+    /// Resolves once the resource's first device list is published (its
+    /// own driver's first scan; or empty, `START_GRACE` after a (re)load).
+    pub async fn first_scan(&self) {
+        let _ = self.ready.subscribe().wait_for(|r| *r).await;
+    }
+
+    fn set_ready(&self) {
+        self.ready.send_replace(true);
     }
 }
 
@@ -352,6 +365,7 @@ impl Registry {
                             _ => None,
                         },
                         raw: Mutex::new((Vec::new(), String::new())),
+                        ready: watch::channel(false).0,
                         driver,
                         error,
                     });
@@ -381,12 +395,27 @@ impl Registry {
             self.follow_releases(r);
         }
 
-        // First scans (and watch_start) run concurrently; a driver still
-        // scanning after the grace period finishes in the background and its
-        // resources start with an empty list until then.
+        // First scans (and watch_start) run concurrently, and each driver's
+        // new resources are ready as soon as its own scan is in: a slow
+        // driver holds back only its own resources' registration. A driver
+        // still scanning after the grace period finishes in the background
+        // and its resources start with an empty list until then.
+        for r in changes.started.iter().filter(|r| r.driver.is_none()) {
+            r.set_ready();
+        }
         let mut scans = tokio::task::JoinSet::new();
+        // Per driver: whether its first scan is in, and its new resources.
+        let mut scanning = Vec::new();
         for inst in fresh.iter().chain(kept_drivers.iter()) {
             let (reg, inst, is_new) = (self.clone(), inst.clone(), fresh.iter().any(|f| Arc::ptr_eq(f, inst)));
+            let mine: Vec<Arc<Resource>> = changes
+                .started
+                .iter()
+                .filter(|r| r.driver.as_ref().is_some_and(|d| Arc::ptr_eq(d, &inst)))
+                .cloned()
+                .collect();
+            let scanned = Arc::new(AtomicBool::new(false));
+            scanning.push((scanned.clone(), mine.clone()));
             scans.spawn(async move {
                 if is_new
                     && reg.watching
@@ -395,24 +424,40 @@ impl Registry {
                     tracing::error!(driver = %inst.name, "watch_start failed; relying on rescans: {e}");
                 }
                 reg.rescan(&inst).await;
+                scanned.store(true, Ordering::Release);
                 if is_new && reg.watching {
                     reg.spawn_watcher(&inst);
                 }
+                // The release settling has its own deadline, beyond the grace.
+                reg.settle_releases(&mine).await;
+                mine.iter().for_each(|r| r.set_ready());
             });
         }
-        let grace = tokio::time::sleep(START_GRACE);
-        tokio::pin!(grace);
-        while !scans.is_empty() {
-            tokio::select! {
-                _ = scans.join_next() => {}
-                _ = &mut grace => {
-                    tracing::warn!("{} driver(s) still scanning after {START_GRACE:?}; their resources start empty", scans.len());
-                    scans.detach_all();
-                    break;
+        let first_scans = async move {
+            let grace = tokio::time::sleep(START_GRACE);
+            tokio::pin!(grace);
+            while !scans.is_empty() {
+                tokio::select! {
+                    _ = scans.join_next() => {}
+                    _ = &mut grace => {
+                        scans.detach_all();
+                        let late: Vec<_> = scanning.iter().filter(|(scanned, _)| !scanned.load(Ordering::Acquire)).collect();
+                        if !late.is_empty() {
+                            tracing::warn!("{} driver(s) still scanning after {START_GRACE:?}; their resources start empty", late.len());
+                        }
+                        late.iter().flat_map(|(_, mine)| mine).for_each(|r| r.set_ready());
+                        break;
+                    }
                 }
             }
+        };
+        // The daemon's endpoints wait for each resource's own first scan
+        // (`Resource::first_scan`); `list` and `check` report every scan.
+        if self.watching {
+            tokio::spawn(first_scans);
+        } else {
+            first_scans.await;
         }
-        self.settle_releases(&changes.started).await;
         changes
     }
 

@@ -285,6 +285,12 @@ async fn serve_resource(
     let path = dir.join(&res.config.socket_name);
     let mut backoff = BACKOFF_START;
     let (mut failures, mut last_warned) = (0u32, None);
+    // Served once its own driver's first scan is in, so the kubelet's first
+    // list is the real one; other drivers' scans do not hold it back.
+    tokio::select! {
+        _ = res.first_scan() => {}
+        _ = stop.changed() => return,
+    }
     'outer: while !*stop.borrow() {
         let (retire_tx, retire_rx) = watch::channel(false);
         let listener = match bind(&path) {
