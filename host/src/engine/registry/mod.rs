@@ -161,16 +161,17 @@ impl Registry {
             logged: Mutex::new(HashSet::new()),
             release_state,
         });
-        reg.apply(manifest).await;
+        // Before any scan: first scans run on in the background once `apply` returns, and a spec
+        // (or its temporary file) written meanwhile must not be taken for a stale one.
         if let Some(cdi) = &reg.services.cdi {
-            let names: Vec<String> = reg.resources().iter().map(|r| r.config.name.clone()).collect();
-            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            let names: Vec<&str> = manifest.resources.iter().map(|r| r.name.as_str()).collect();
             match cdi.remove_stale(&names) {
                 Ok(removed) if !removed.is_empty() => tracing::info!(?removed, "removed stale CDI spec files"),
                 Ok(_) => {}
                 Err(e) => tracing::warn!(dir = %cdi.dir().display(), "cannot clean stale CDI spec files: {e}"),
             }
         }
+        reg.apply(manifest).await;
         reg
     }
 
