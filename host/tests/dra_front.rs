@@ -387,6 +387,47 @@ async fn a_device_prepared_for_another_claim_is_refused_naming_both() {
     served.front.take().unwrap().stop().await;
 }
 
+/// An admin-access claim (monitoring, diagnostics) gets a device another claim holds, and its
+/// Unprepare leaves the device alone: no release hook under the other claim's container.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_access_claim_shares_a_held_device_and_never_releases_it() {
+    let server = ApiServerHarness::shared();
+    server.kubectl(&["label", "--overwrite", "namespace", "default", "resource.kubernetes.io/admin-access=true"]);
+    let user = create_claim("prep-user", 1);
+    let yaml = format!(
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {{name: prep-admin, namespace: default}}\n\
+         spec:\n  devices:\n    requests:\n    - name: gpu\n      exactly: {{deviceClassName: {DRIVER}, \
+         allocationMode: ExactCount, count: 1, adminAccess: true}}\n"
+    );
+    server.kubectl_stdin(&["create", "-f", "-"], &yaml);
+    let admin =
+        server.kubectl(&["get", "resourceclaim", "prep-admin", "-n", "default", "-o", "jsonpath={.metadata.uid}"]);
+    allocate("prep-user", &["example-1"]);
+    let result = serde_json::json!([{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": "example-1", "adminAccess": true}]);
+    let patch = serde_json::json!({"status": {"allocation": {"devices": {"results": result}}}});
+    server.kubectl(&[
+        "patch",
+        "resourceclaim",
+        "prep-admin",
+        "-n",
+        "default",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &patch.to_string(),
+    ]);
+    let mut served = Served::start().await;
+    assert_eq!(served.prepare(&[("prep-user", &user)]).await[&user].error, "");
+    let answer = served.prepare(&[("prep-admin", &admin)]).await;
+    assert_eq!(answer[&admin].error, "", "admin access may share a held device");
+    assert_eq!(answer[&admin].devices[0].device_name, "example-1");
+    assert_eq!(served.unprepare("prep-admin", &admin).await, "");
+    assert_eq!(served.released(), "", "the admin claim's Unprepare released nothing");
+    assert_eq!(served.unprepare("prep-user", &user).await, "");
+    assert_eq!(served.released(), "released example-1\n", "the user's Unprepare releases the device");
+    served.front.take().unwrap().stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_restart_prepare_rewrites_a_lost_spec_and_unprepare_releases_the_devices() {
     let uid = create_claim("prep-restart", 1);

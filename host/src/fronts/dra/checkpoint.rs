@@ -30,6 +30,9 @@ pub struct PreparedDevice {
     pub device: String,
     /// Fully-qualified CDI device IDs the container gets for this device.
     pub cdi_device_ids: Vec<String>,
+    /// Prepared for admin access: shared with other claims, never released for this one.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub admin_access: bool,
 }
 
 /// One prepared claim.
@@ -45,9 +48,10 @@ pub struct PreparedClaim {
 }
 
 impl PreparedClaim {
-    /// The driver's device IDs of the claim.
+    /// The driver's device IDs the claim holds and its Unprepare releases: not those it got for
+    /// admin access, which other claims may be using.
     pub fn device_ids(&self) -> Vec<String> {
-        self.devices.iter().map(|d| d.id.clone()).collect()
+        self.devices.iter().filter(|d| !d.admin_access).map(|d| d.id.clone()).collect()
     }
 }
 
@@ -103,7 +107,7 @@ impl Checkpoint {
         self.claims
             .iter()
             .filter(|(uid, _)| uid.as_str() != except_uid)
-            .find(|(_, c)| c.devices.iter().any(|d| d.id == id))
+            .find(|(_, c)| c.devices.iter().any(|d| d.id == id && !d.admin_access))
             .map(|(uid, c)| (uid.as_str(), c))
     }
 
@@ -186,6 +190,7 @@ mod tests {
                 pool: "node".into(),
                 device: id.into(),
                 cdi_device_ids: vec![format!("d.example.com/claim=u-{id}")],
+                admin_access: false,
             }],
             cdi_spec: Some("/run/cdi/x.json".into()),
             cdi_spec_content: Some("{}".into()),
@@ -200,10 +205,15 @@ mod tests {
         cp.claims.insert("uid-1".into(), claim("gpu-0"));
         cp.save().unwrap();
         assert_eq!(cp.path(), dir.path().join("dra-d.example.com.json"));
-        let again = Checkpoint::load(dir.path(), "d.example.com");
+        let mut again = Checkpoint::load(dir.path(), "d.example.com");
         assert_eq!(again.claims, cp.claims);
         assert_eq!(again.holder_of("gpu-0", "uid-2").map(|(u, _)| u), Some("uid-1"));
         assert!(again.holder_of("gpu-0", "uid-1").is_none(), "a claim does not conflict with itself");
+        let mut admin = claim("gpu-1");
+        admin.devices[0].admin_access = true;
+        again.claims.insert("uid-3".into(), admin);
+        assert!(again.holder_of("gpu-1", "uid-2").is_none(), "admin access holds no device");
+        assert!(again.claims["uid-3"].device_ids().is_empty(), "nor does its Unprepare release it");
         let leftovers: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
         assert_eq!(leftovers.len(), 1, "no temporary file is left behind");
     }

@@ -133,7 +133,8 @@ impl Claims {
         let results = got?;
         let view = self.resource.snapshot();
         let planned = prepare::plan(&self.driver, &self.api.node, &view.devices, &results)?;
-        for p in &planned {
+        // Admin access shares the device with whoever holds it (the scheduler allowed it).
+        for p in planned.iter().filter(|p| !p.admin_access) {
             if let Some((uid, other)) = checkpoint.holder_of(&p.id, &claim.uid) {
                 return Err(format!(
                     "device {} (ID {}) is prepared for claim {}/{} (uid {uid}), which has not been unprepared",
@@ -158,6 +159,7 @@ impl Claims {
                     pool: self.api.node.clone(),
                     device: p.device.clone(),
                     cdi_device_ids: Vec::new(),
+                    admin_access: p.admin_access,
                 })
                 .collect(),
             cdi_spec: None,
@@ -306,6 +308,12 @@ async fn get(client: kube::Client, driver: &str, claim: &ClaimRef) -> Read {
     let results = allocation.devices.and_then(|d| d.results).unwrap_or_default();
     Ok(Ok(results
         .into_iter()
-        .map(|r| AllocationResult { request: r.request, driver: r.driver, pool: r.pool, device: r.device })
+        .map(|r| AllocationResult {
+            request: r.request,
+            driver: r.driver,
+            pool: r.pool,
+            device: r.device,
+            admin_access: r.admin_access.unwrap_or(false),
+        })
         .collect()))
 }

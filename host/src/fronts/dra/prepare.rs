@@ -25,6 +25,8 @@ pub struct AllocationResult {
     pub driver: String,
     pub pool: String,
     pub device: String,
+    /// Admin access (monitoring, diagnostics): the device may be in use by other claims too.
+    pub admin_access: bool,
 }
 
 fn is_label_char(c: char) -> bool {
@@ -67,6 +69,9 @@ pub struct Planned {
     pub device: String,
     /// The requests it was allocated for, subrequest suffixes dropped (`req/sub` → `req`).
     pub requests: Vec<String>,
+    /// Every result naming the device asks for admin access: the device may be in use by other
+    /// claims, so it is neither held exclusively nor released when this claim is unprepared.
+    pub admin_access: bool,
 }
 
 /// The devices NodePrepareResources prepares for one claim of DRA driver `driver`, whose devices
@@ -102,11 +107,18 @@ pub fn plan(
         }
         let request = result.request.split_once('/').map_or(result.request.as_str(), |(r, _)| r).to_owned();
         match planned.iter_mut().find(|p| p.id == device.id) {
-            Some(p) if !p.requests.contains(&request) => p.requests.push(request),
-            Some(_) => {}
-            None => {
-                planned.push(Planned { id: device.id.clone(), device: result.device.clone(), requests: vec![request] })
+            Some(p) => {
+                p.admin_access &= result.admin_access;
+                if !p.requests.contains(&request) {
+                    p.requests.push(request);
+                }
             }
+            None => planned.push(Planned {
+                id: device.id.clone(),
+                device: result.device.clone(),
+                requests: vec![request],
+                admin_access: result.admin_access,
+            }),
         }
     }
     Ok(planned)
@@ -129,7 +141,13 @@ mod tests {
     }
 
     fn result(request: &str, driver: &str, pool: &str, device: &str) -> AllocationResult {
-        AllocationResult { request: request.into(), driver: driver.into(), pool: pool.into(), device: device.into() }
+        AllocationResult {
+            request: request.into(),
+            driver: driver.into(),
+            pool: pool.into(),
+            device: device.into(),
+            admin_access: false,
+        }
     }
 
     #[test]
@@ -170,5 +188,21 @@ mod tests {
         assert!(
             plan(result("r", "d.example.com", "n", "gpu-1")).contains("gpu-1 (ID gpu-1) of request r is unhealthy")
         );
+    }
+
+    #[test]
+    fn a_device_is_planned_for_admin_access_only_when_every_result_asks_for_it() {
+        let devices = [device("gpu-0", true), device("gpu-1", true)];
+        let admin =
+            |request: &str, name: &str| AllocationResult { admin_access: true, ..result(request, "d", "n", name) };
+        let planned = plan(
+            "d",
+            "n",
+            &devices,
+            &[admin("watch", "gpu-0"), admin("watch", "gpu-1"), result("use", "d", "n", "gpu-1")],
+        )
+        .unwrap();
+        assert!(planned[0].admin_access);
+        assert!(!planned[1].admin_access, "gpu-1 is also allocated for exclusive use");
     }
 }
