@@ -570,6 +570,11 @@ pub async fn run(art: &Artifacts, claims: usize, flips: usize) -> Result<Figures
         }
     }
 
+    // Every Unprepare went through the driver's release hook (it appends one line per call).
+    let released = std::fs::read_to_string(n.join("released")).unwrap_or_default().lines().count();
+    if released != made.len() {
+        bail!("the release hook ran {released} times for {} unprepared claims:\n{}", made.len(), daemon.log_tail());
+    }
     let (mut gone, mut back, mut floor) = (Samples::default(), Samples::default(), Samples::default());
     for _ in 0..flips {
         for count in [1, 2] {
