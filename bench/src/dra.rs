@@ -6,10 +6,12 @@
 //!    bench's admin client before the clock starts) on devhost's plugin socket, against a null
 //!    DRA plugin in a process of its own answering at once; beside it a bare GET of the same
 //!    claim with the same client stack devhost uses (kube-rs, rustls, the same kubeconfig), so
-//!    the reader sees how much of a Prepare is the API server. Then NodeUnprepareResources of
-//!    the claim (the release hook). Rounds take the calls in turn, so load drift hits all alike.
+//!    the reader sees how much of a Prepare is the API server, and the same disk writes (three
+//!    fsyncs) made by the bench. Then NodeUnprepareResources of the claim (the release hook).
+//!    Rounds take the calls in turn, so load drift hits all alike.
 //! 2. The example driver's health file flipped: the clock runs from the write to the bench's own
-//!    watch of the node's ResourceSlices showing the device gone (or back).
+//!    watch of the node's ResourceSlices showing the device gone (or back); the floor is a slice
+//!    of the bench's own changed by one PATCH and seen by the same kind of watch.
 
 use crate::node::{Artifacts, Node, Proc};
 use crate::report::Report;
