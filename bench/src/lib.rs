@@ -6,6 +6,7 @@
 //! micro-benchmarks live in `benches/hot_paths.rs`.
 
 pub mod demo;
+pub mod dra;
 pub mod events;
 pub mod footprint;
 pub mod handoff;

@@ -6,7 +6,9 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use devhost_bench::node::{Artifacts, Node};
 use devhost_bench::report::{self, Report};
-use devhost_bench::{demo, events, footprint, handoff, icount, latency, micro, nodescale, null, peers, scale, startup};
+use devhost_bench::{
+    demo, dra, events, footprint, handoff, icount, latency, micro, nodescale, null, peers, scale, startup,
+};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
@@ -42,6 +44,24 @@ enum Sub {
         /// How many resources to register.
         #[arg(long, default_value_t = 1)]
         resources: usize,
+    },
+    /// DRA against a real etcd and kube-apiserver: NodePrepareResources and
+    /// NodeUnprepareResources against a null DRA plugin, and a device change
+    /// to the updated ResourceSlice; prints the "DRA" section.
+    Dra {
+        #[arg(long, default_value_t = 200)]
+        claims: usize,
+        /// Health changes each way.
+        #[arg(long, default_value_t = 25)]
+        flips: usize,
+        /// Replace (or add) the "DRA" section and the summary's DRA rows of this file.
+        #[arg(long)]
+        record: Option<PathBuf>,
+    },
+    /// Serve the null DRA plugin on a socket until killed.
+    NullDraServer {
+        #[arg(long)]
+        socket: PathBuf,
     },
     /// Count the instructions of the hot paths under callgrind (release
     /// build, already built) and record them in, or check them against, the
@@ -107,6 +127,8 @@ fn main() -> ExitCode {
         Some(Sub::Startup { starts, record }) => startup_main(starts, record),
         Some(Sub::NodeScale { sizes, starts, restarts, record }) => node_scale_main(&sizes, starts, restarts, record),
         Some(Sub::Icount { check, record }) => icount_main(check, record),
+        Some(Sub::Dra { claims, flips, record }) => dra_main(claims, flips, record),
+        Some(Sub::NullDraServer { socket }) => dra::serve_null(&socket),
         None => bench(&cli.out, Duration::from_secs(cli.idle_secs), cli.no_build, cli.no_micro),
     };
     match result {
@@ -194,6 +216,23 @@ fn startup_main(starts: usize, record: Option<PathBuf>) -> Result<()> {
     print!("{md}");
     if let Some(path) = record {
         record_section(&path, startup::HEADING, &md)?;
+    }
+    Ok(())
+}
+
+fn dra_main(claims: usize, flips: usize, record: Option<PathBuf>) -> Result<()> {
+    let art = Artifacts::locate()?;
+    art.require()?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let figures = rt.block_on(dra::run(&art, claims, flips))?;
+    let (md, mut rows) = (dra::section(&figures), Report::default());
+    dra::rows(&figures, &mut rows);
+    print!("{md}");
+    if let Some(path) = record {
+        record_section(&path, dra::HEADING, &md)?;
+        let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+        std::fs::write(&path, dra::replace_summary_rows(&text, &rows))
+            .with_context(|| format!("cannot write {}", path.display()))?;
     }
     Ok(())
 }
@@ -350,6 +389,14 @@ fn bench(out: &Path, idle: Duration, no_build: bool, no_micro: bool) -> Result<(
             }
         }
         report.section(nodescale::HEADING, nodescale::section(&rows, 5, 50));
+        step("DRA (etcd and kube-apiserver)");
+        match dra::run(&art, 200, 25).await {
+            Ok(f) => {
+                dra::rows(&f, &mut report);
+                report.section(dra::HEADING, dra::section(&f));
+            }
+            Err(e) => report.failures.push(format!("DRA: {e:#}")),
+        }
         step("6. scale");
         if let Err(e) = scale::run(&art, &floor, &mut report).await {
             report.failures.push(format!("6. scale: {e:#}"));
