@@ -73,18 +73,7 @@ func (n *node) resource(t *testing.T, name string) devhost.Resource {
 
 // logLines is the lines of this devhost's log (the running process's) with every word.
 func (n *node) logLines(words ...string) []string {
-	data, _ := os.ReadFile(n.dh.Log)
-	var out []string
-	for _, line := range strings.Split(string(data), "\n") {
-		all := true
-		for _, w := range words {
-			all = all && strings.Contains(line, w)
-		}
-		if all {
-			out = append(out, line)
-		}
-	}
-	return out
+	return cluster.LinesWith(n.dh.Log, words...)
 }
 
 // logTail is the last lines of this devhost's log.

@@ -1,7 +1,6 @@
 package dra_test
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -289,33 +288,6 @@ func allocated(t *testing.T, c *resourcev1.ResourceClaim, driver string) []strin
 	}
 	sort.Strings(out)
 	return out
-}
-
-// criContainer is what the kubelet sent the runtime in CreateContainer (recorded by fakecri).
-type criContainer struct {
-	Env         map[string]string `json:"env"`
-	Devices     []string          `json:"devices"`
-	Mounts      []string          `json:"mounts"`
-	CDIDevices  []string          `json:"cdi_devices"`
-	Annotations map[string]string `json:"annotations"`
-}
-
-func criRecord(t *testing.T, pod string) criContainer {
-	t.Helper()
-	path := filepath.Join(cl.RecordDir, ns+"_"+pod+"_main.json")
-	var data []byte
-	devhost.Eventually(t, 30*time.Second, "CreateContainer of "+pod, func() string {
-		var err error
-		if data, err = os.ReadFile(path); err != nil {
-			return err.Error()
-		}
-		return ""
-	})
-	var c criContainer
-	if err := json.Unmarshal(data, &c); err != nil {
-		t.Fatalf("%s: %v", path, err)
-	}
-	return c
 }
 
 // cdiDeviceNodes resolves each CDI name (kind=device) in the specs of devhost's cdi_dir, read

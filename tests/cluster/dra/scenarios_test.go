@@ -82,7 +82,7 @@ func TestClaimForOneGPUOfAModelRunsWithItsCDIDevice(t *testing.T) {
 	if gpu.Attrs["model"] != h100 {
 		t.Errorf("allocated %s (%s), not an %s", gpu.ID, gpu.Attrs["model"], h100)
 	}
-	rec := criRecord(t, "h100-pod")
+	rec := cl.CRIRecord(t, ns, "h100-pod")
 	nodes := n.cdiDeviceNodes(t, rec.CDIDevices)
 	want := "/dev/nvidia" + gpu.Attrs["minor"]
 	if len(rec.CDIDevices) != 1 || !contains(nodes[rec.CDIDevices[0]], want) {
@@ -165,7 +165,7 @@ func TestTwoGPUsOnOneNUMANode(t *testing.T) {
 	if len(got) != 2 {
 		t.Fatalf("allocated %v, want two GPUs", got)
 	}
-	rec := criRecord(t, "numa-pod")
+	rec := cl.CRIRecord(t, ns, "numa-pod")
 	if len(rec.CDIDevices) != 2 {
 		t.Errorf("the runtime got CDI devices %v, want the two GPUs' (%v)", rec.CDIDevices, nodes)
 	}
@@ -212,14 +212,14 @@ func preparedAccelPod(t *testing.T, n *node, pod string) (string, string) {
 
 // after a restart: the pod runs on, was not created again, and deleting it still unprepares
 // (release hook) the device.
-func checkStillPreparedThenReleased(t *testing.T, n *node, pod, id string, before criContainer, since time.Time) {
+func checkStillPreparedThenReleased(t *testing.T, n *node, pod, id string, before cluster.CRIContainer, since time.Time) {
 	t.Helper()
 	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(500 * time.Millisecond) {
 		if p := getPod(t, pod); p.Status.Phase != v1.PodRunning {
 			t.Fatalf("pod %s left Running after the restart:\n%s", pod, describe(pod, n))
 		}
 	}
-	if after := criRecord(t, pod); strings.Join(after.CDIDevices, ",") != strings.Join(before.CDIDevices, ",") {
+	if after := cl.CRIRecord(t, ns, pod); strings.Join(after.CDIDevices, ",") != strings.Join(before.CDIDevices, ",") {
 		t.Errorf("the container was created again with CDI devices %v (before: %v)", after.CDIDevices, before.CDIDevices)
 	}
 	if r := readFile(t, n.release); strings.Contains(r, id) {
@@ -241,7 +241,7 @@ func checkStillPreparedThenReleased(t *testing.T, n *node, pod, id string, befor
 func TestDevhostRestartKeepsAPreparedClaimAndUnprepareStillWorks(t *testing.T) {
 	n := startPublishing(t, devhost.DRAOptions{Accel: true})
 	id, _ := preparedAccelPod(t, n, "survives-devhost")
-	before := criRecord(t, "survives-devhost")
+	before := cl.CRIRecord(t, ns, "survives-devhost")
 	start := time.Now()
 	n.restart(t)
 	n.waitRegistered(t, devhost.AccelDriver, 1, 60*time.Second)
@@ -255,7 +255,7 @@ func TestDevhostRestartKeepsAPreparedClaimAndUnprepareStillWorks(t *testing.T) {
 func TestKubeletRestartKeepsAPreparedClaimAndUnprepareStillWorks(t *testing.T) {
 	n := startPublishing(t, devhost.DRAOptions{Accel: true})
 	id, _ := preparedAccelPod(t, n, "survives-kubelet")
-	before := criRecord(t, "survives-kubelet")
+	before := cl.CRIRecord(t, ns, "survives-kubelet")
 	cl.Kubelet().Stop(syscall.SIGKILL)
 	start := time.Now()
 	if err := cl.StartKubelet(); err != nil {
@@ -297,7 +297,7 @@ func TestDevicePluginAndDRAResourcesOfOneDriverServeOnePod(t *testing.T) {
 		t.Fatal(err)
 	}
 	migIDs := devs[mig.Resource]
-	rec := criRecord(t, "both-apis")
+	rec := cl.CRIRecord(t, ns, "both-apis")
 	if len(migIDs) != 1 || rec.Env["NVIDIA_VISIBLE_DEVICES"] != migIDs[0] {
 		t.Errorf("PodResources shows MIG devices %v; the runtime got NVIDIA_VISIBLE_DEVICES=%q, want that one MIG device",
 			migIDs, rec.Env["NVIDIA_VISIBLE_DEVICES"])
@@ -340,7 +340,7 @@ func TestExtendedResourceRequestGetsADRADevice(t *testing.T) {
 		t.Fatalf("claim %s: allocated %v, want one GPU", claim.Name, got)
 	}
 	gpu := n.deviceByName(t, "nvidia.com/gpu", got[0])
-	rec := criRecord(t, "extended-gpu")
+	rec := cl.CRIRecord(t, ns, "extended-gpu")
 	nodes := n.cdiDeviceNodes(t, rec.CDIDevices)
 	if len(rec.CDIDevices) != 1 || !contains(nodes[rec.CDIDevices[0]], "/dev/nvidia"+gpu.Attrs["minor"]) {
 		t.Errorf("the runtime got CDI devices %v (device nodes %v), want GPU %s's", rec.CDIDevices, nodes, gpu.ID)

@@ -2,7 +2,6 @@ package node_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -208,33 +207,6 @@ func preferred(t *testing.T, n *node, res string, count int32) []string {
 	ids := ans.ContainerResponses[0].DeviceIDs
 	sort.Strings(ids)
 	return ids
-}
-
-// criContainer is what the kubelet sent the runtime in CreateContainer (recorded by fakecri).
-type criContainer struct {
-	Env         map[string]string `json:"env"`
-	Devices     []string          `json:"devices"`
-	Mounts      []string          `json:"mounts"`
-	CDIDevices  []string          `json:"cdi_devices"`
-	Annotations map[string]string `json:"annotations"`
-}
-
-func criRecord(t *testing.T, pod string) criContainer {
-	t.Helper()
-	path := filepath.Join(cl.RecordDir, "default_"+pod+"_main.json")
-	var data []byte
-	devhost.Eventually(t, 30*time.Second, "CreateContainer of "+pod, func() string {
-		var err error
-		if data, err = os.ReadFile(path); err != nil {
-			return err.Error()
-		}
-		return ""
-	})
-	var c criContainer
-	if err := json.Unmarshal(data, &c); err != nil {
-		t.Fatalf("%s: %v", path, err)
-	}
-	return c
 }
 
 func sortedList(v string) string {

@@ -58,7 +58,7 @@ func TestPodRunsWithDevhostsPreferredDevicesAndAllocateEdits(t *testing.T) {
 			t.Errorf("%s: PodResources shows %v, devhost prefers %v", res, got[res], pref[res])
 		}
 	}
-	rec := criRecord(t, "accel-and-gpu")
+	rec := cl.CRIRecord(t, "default", "accel-and-gpu")
 	devices := map[string]bool{}
 	for _, d := range rec.Devices {
 		devices[d] = true
@@ -88,7 +88,7 @@ func TestCDIStrategyReachesTheRuntimeAsCDIDevices(t *testing.T) {
 	pref := preferred(t, n, "example.com/accel", 2)
 	createPod(t, "cdi-accel", map[string]int64{"example.com/accel": 2})
 	waitPodPhase(t, "cdi-accel", v1.PodRunning, 60*time.Second)
-	rec := criRecord(t, "cdi-accel")
+	rec := cl.CRIRecord(t, "default", "cdi-accel")
 	a := allocate(t, "example.com/accel", pref)
 	var want []string
 	for _, c := range a.CdiDevices {

@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	authv1 "k8s.io/api/authentication/v1"
@@ -158,18 +157,7 @@ func (c *Cluster) proc(name string) *Proc {
 // KubeletLogLines is every line of the kubelet's log (all kubelets started so far, which
 // append to one file) that contains each of the words.
 func (c *Cluster) KubeletLogLines(words ...string) []string {
-	data, _ := os.ReadFile(filepath.Join(c.Dir, "kubelet.log"))
-	var out []string
-	for _, line := range strings.Split(string(data), "\n") {
-		all := true
-		for _, w := range words {
-			all = all && strings.Contains(line, w)
-		}
-		if all {
-			out = append(out, line)
-		}
-	}
-	return out
+	return LinesWith(filepath.Join(c.Dir, "kubelet.log"), words...)
 }
 
 // untaintNode removes the node.kubernetes.io/not-ready taint the kubelet registers the Node
