@@ -280,11 +280,16 @@ fn claim(name: &str, uid: &str) -> Claim {
 /// Creates ResourceClaim `name` (namespace `default`) asking for `count` devices in request
 /// `gpu`, and returns its UID.
 fn create_claim(name: &str, count: u32) -> String {
+    create_claim_asking(name, &format!("count: {count}"))
+}
+
+/// Creates ResourceClaim `name` whose request `gpu` has `ask` besides its class and mode.
+fn create_claim_asking(name: &str, ask: &str) -> String {
     let server = ApiServerHarness::shared();
     let yaml = format!(
         "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {{name: {name}, namespace: default}}\n\
          spec:\n  devices:\n    requests:\n    - name: gpu\n      exactly: {{deviceClassName: {DRIVER}, \
-         allocationMode: ExactCount, count: {count}}}\n"
+         allocationMode: ExactCount, {ask}}}\n"
     );
     server.kubectl_stdin(&["create", "-f", "-"], &yaml);
     server.kubectl(&["get", "resourceclaim", name, "-n", "default", "-o", "jsonpath={.metadata.uid}"])
@@ -292,9 +297,20 @@ fn create_claim(name: &str, count: u32) -> String {
 
 /// Writes the claim's allocation as the scheduler would: `devices` of this driver's pool.
 fn allocate(name: &str, devices: &[&str]) {
+    allocate_with(name, devices, serde_json::json!({}));
+}
+
+/// `allocate`, with `extra` fields in each result (e.g. `adminAccess`).
+fn allocate_with(name: &str, devices: &[&str], extra: serde_json::Value) {
     let results: Vec<serde_json::Value> = devices
         .iter()
-        .map(|d| serde_json::json!({"request": "gpu", "driver": DRIVER, "pool": NODE, "device": d}))
+        .map(|d| {
+            let mut r = serde_json::json!({"request": "gpu", "driver": DRIVER, "pool": NODE, "device": d});
+            if let (Some(r), Some(extra)) = (r.as_object_mut(), extra.as_object()) {
+                r.extend(extra.clone());
+            }
+            r
+        })
         .collect();
     let patch = serde_json::json!({"status": {"allocation": {"devices": {"results": results}}}});
     ApiServerHarness::shared().kubectl(&[
@@ -394,28 +410,9 @@ async fn an_admin_access_claim_shares_a_held_device_and_never_releases_it() {
     let server = ApiServerHarness::shared();
     server.kubectl(&["label", "--overwrite", "namespace", "default", "resource.kubernetes.io/admin-access=true"]);
     let user = create_claim("prep-user", 1);
-    let yaml = format!(
-        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {{name: prep-admin, namespace: default}}\n\
-         spec:\n  devices:\n    requests:\n    - name: gpu\n      exactly: {{deviceClassName: {DRIVER}, \
-         allocationMode: ExactCount, count: 1, adminAccess: true}}\n"
-    );
-    server.kubectl_stdin(&["create", "-f", "-"], &yaml);
-    let admin =
-        server.kubectl(&["get", "resourceclaim", "prep-admin", "-n", "default", "-o", "jsonpath={.metadata.uid}"]);
+    let admin = create_claim_asking("prep-admin", "count: 1, adminAccess: true");
     allocate("prep-user", &["example-1"]);
-    let result = serde_json::json!([{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": "example-1", "adminAccess": true}]);
-    let patch = serde_json::json!({"status": {"allocation": {"devices": {"results": result}}}});
-    server.kubectl(&[
-        "patch",
-        "resourceclaim",
-        "prep-admin",
-        "-n",
-        "default",
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        &patch.to_string(),
-    ]);
+    allocate_with("prep-admin", &["example-1"], serde_json::json!({"adminAccess": true}));
     let mut served = Served::start().await;
     assert_eq!(served.prepare(&[("prep-user", &user)]).await[&user].error, "");
     let answer = served.prepare(&[("prep-admin", &admin)]).await;
