@@ -7,9 +7,8 @@
 //! model they report) → [`engine`] (the shared core: device registry per
 //! resource, sharing, preferred allocation, CDI spec files, health history and
 //! the metrics recorded) → [`fronts`] (the
-//! kubelet APIs: [`fronts::device_plugin`] and [`fronts::dra`], the second
-//! front, in progress: it serves a DRA driver's sockets but cannot prepare
-//! claims yet) → [`ops`] (operator surfaces: the metrics, probes and status server, Node
+//! kubelet APIs: [`fronts::device_plugin`] and [`fronts::dra`], which
+//! publishes ResourceSlices and prepares claims from the same drivers) → [`ops`] (operator surfaces: the metrics, probes and status server, Node
 //! Feature Discovery labels, completion scripts and manual page, the `sim`
 //! kubelet emulator run and the `conformance` battery). [`lock`] keeps one
 //! daemon per kubelet folder. docs/architecture.md has the allowed order and
