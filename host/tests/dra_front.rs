@@ -271,6 +271,12 @@ impl Served {
             .and_then(|l| l.rsplit(' ').next()?.parse().ok())
             .unwrap_or(0.0)
     }
+
+    /// The value of the metric series whose line starts with `series` (name and labels).
+    fn metric(&self, series: &str) -> f64 {
+        let text = self.metrics.encode(false).unwrap();
+        text.lines().find(|l| l.starts_with(series)).and_then(|l| l.rsplit(' ').next()?.parse().ok()).unwrap_or(-1.0)
+    }
 }
 
 fn claim(name: &str, uid: &str) -> Claim {
@@ -364,6 +370,10 @@ async fn prepare_answers_the_claims_cdi_devices_writes_its_spec_and_repeats_the_
     let again = served.prepare(&[("prep-two", &uid)]).await;
     assert_eq!(again[&uid], *got, "the kubelet repeats Prepare: the same answer");
     assert_eq!(served.allocate_calls(), 1.0, "a prepared claim is answered without calling the driver");
+    let calls = "devhost_dra_claim_calls_total{resource=\"example.com/gpu\",call=\"prepare\",outcome=";
+    assert_eq!(served.metric(&format!("{calls}\"ok\"}}")), 2.0, "both Prepare calls counted");
+    assert_eq!(served.metric(&format!("{calls}\"error\"}}")), 0.0, "the error series exists from the start");
+    assert_eq!(served.metric("devhost_dra_prepared_claims{resource=\"example.com/gpu\"}"), 1.0);
     served.front.take().unwrap().stop().await;
 }
 

@@ -39,8 +39,14 @@ async fn setup(node: &str) -> Setup {
 
 /// A devhost serving `count` example devices as DRA resource `example.com/accel` for `node`.
 fn start_devhost(node_dir: &Node, s: &Setup, node: &str, count: usize) -> Daemon {
+    start_devhost_with(node_dir, s, node, count, "")
+}
+
+/// `start_devhost`, with `top` (top-level manifest lines) added.
+fn start_devhost_with(node_dir: &Node, s: &Setup, node: &str, count: usize, top: &str) -> Daemon {
     let manifest = node_dir.write_manifest(&format!(
-        r#"kubelet_root_dir = "{root}"
+        r#"{top}
+kubelet_root_dir = "{root}"
 kubeconfig = "{kubeconfig}"
 node_name = "{node}"
 
@@ -111,9 +117,13 @@ async fn wait_slices(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slices_carry_the_healthy_devices_with_typed_attributes_and_follow_health() {
     let node = "node-health";
+    let addr = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
     let s = setup(node).await;
     let dir = Node::new();
-    let mut d = start_devhost(&dir, &s, node, 4);
+    let mut d = start_devhost_with(&dir, &s, node, 4, &format!("metrics_addr = \"{addr}\""));
     let (got, _) = wait_slices(&s.client, node, &d, "the first slice", |x| device_names(x).len() == 4).await;
     assert_eq!(got.len(), 1);
     let slice = &got[0];
@@ -148,6 +158,13 @@ async fn slices_carry_the_healthy_devices_with_typed_attributes_and_follow_healt
     assert_eq!(back.len(), 1, "one slice throughout: updated in place");
     let log = d.logs();
     assert!(log.contains("DRA: ResourceSlices published"), "{log}");
+    // What was published, for an operator's dashboard: the devices now, and every pass counted.
+    let body = devhost::ops::metrics::get(addr, "/metrics", &[]).await.unwrap().body;
+    let value = |series: &str| body.lines().find(|l| l.starts_with(series)).and_then(|l| l.rsplit(' ').next());
+    assert_eq!(value("devhost_dra_published_devices{resource=\"example.com/accel\"}"), Some("4"), "{body}");
+    let passes = value("devhost_dra_slice_publishes_total{resource=\"example.com/accel\",outcome=\"ok\"}");
+    assert!(passes.and_then(|v| v.parse::<u32>().ok()).is_some_and(|n| n >= 3), "first, unhealthy, back: {body}");
+    assert_eq!(value("devhost_dra_slice_publishes_total{resource=\"example.com/accel\",outcome=\"error\"}"), Some("0"));
     assert!(!log.contains("fields dropped or changed"), "the server kept every field sent: {log}");
 
     // Stopping devhost leaves the slices to the kubelet (which wipes them 30 s after the driver

@@ -41,6 +41,13 @@ struct CallLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClaimCallLabels {
+    resource: String,
+    call: &'static str,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DriverLabels {
     driver: String,
 }
@@ -62,6 +69,10 @@ pub struct Metrics {
     module_load_failures: Family<DriverLabels, Counter>,
     create_retrying: Family<DriverLabels, Gauge>,
     create_failed_attempts: Family<DriverLabels, Gauge>,
+    dra_slice_publishes: Family<AllocationLabels, Counter>,
+    dra_published_devices: Family<ResourceLabels, Gauge>,
+    dra_claim_calls: Family<ClaimCallLabels, Counter>,
+    dra_prepared_claims: Family<ResourceLabels, Gauge>,
 }
 
 fn resource(name: &str) -> ResourceLabels {
@@ -90,6 +101,10 @@ impl Metrics {
         let module_load_failures = Family::<DriverLabels, Counter>::default();
         let create_retrying = Family::<DriverLabels, Gauge>::default();
         let create_failed_attempts = Family::<DriverLabels, Gauge>::default();
+        let dra_slice_publishes = Family::<AllocationLabels, Counter>::default();
+        let dra_published_devices = Family::<ResourceLabels, Gauge>::default();
+        let dra_claim_calls = Family::<ClaimCallLabels, Counter>::default();
+        let dra_prepared_claims = Family::<ResourceLabels, Gauge>::default();
         // Counter names get their `_total` and histograms their unit from the encoder.
         registry.register("devices", "Devices advertised per resource and health", devices.clone());
         registry.register(
@@ -135,6 +150,26 @@ impl Metrics {
             "Failed create attempts of the driver since it last started (0 once create succeeded)",
             create_failed_attempts.clone(),
         );
+        registry.register(
+            "dra_slice_publishes",
+            "Passes that wrote a DRA resource's ResourceSlices to the API server, per outcome",
+            dra_slice_publishes.clone(),
+        );
+        registry.register(
+            "dra_published_devices",
+            "Devices of the DRA resource in its ResourceSlices as last published",
+            dra_published_devices.clone(),
+        );
+        registry.register(
+            "dra_claim_calls",
+            "Claims the kubelet asked a DRA resource to prepare or unprepare, per call and outcome",
+            dra_claim_calls.clone(),
+        );
+        registry.register(
+            "dra_prepared_claims",
+            "Claims a DRA resource holds prepared (its checkpoint)",
+            dra_prepared_claims.clone(),
+        );
         let mut build_labels = vec![("version".to_string(), env!("CARGO_PKG_VERSION").to_string())];
         // The git commit of the build (host/build.rs); none in a build without git.
         if !env!("DEVHOST_COMMIT").is_empty() {
@@ -155,7 +190,43 @@ impl Metrics {
             module_load_failures,
             create_retrying,
             create_failed_attempts,
+            dra_slice_publishes,
+            dra_published_devices,
+            dra_claim_calls,
+            dra_prepared_claims,
         }
+    }
+
+    /// Creates, at 0, every DRA series of a resource served through DRA (when its front starts).
+    pub fn dra_resource_configured(&self, name: &str) {
+        for outcome in ["ok", "error"] {
+            drop(self.dra_slice_publishes.get_or_create(&AllocationLabels { resource: name.to_string(), outcome }));
+            for call in ["prepare", "unprepare"] {
+                drop(self.dra_claim_calls.get_or_create(&ClaimCallLabels {
+                    resource: name.to_string(),
+                    call,
+                    outcome,
+                }));
+            }
+        }
+        drop(self.dra_published_devices.get_or_create(&resource(name)));
+        drop(self.dra_prepared_claims.get_or_create(&resource(name)));
+    }
+
+    /// A publishing pass of a DRA resource's slices: `Some(devices)` published, `None` failed.
+    pub fn dra_slices_published(&self, name: &str, devices: Option<usize>) {
+        let outcome = if devices.is_some() { "ok" } else { "error" };
+        self.dra_slice_publishes.get_or_create(&AllocationLabels { resource: name.to_string(), outcome }).inc();
+        if let Some(n) = devices {
+            self.dra_published_devices.get_or_create(&resource(name)).set(n as i64);
+        }
+    }
+
+    /// One claim's Prepare or Unprepare (`call`), and the claims now held prepared.
+    pub fn dra_claim_call(&self, name: &str, call: &'static str, ok: bool, prepared: usize) {
+        let outcome = if ok { "ok" } else { "error" };
+        self.dra_claim_calls.get_or_create(&ClaimCallLabels { resource: name.to_string(), call, outcome }).inc();
+        self.dra_prepared_claims.get_or_create(&resource(name)).set(prepared as i64);
     }
 
     /// Sets a driver's create-retry series (both exist, at 0, from the
@@ -278,6 +349,14 @@ impl Metrics {
         self.allocate_duration.remove(&resource(name));
         self.registrations.remove(&resource(name));
         self.registered.remove(&resource(name));
+        for outcome in ["ok", "error"] {
+            self.dra_slice_publishes.remove(&AllocationLabels { resource: name.to_string(), outcome });
+            for call in ["prepare", "unprepare"] {
+                self.dra_claim_calls.remove(&ClaimCallLabels { resource: name.to_string(), call, outcome });
+            }
+        }
+        self.dra_published_devices.remove(&resource(name));
+        self.dra_prepared_claims.remove(&resource(name));
     }
 
     /// The exposition text: OpenMetrics 1.0 or the Prometheus text format 0.0.4.

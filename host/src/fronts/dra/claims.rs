@@ -108,6 +108,7 @@ impl Claims {
                 tracing::warn!(dra_driver = %self.driver, claim = %claim.shown(), "{error}");
                 error
             });
+            self.metrics.dra_claim_call(&self.resource.config.name, "prepare", answer.is_ok(), checkpoint.claims.len());
             answers.push((claim.uid, answer));
         }
         Ok(answers)
@@ -238,6 +239,12 @@ impl Claims {
                 tracing::warn!(dra_driver = %self.driver, claim = %claim.shown(), "{error}");
                 error
             });
+            self.metrics.dra_claim_call(
+                &self.resource.config.name,
+                "unprepare",
+                answer.is_ok(),
+                checkpoint.claims.len(),
+            );
             answers.push((claim.uid, answer));
         }
         answers

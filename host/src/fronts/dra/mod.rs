@@ -117,7 +117,8 @@ impl DraFront {
                 return Err(e);
             }
         };
-        let publisher = slices::spawn(driver, resource.clone(), api.clone(), stop_rx.clone());
+        settings.metrics.dra_resource_configured(&resource.config.name);
+        let publisher = slices::spawn(driver, resource.clone(), api.clone(), settings.metrics.clone(), stop_rx.clone());
         let service = Arc::new(plugin::Plugin::new(driver, resource, api, settings));
         let dra = Routes::new(v1::dra_plugin_server::DraPluginServer::from_arc(service.clone()))
             .add_service(v1beta1::dra_plugin_server::DraPluginServer::from_arc(service));

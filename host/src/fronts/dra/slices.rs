@@ -59,6 +59,7 @@ use super::api::ApiServer;
 use super::prepare::device_name;
 use crate::driver::device::Device;
 use crate::engine::registry::Resource;
+use crate::engine::telemetry::Metrics;
 
 /// Most devices in one ResourceSlice (the API server's limit without taints or counters).
 pub const MAX_DEVICES_PER_SLICE: usize = 128;
@@ -544,7 +545,13 @@ impl Drop for AbortOnDrop {
 
 /// Starts the publisher of `resource` as DRA driver `driver`; it ends when `stop` turns true
 /// (leaving the slices in place, see the module docs).
-pub fn spawn(driver: &str, resource: Arc<Resource>, api: ApiServer, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
+pub fn spawn(
+    driver: &str,
+    resource: Arc<Resource>,
+    api: ApiServer,
+    metrics: Arc<Metrics>,
+    mut stop: watch::Receiver<bool>,
+) -> JoinHandle<()> {
     let mut publisher = Publisher::new(driver, &resource.config.name, &api);
     tokio::spawn(async move {
         let poke = Arc::new(Notify::new());
@@ -569,6 +576,7 @@ pub fn spawn(driver: &str, resource: Arc<Resource>, api: ApiServer, mut stop: wa
                 Ok(done) => {
                     backoff = BACKOFF_MIN;
                     if let Some(p) = done {
+                        metrics.dra_slices_published(&publisher.resource, Some(p.devices));
                         tracing::info!(
                             resource = %publisher.resource,
                             dra_driver = %publisher.driver,
@@ -582,6 +590,7 @@ pub fn spawn(driver: &str, resource: Arc<Resource>, api: ApiServer, mut stop: wa
                     }
                 }
                 Err(e) => {
+                    metrics.dra_slices_published(&publisher.resource, None);
                     tracing::warn!(
                         resource = %publisher.resource,
                         dra_driver = %publisher.driver,
