@@ -283,14 +283,7 @@ async fn dra_resource_is_served_through_dra_and_not_as_a_device_plugin() {
     let manifest = mixed_manifest(&node, extra);
     let text = std::fs::read_to_string(&manifest).unwrap();
     // A DRA resource needs an API client; nothing here asks the (absent) server anything.
-    let kubeconfig = node.path().join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:1\n\
-         users:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\n\
-         current-context: x\n",
-    )
-    .unwrap();
+    let kubeconfig = common::unreachable_kubeconfig(node.path());
     let manifest = node.write_manifest(&format!(
         "kubelet_root_dir = \"{}\"\nkubeconfig = \"{}\"\nnode_name = \"node-1\"\n{text}",
         root.display(),

@@ -24,14 +24,7 @@ const NODE: &str = "node-1";
 /// API server that is not there (these tests never reach it).
 async fn start(root: &Path) -> Result<DraFront, FrontError> {
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:1\n\
-         users:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\n\
-         current-context: x\n",
-    )
-    .unwrap();
+    let kubeconfig = common::unreachable_kubeconfig(dir.path());
     start_at(root, dir.path(), &kubeconfig, Arc::new(Metrics::new())).await
 }
 

@@ -152,3 +152,17 @@ pub fn devhost(args: &[&str]) -> (i32, String, String) {
 pub fn env_of(resp: &kubelet_emu::AllocateResponse, i: usize, key: &str) -> Option<String> {
     resp.container_responses.get(i).and_then(|c| c.envs.get(key).cloned())
 }
+
+/// Writes `dir/kubeconfig` for an API server that is not there (port 1), for tests whose DRA
+/// resources need a client but never reach the server, and returns its path.
+pub fn unreachable_kubeconfig(dir: &Path) -> PathBuf {
+    let path = dir.join("kubeconfig");
+    std::fs::write(
+        &path,
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:1\n\
+         users:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\n\
+         current-context: x\n",
+    )
+    .expect("write the kubeconfig");
+    path
+}

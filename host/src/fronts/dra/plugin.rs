@@ -32,6 +32,12 @@ impl Plugin {
 /// body serves both versions.
 macro_rules! dra_plugin_service {
     ($api:ident) => {
+        impl From<$api::Claim> for ClaimRef {
+            fn from(c: $api::Claim) -> ClaimRef {
+                ClaimRef { namespace: c.namespace, uid: c.uid, name: c.name }
+            }
+        }
+
         #[tonic::async_trait]
         impl $api::dra_plugin_server::DraPlugin for Plugin {
             // `..Default::default()` is v1's share ID (absent from v1beta1), which devhost sets to none.
@@ -40,12 +46,7 @@ macro_rules! dra_plugin_service {
                 &self,
                 request: Request<$api::NodePrepareResourcesRequest>,
             ) -> Result<Response<$api::NodePrepareResourcesResponse>, Status> {
-                let claims = request
-                    .into_inner()
-                    .claims
-                    .into_iter()
-                    .map(|c| ClaimRef { namespace: c.namespace, uid: c.uid, name: c.name })
-                    .collect();
+                let claims = request.into_inner().claims.into_iter().map(ClaimRef::from).collect();
                 let answers = self.claims.prepare(claims).await.map_err(Status::unavailable)?;
                 let claims = answers
                     .into_iter()
@@ -76,12 +77,7 @@ macro_rules! dra_plugin_service {
                 &self,
                 request: Request<$api::NodeUnprepareResourcesRequest>,
             ) -> Result<Response<$api::NodeUnprepareResourcesResponse>, Status> {
-                let claims = request
-                    .into_inner()
-                    .claims
-                    .into_iter()
-                    .map(|c| ClaimRef { namespace: c.namespace, uid: c.uid, name: c.name })
-                    .collect();
+                let claims = request.into_inner().claims.into_iter().map(ClaimRef::from).collect();
                 let claims = self
                     .claims
                     .unprepare(claims)
