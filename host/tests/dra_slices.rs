@@ -288,31 +288,12 @@ async fn nvidia_gpus_are_published_with_model_numa_memory_and_pci_bus_id() {
     let root = dir.path();
     let uuid = "GPU-0e5b9c2a-1d3f-4a6b-8c7d-000000000001";
     let bus = "0000:3b:00.0";
-    let lib = root.join("nvml");
-    std::fs::create_dir_all(&lib).unwrap();
-    let fake = devhost_bin().parent().unwrap().join("libfake_nvml.so");
-    assert!(fake.exists(), "{} is missing: run `cargo build --workspace` first", fake.display());
-    std::fs::copy(&fake, lib.join("libnvidia-ml.so.1")).unwrap();
-    std::fs::write(
-        lib.join("fake-nvml.toml"),
-        format!(
-            "control = \"control\"\n[[gpu]]\nuuid = \"{uuid}\"\nname = \"NVIDIA H100 80GB HBM3\"\nmemory_mib = 81559\n\
+    let machine = format!(
+        "control = \"control\"\n[[gpu]]\nuuid = \"{uuid}\"\nname = \"NVIDIA H100 80GB HBM3\"\nmemory_mib = 81559\n\
              pci_bus_id = \"0000{}\"\nminor = 0\n",
-            bus.to_uppercase()
-        ),
-    )
-    .unwrap();
-    std::fs::write(lib.join("control"), "").unwrap();
-    let real = root.join("sys/devices/pci0000:3a").join(bus);
-    std::fs::create_dir_all(&real).unwrap();
-    std::fs::write(real.join("numa_node"), "1\n").unwrap();
-    std::fs::create_dir_all(root.join("sys/bus/pci/devices")).unwrap();
-    std::os::unix::fs::symlink(
-        format!("../../../devices/pci0000:3a/{bus}"),
-        root.join("sys/bus/pci/devices").join(bus),
-    )
-    .unwrap();
-    std::fs::create_dir_all(root.join("dev")).unwrap();
+        bus.to_uppercase()
+    );
+    let lib = fake_nvml_node(root, &machine, "pci0000:3a", &[(bus, 1)]);
     let manifest = dir.write_manifest(&format!(
         r#"kubelet_root_dir = "{root}/kubelet-root"
 kubeconfig = "{kubeconfig}"

@@ -50,13 +50,6 @@ fn machine() -> String {
     t
 }
 
-/// The fake library next to the devhost binary.
-fn fake_nvml() -> PathBuf {
-    let path = devhost_bin().parent().expect("binary folder").join("libfake_nvml.so");
-    assert!(path.exists(), "{} is missing: run `cargo build --workspace` before the tests", path.display());
-    path
-}
-
 /// Lays out the fake NVML, sysfs (all GPUs on NUMA node 0) and devfs under the test folder;
 /// returns the manifest.
 fn setup(node: &Node, options: &str) -> PathBuf {
@@ -66,23 +59,7 @@ fn setup(node: &Node, options: &str) -> PathBuf {
 /// Like [`setup`] for any machine file and (PCI bus, NUMA node) list.
 fn setup_machine(node: &Node, options: &str, machine: &str, buses: &[(&str, u32)]) -> PathBuf {
     let root = node.path();
-    let lib = root.join("nvml");
-    std::fs::create_dir_all(&lib).unwrap();
-    std::fs::copy(fake_nvml(), lib.join("libnvidia-ml.so.1")).unwrap();
-    std::fs::write(lib.join("fake-nvml.toml"), machine).unwrap();
-    std::fs::write(lib.join("control"), "").unwrap();
-    for &(bus, numa) in buses {
-        let real = root.join("sys/devices/pci0000:00").join(bus);
-        std::fs::create_dir_all(&real).unwrap();
-        std::fs::write(real.join("numa_node"), format!("{numa}\n")).unwrap();
-        std::fs::create_dir_all(root.join("sys/bus/pci/devices")).unwrap();
-        std::os::unix::fs::symlink(
-            format!("../../../devices/pci0000:00/{bus}"),
-            root.join("sys/bus/pci/devices").join(bus),
-        )
-        .unwrap();
-    }
-    std::fs::create_dir_all(root.join("dev")).unwrap();
+    let lib = fake_nvml_node(root, machine, "pci0000:00", buses);
     node.write_manifest(&format!(
         r#"
 [driver.nvidia]

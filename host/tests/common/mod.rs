@@ -166,3 +166,35 @@ pub fn unreachable_kubeconfig(dir: &Path) -> PathBuf {
     .expect("write the kubeconfig");
     path
 }
+
+/// The workspace's fake libnvidia-ml.
+pub fn fake_nvml() -> PathBuf {
+    let path = devhost_bin().parent().expect("binary folder").join("libfake_nvml.so");
+    assert!(path.exists(), "{} is missing: run `cargo build --workspace` before the tests", path.display());
+    path
+}
+
+/// Lays out an NVIDIA node under `root` for the NVIDIA driver: the fake NVML in `root/nvml`
+/// (`libnvidia-ml.so.1`, `machine` as `fake-nvml.toml`, an empty `control` file), each
+/// (PCI bus, NUMA node) of `buses` under PCI root complex `pci_root` in `root/sys`, and an empty
+/// `root/dev`. Returns the folder of the library (the driver's `nvml_lib` is `<it>/libnvidia-ml.so.1`).
+pub fn fake_nvml_node(root: &Path, machine: &str, pci_root: &str, buses: &[(&str, u32)]) -> PathBuf {
+    let lib = root.join("nvml");
+    std::fs::create_dir_all(&lib).unwrap();
+    std::fs::copy(fake_nvml(), lib.join("libnvidia-ml.so.1")).unwrap();
+    std::fs::write(lib.join("fake-nvml.toml"), machine).unwrap();
+    std::fs::write(lib.join("control"), "").unwrap();
+    std::fs::create_dir_all(root.join("sys/bus/pci/devices")).unwrap();
+    for &(bus, numa) in buses {
+        let real = root.join("sys/devices").join(pci_root).join(bus);
+        std::fs::create_dir_all(&real).unwrap();
+        std::fs::write(real.join("numa_node"), format!("{numa}\n")).unwrap();
+        std::os::unix::fs::symlink(
+            format!("../../../devices/{pci_root}/{bus}"),
+            root.join("sys/bus/pci/devices").join(bus),
+        )
+        .unwrap();
+    }
+    std::fs::create_dir_all(root.join("dev")).unwrap();
+    lib
+}
