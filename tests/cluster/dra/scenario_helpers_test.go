@@ -121,7 +121,6 @@ func startPublishing(t *testing.T, opts devhost.DRAOptions) *node {
 		}
 		return ""
 	})
-	opts.Kubeconfig, opts.NodeName = cl.DevhostKubeconfig, cluster.NodeName
 	n := startDRA(t, opts)
 	for _, d := range n.draDrivers() {
 		n.waitRegistered(t, d.driver, 1, 60*time.Second)

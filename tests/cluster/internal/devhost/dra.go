@@ -22,8 +22,8 @@ type DRAOptions struct {
 	PodResourcesSocket string // pod_resources_socket ("" = a path that does not exist)
 	CDIDir             string // cdi_dir ("" = none)
 	// Kubeconfig and NodeName are the manifest's `kubeconfig` and `node_name`, how devhost
-	// reaches the API server to publish ResourceSlices and read claims. "" leaves the key out
-	// (a devhost that only registers its DRA plugins with the kubelet needs neither).
+	// reaches the API server to publish ResourceSlices and read claims (a DRA resource is not
+	// served without them). "" leaves the key out.
 	Kubeconfig, NodeName string
 	HealthFile           string // the example_c driver's health file (required)
 	ReleaseFile          string // the example_c driver's release record ("" = none)
