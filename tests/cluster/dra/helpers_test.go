@@ -87,7 +87,7 @@ func (n *node) logTail(lines int) string {
 }
 
 // registeredLine is what devhost logs when the kubelet's NotifyRegistrationStatus accepts a
-// DRA driver (host/src/dra/registration.rs).
+// DRA driver (host/src/fronts/dra/registration.rs).
 const registeredLine = "the kubelet registered the DRA driver"
 
 // waitRegistered waits until this devhost has logged the kubelet's acceptance of driver at

@@ -16,7 +16,7 @@ import (
 	"devhost.test/cluster/internal/devhost"
 )
 
-// keptState is the part of devhost's release state file (host/src/release/state.rs) read here.
+// keptState is the part of devhost's release state file (host/src/engine/release/state.rs) read here.
 type keptState struct {
 	Version   int `json:"version"`
 	Resources map[string]struct {

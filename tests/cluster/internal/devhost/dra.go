@@ -107,7 +107,7 @@ recovery_period = "30s"`, filepath.Join(debug, "libfake_nvml.so"))
 }
 
 // DRADeviceName is the DRA device name devhost publishes for a driver's device ID
-// (host/src/dra/prepare.rs): the ID itself if it is a DNS label, else lower-cased, every
+// (host/src/fronts/dra/prepare.rs): the ID itself if it is a DNS label, else lower-cased, every
 // other character `-`, trimmed, cut to 54 characters, and `-` plus the ID's FNV-1a hash.
 func DRADeviceName(id string) string {
 	label := func(c byte) bool { return c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' }
