@@ -398,7 +398,9 @@ impl Publisher {
             driver: self.driver.clone(),
             node_name: Some(self.node.clone()),
             pool: ResourcePool { name: self.node.clone(), generation, resource_slice_count: count as i64 },
-            devices: Some(devices.to_vec()),
+            // The server stores an empty list as none: send it the way it is kept, so an empty
+            // pool's slice compares equal to what the server returns.
+            devices: (!devices.is_empty()).then(|| devices.to_vec()),
             ..Default::default()
         }
     }
@@ -562,6 +564,13 @@ pub fn spawn(
             publisher.node.clone(),
             poke.clone(),
         )));
+        // Not before the resource's first device list is in (its driver's first scan, or the
+        // start grace): publishing the empty list seen until then would tell the scheduler
+        // this node has no devices of the driver for a moment at every start.
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => return,
+            () = resource.first_scan() => {}
+        }
         let mut view = resource.view.subscribe();
         let mut view_open = true;
         let mut backoff = BACKOFF_MIN;
