@@ -70,3 +70,67 @@ async fn slow_driver_does_not_delay_another_drivers_registration_in_process() {
 async fn slow_driver_does_not_delay_another_drivers_registration_isolated() {
     slow_driver_does_not_hold_back("process").await;
 }
+
+/// One driver slow to create, another slow in watch_start (which comes
+/// before its first scan): the second's watch_start and scan overlap with
+/// the first's create.
+fn overlap_manifest(node: &Node, isolation: &str) -> std::path::PathBuf {
+    node.write_manifest(&format!(
+        r#"
+[driver.slow_create]
+module = "{t}"
+isolation = "{isolation}"
+options = {{ count = 1, prefix = "c", hang_in = "create", hang_ms = {ms} }}
+
+[driver.slow_watch]
+module = "{t}"
+isolation = "{isolation}"
+options = {{ count = 1, prefix = "w", hang_in = "watch_start", hang_ms = {ms} }}
+
+[[resource]]
+name = "example.com/slow-create"
+driver = "slow_create"
+
+[[resource]]
+name = "example.com/slow-watch"
+driver = "slow_watch"
+"#,
+        t = module("testdrv").display(),
+        ms = STEP.as_millis(),
+    ))
+}
+
+/// How long each slow step takes.
+const STEP: Duration = Duration::from_millis(1500);
+
+/// Before, every driver's watch_start and first scan waited until every
+/// driver was created, so slow-watch registered after both slow steps (3 s).
+/// Now each driver goes from create to its first scan on its own, and both
+/// resources are in after about one step.
+async fn start_steps_overlap(isolation: &str) {
+    let node = Node::new();
+    let kubelet = Kubelet::start(&node.kubelet_dir()).unwrap();
+    let started = Instant::now();
+    let d = Daemon::start(&overlap_manifest(&node, isolation), &node.kubelet_dir());
+    for name in ["example.com/slow-watch", "example.com/slow-create"] {
+        kubelet.wait_devices(name, WAIT, |l| l.len() == 1).await.unwrap();
+    }
+    let took = started.elapsed();
+    assert!(took >= STEP, "registered after {took:?}, before the slow create could have ended");
+    assert!(
+        took < STEP * 2 - Duration::from_millis(400),
+        "both resources were served {took:?} after start: the slow watch_start ran after the slow create instead \
+         of beside it; log:\n{}",
+        d.logs()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_drivers_watch_start_overlaps_another_drivers_create_in_process() {
+    start_steps_overlap("in-process").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_drivers_watch_start_overlaps_another_drivers_create_isolated() {
+    start_steps_overlap("process").await;
+}

@@ -56,6 +56,9 @@ fn misbehave_create(options: &Options) -> Result<()> {
     if options.get("panic_in") == Some("create") {
         panic!("test driver told to panic in create");
     }
+    if options.get("hang_in") == Some("create") {
+        std::thread::sleep(Duration::from_millis(options.parse_or("hang_ms", 60_000u64)?));
+    }
     if let Some(msg) = options.get("fail_create") {
         return Err(Error::invalid_argument(msg.to_string()));
     }

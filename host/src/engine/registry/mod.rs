@@ -94,22 +94,26 @@ pub struct Registry {
 /// How long a (re)load waits for first scans before serving without them.
 const START_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// What one scan gave: the devices, or why there are none.
+type Scanned = Result<Vec<Device>, String>;
+
+/// Modules read and loaded during one `apply`, by file: drivers resolve in
+/// parallel, and a second instance of one module waits for the first read
+/// instead of reading (and hashing) the file again.
+type ModuleCache = Arc<Mutex<HashMap<PathBuf, Arc<std::sync::OnceLock<Result<Module, String>>>>>>;
+
 /// Finds a driver's module, reads it into a private copy, checks that those
 /// bytes can be trusted, and loads them; the same bytes are loaded once.
-fn resolve(
-    cfg: &DriverConfig,
-    allow_untrusted: bool,
-    cache: &mut HashMap<PathBuf, Result<Module, String>>,
-) -> Result<Module, String> {
+/// Blocking (file reads, hashing, `dlopen`): run it off the async runtime.
+fn resolve(cfg: &DriverConfig, allow_untrusted: bool, cache: &ModuleCache) -> Result<Module, String> {
     let path = module_path(cfg)?;
-    cache
-        .entry(path.clone())
-        .or_insert_with(|| {
-            let image = loader::open_trusted(&path, cfg.sha256.as_deref(), allow_untrusted, &cfg.name)
-                .map_err(|e| format!("driver {}: {e}", cfg.name))?;
-            loader::load_image(&image).map_err(|e| format!("driver {}: {e}", cfg.name))
-        })
-        .clone()
+    let cell = cache.lock().unwrap_or_else(|p| p.into_inner()).entry(path.clone()).or_default().clone();
+    cell.get_or_init(|| {
+        let image = loader::open_trusted(&path, cfg.sha256.as_deref(), allow_untrusted, &cfg.name)
+            .map_err(|e| format!("driver {}: {e}", cfg.name))?;
+        loader::load_image(&image).map_err(|e| format!("driver {}: {e}", cfg.name))
+    })
+    .clone()
 }
 
 /// The module file a driver instance uses: the first candidate that exists.
@@ -180,14 +184,15 @@ impl Registry {
     /// whose entry and driver are unchanged keeps its `Resource` (and so its
     /// socket and streams). Failed drivers are retried.
     pub async fn apply(self: &Arc<Self>, manifest: &Manifest) -> Changes {
-        let mut cache = HashMap::new();
+        let cache = ModuleCache::default();
         let mut old = std::mem::take(&mut *write(&self.drivers));
         let mut next = BTreeMap::new();
         let mut kept_drivers = Vec::new();
         let mut replacing = HashMap::new();
         // New instances are created concurrently: one slow driver must not
         // hold back the others (each create has its own deadline).
-        let mut creating = tokio::task::JoinSet::new();
+        let (created_tx, mut created_rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut first_scans: HashMap<String, tokio::task::JoinHandle<Option<Scanned>>> = HashMap::new();
         for (name, cfg) in &manifest.drivers {
             match old.remove(name) {
                 // A driver disabled by a panic comes back on reload, and so
@@ -216,20 +221,19 @@ impl Registry {
                 }
                 None => {}
             }
-            // An isolated driver's module is read and checked by the host
-            // (create_isolated) and mapped by its worker process only.
-            let isolated = matches!(cfg.isolation, Isolation::Process { .. });
-            let resolved = if isolated {
-                module_path(cfg).map(Err)
-            } else {
-                resolve(cfg, manifest.allow_untrusted_modules, &mut cache).map(Ok)
-            };
             // A failed create is retried by the daemon, unless a running
             // instance would be replaced: that one keeps serving instead.
             let retry = self.watching && !replacing.get(name).is_some_and(|e| serving(&e.slot));
             let (name, cfg, allow_untrusted) = (name.clone(), cfg.clone(), manifest.allow_untrusted_modules);
-            let inspect = !self.watching;
-            creating.spawn(async move {
+            let (reg, cache, name_key) = (self.clone(), cache.clone(), name.clone());
+            // Each driver goes through its whole start on its own: module,
+            // create, then at once watch_start and the first scan, so one
+            // driver's slow step overlaps with the others' instead of
+            // holding them all back. The created slot is sent on `created`;
+            // the first scan is the task's result.
+            let created_tx = created_tx.clone();
+            let task = tokio::spawn(async move {
+                let inspect = !reg.watching;
                 let explain = |e: crate::driver::instance::CallError| {
                     if inspect && e.is_create_failure() {
                         format!("{e} (`devhost run` retries a failed create with backoff; see /status)")
@@ -237,25 +241,52 @@ impl Registry {
                         e.to_string()
                     }
                 };
-                let created = match resolved {
-                    Err(e) => Err(e),
-                    Ok(Ok(module)) => Instance::create_with(&name, module, &cfg.options, cfg.call_timeout, retry)
+                // An isolated driver's module is read and checked by the host
+                // (create_isolated) and mapped by its worker process only.
+                let created = if matches!(cfg.isolation, Isolation::Process { .. }) {
+                    match module_path(&cfg) {
+                        Ok(path) => {
+                            Instance::create_isolated_with(&cfg, &path, allow_untrusted, retry).await.map_err(explain)
+                        }
+                        Err(e) => Err(e),
+                    }
+                } else {
+                    let c = cfg.clone();
+                    let module = tokio::task::spawn_blocking(move || resolve(&c, allow_untrusted, &cache))
                         .await
-                        .map_err(explain),
-                    Ok(Err(path)) => {
-                        Instance::create_isolated_with(&cfg, &path, allow_untrusted, retry).await.map_err(explain)
+                        .unwrap_or_else(|e| Err(format!("driver {}: loading its module failed: {e}", cfg.name)));
+                    match module {
+                        Ok(module) => Instance::create_with(&name, module, &cfg.options, cfg.call_timeout, retry)
+                            .await
+                            .map_err(explain),
+                        Err(e) => Err(e),
                     }
                 };
-                let slot = match created {
-                    Ok(inst) => Slot::Ready(inst),
-                    Err(e) => Slot::Failed(e),
+                let inst = match created {
+                    Ok(inst) => inst,
+                    Err(e) => {
+                        let _ = created_tx.send((name, cfg, Slot::Failed(e)));
+                        return None;
+                    }
                 };
-                (name, cfg, slot)
+                let _ = created_tx.send((name.clone(), cfg, Slot::Ready(inst.clone())));
+                drop(created_tx);
+                // watch_start comes before any other call (the ABI's promise),
+                // then the first scan, published once the resources are in place.
+                if reg.watching
+                    && let Err(e) = inst.watch_start().await
+                {
+                    tracing::error!(driver = %inst.name, "watch_start failed; relying on rescans: {e}");
+                }
+                reg.scan(&inst).await
             });
+            first_scans.insert(name_key, task);
         }
+        drop(created_tx);
         let mut fresh = Vec::new();
-        while let Some(joined) = creating.join_next().await {
-            let Ok((name, cfg, slot)) = joined else { continue };
+        // Every task sends its slot once; a task that panicked sends none
+        // and its sender is gone with it.
+        while let Some((name, cfg, slot)) = created_rx.recv().await {
             // Where the options the driver complains about are written, or the driver meant.
             let slot = match slot {
                 Slot::Failed(e) => Slot::Failed(manifest.explain_driver_failure(&name, &e).into_owned()),
@@ -396,8 +427,9 @@ impl Registry {
             self.follow_releases(r);
         }
 
-        // First scans (and watch_start) run concurrently, and each driver's
-        // new resources are ready as soon as its own scan is in: a slow
+        // First scans (and watch_start) run concurrently: a new instance's
+        // began right after its create, a kept one's starts here. Each
+        // driver's new resources are ready as soon as its own scan is in: a slow
         // driver holds back only its own resources' registration. A driver
         // still scanning after the grace period finishes in the background
         // and its resources start with an empty list until then.
@@ -417,14 +449,17 @@ impl Registry {
                 .collect();
             let scanned = Arc::new(AtomicBool::new(false));
             scanning.push((scanned.clone(), mine.clone()));
+            // A new instance's first scan was started with its create.
+            let first = first_scans.remove(&inst.name).filter(|_| is_new);
             scans.spawn(async move {
-                if is_new
-                    && reg.watching
-                    && let Err(e) = inst.watch_start().await
-                {
-                    tracing::error!(driver = %inst.name, "watch_start failed; relying on rescans: {e}");
+                match first {
+                    Some(task) => {
+                        if let Ok(Some(devices)) = task.await {
+                            reg.publish(&inst, devices);
+                        }
+                    }
+                    None => reg.rescan(&inst).await,
                 }
-                reg.rescan(&inst).await;
                 scanned.store(true, Ordering::Release);
                 if is_new && reg.watching {
                     reg.spawn_watcher(&inst);
@@ -491,14 +526,22 @@ impl Registry {
     /// Scans one instance and publishes the result to its resources. An
     /// instance whose create is still being retried has nothing to scan.
     pub async fn rescan(&self, inst: &Arc<Instance>) {
+        if let Some(devices) = self.scan(inst).await {
+            self.publish(inst, devices);
+        }
+    }
+
+    /// One scan of `inst`, counted and logged; `None` while its create is
+    /// still being retried.
+    async fn scan(&self, inst: &Arc<Instance>) -> Option<Scanned> {
         let retry = inst.create_retry();
         self.services.metrics.set_create_retry(&inst.name, retry.as_ref());
         if retry.is_some() {
-            return;
+            return None;
         }
         let result = inst.scan().await;
         self.services.metrics.driver_call(&inst.name, "scan", telemetry::call_outcome(&result));
-        let devices = match result {
+        Some(match result {
             Ok(out) => {
                 tracing::debug!(driver = %inst.name, devices = out.devices.len(), "scanned");
                 Ok(out.devices)
@@ -513,8 +556,7 @@ impl Registry {
                 tracing::error!(driver = %inst.name, "scan failed, its devices are reported Unhealthy: {e}");
                 Err(e.to_string())
             }
-        };
-        self.publish(inst, devices);
+        })
     }
 
     /// Splits devices among the instance's resources (manifest order: a
