@@ -597,7 +597,7 @@ fn drivers(dir: &Path) -> ExitCode {
                 m.abi_version(),
                 m.capabilities().join(", "),
                 if m.description.is_empty() { String::new() } else { format!(" — {}", m.description) },
-                m.source.sha256
+                m.source.sha256()
             ),
             Err(e) => println!("{file}: cannot be loaded: {e}"),
         }

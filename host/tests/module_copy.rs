@@ -122,3 +122,21 @@ async fn a_restarted_worker_loads_the_checked_copy_not_the_overwritten_file() {
         .await
         .unwrap();
 }
+
+/// The hash of a module is taken from its sealed copy when first asked for
+/// (start-up does not hash without a pin), so it names the bytes read even
+/// after the file was overwritten in place; the file identity tells a
+/// reload that the file changed.
+#[test]
+fn the_lazy_hash_is_of_the_bytes_read_not_of_the_file_now() {
+    let dir = tempfile::tempdir().unwrap();
+    let (c, rust) = (dir.path().join("c.so"), module("example_rust"));
+    std::fs::copy(module("example_c"), &c).unwrap();
+    let read_then = sha256(&c);
+    let image = devhost::driver::loader::Image::read(&c).unwrap();
+    assert!(!image.source.changed_on_disk());
+    overwrite_in_place(&rust, &c);
+    assert_eq!(image.source.sha256(), read_then, "the hash must be of the bytes read, not of the file now");
+    assert_ne!(image.source.sha256(), sha256(&c));
+    assert!(image.source.changed_on_disk());
+}

@@ -326,8 +326,14 @@ impl Instance {
         allow_untrusted: bool,
         retry: bool,
     ) -> Result<Arc<Instance>, CallError> {
-        let image = crate::driver::loader::open_trusted(module, cfg.sha256.as_deref(), allow_untrusted, &cfg.name)
-            .map_err(|reason| CallError::Unavailable { driver: cfg.name.clone(), reason })?;
+        // Reading and hashing the file blocks: off the async runtime's threads.
+        let (path, pin, name) = (module.to_path_buf(), cfg.sha256.clone(), cfg.name.clone());
+        let image = tokio::task::spawn_blocking(move || {
+            crate::driver::loader::open_trusted(&path, pin.as_deref(), allow_untrusted, &name)
+        })
+        .await
+        .unwrap_or_else(|e| Err(format!("reading the module failed: {e}")))
+        .map_err(|reason| CallError::Unavailable { driver: cfg.name.clone(), reason })?;
         let keep = match &cfg.isolation {
             Isolation::Process { keep_capabilities } => keep_capabilities.as_slice(),
             Isolation::InProcess => &[],

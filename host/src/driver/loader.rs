@@ -70,19 +70,41 @@ pub fn load(path: &Path) -> Result<Module, LoadError> {
 
 /// The file behind a module: where it was read from, what it was then
 /// (identity and SHA-256), to tell on a reload whether it changed since.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct Source {
     /// The file as named (symbolic links resolved).
     pub path: PathBuf,
-    /// Lower-case hex SHA-256 of the bytes that were loaded.
-    pub sha256: String,
+    /// Lower-case hex SHA-256 of the bytes that were loaded: taken while the
+    /// file is read when a pin is to be checked, otherwise only when first
+    /// asked for (from the sealed copy, so it is still exactly those bytes),
+    /// which keeps hashing out of every start.
+    sha256: std::sync::Arc<std::sync::OnceLock<String>>,
+    /// The sealed copy the hash is taken from (none for a worker's view).
+    bytes: Option<std::sync::Arc<OwnedFd>>,
     id: FileId,
 }
+
+impl PartialEq for Source {
+    fn eq(&self, other: &Self) -> bool {
+        self.path == other.path && self.id == other.id && self.sha256() == other.sha256()
+    }
+}
+
+impl Eq for Source {}
 
 impl Source {
     /// A worker process's view: the host read the file and kept its facts.
     pub(crate) fn inherited(path: &Path) -> Source {
-        Source { path: path.to_path_buf(), sha256: String::new(), id: (0, 0, 0, 0, 0) }
+        Source { path: path.to_path_buf(), sha256: Default::default(), bytes: None, id: (0, 0, 0, 0, 0) }
+    }
+
+    /// Lower-case hex SHA-256 of the bytes that were loaded (empty in a
+    /// worker's view, or if the sealed copy cannot be read).
+    pub fn sha256(&self) -> &str {
+        self.sha256.get_or_init(|| {
+            let Some(fd) = &self.bytes else { return String::new() };
+            fd.try_clone().map(std::fs::File::from).and_then(sha256_read).unwrap_or_default()
+        })
     }
 
     /// Whether the file at `path` now holds other bytes than those loaded
@@ -92,7 +114,7 @@ impl Source {
         if file_id(&self.path) == Some(self.id) {
             return false;
         }
-        sha256_file(&self.path).map_or(true, |now| now != self.sha256)
+        sha256_file(&self.path).map_or(true, |now| now != self.sha256())
     }
 }
 
@@ -115,8 +137,6 @@ impl Image {
     }
 
     fn read_pinned(path: &Path, pin: Option<&str>) -> Result<Image, LoadError> {
-        use sha2::Digest;
-        use std::io::{Read, Write};
         use std::os::unix::fs::MetadataExt;
         let read_err = |e: std::io::Error| LoadError::Read { path: path.to_path_buf(), detail: e.to_string() };
         let real = std::fs::canonicalize(path).map_err(read_err)?;
@@ -124,22 +144,11 @@ impl Image {
         // The descriptor's own metadata: the file whose bytes are read.
         let meta = file.metadata().map_err(read_err)?;
         let mut problems = file_problems(&real, &meta);
-        let mut bytes = Vec::with_capacity(meta.len() as usize);
-        file.read_to_end(&mut bytes).map_err(read_err)?;
-        let sha256: String = sha2::Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
-        if let Some(expected) = pin
-            && !sha256.eq_ignore_ascii_case(expected)
-        {
-            problems.push(TrustError::Sha256 {
-                path: real.clone(),
-                expected: expected.to_string(),
-                found: sha256.clone(),
-            });
-        }
         let copy_err = |e: std::io::Error| LoadError::Copy { path: real.clone(), detail: e.to_string() };
         let fd = memfd(&real).map_err(copy_err)?;
         let mut out = std::fs::File::from(fd);
-        out.write_all(&bytes).map_err(copy_err)?;
+        // File to file: the kernel copies (copy_file_range), no pass through here.
+        std::io::copy(&mut file, &mut out).map_err(read_err)?;
         let fd = OwnedFd::from(out);
         let seals = libc::F_SEAL_WRITE | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
         // SAFETY: fcntl on a descriptor we own.
@@ -147,7 +156,25 @@ impl Image {
             return Err(copy_err(std::io::Error::last_os_error()));
         }
         let id = (meta.dev(), meta.ino(), meta.mtime(), meta.mtime_nsec(), meta.size());
-        Ok(Image { source: Source { path: real, sha256, id }, fd, problems })
+        let source = Source {
+            path: real.clone(),
+            sha256: Default::default(),
+            bytes: Some(std::sync::Arc::new(fd.try_clone().map_err(copy_err)?)),
+            id,
+        };
+        // A pin is checked on the sealed bytes, the ones that get loaded.
+        if let Some(expected) = pin {
+            let found = fd.try_clone().map(std::fs::File::from).and_then(sha256_read).map_err(read_err)?;
+            if !found.eq_ignore_ascii_case(expected) {
+                problems.push(TrustError::Sha256 {
+                    path: real.clone(),
+                    expected: expected.to_string(),
+                    found: found.clone(),
+                });
+            }
+            let _ = source.sha256.set(found);
+        }
+        Ok(Image { source, fd, problems })
     }
 
     /// The sealed copy, for a worker process to inherit.
@@ -170,17 +197,24 @@ fn memfd(path: &Path) -> std::io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// What loading each (file, content) into this process gave: the same
-/// bytes are mapped once, as `dlopen` of one path always did, and a module
-/// that mapped but failed its checks is not mapped again on every reload.
-type Loaded = Vec<((PathBuf, String), Result<Module, LoadError>)>;
+/// What loading each file into this process gave, by the bytes loaded: the
+/// same bytes are mapped once, as `dlopen` of one path always did, and a
+/// module that mapped but failed its checks is not mapped again on every
+/// reload.
+type Loaded = Vec<(Source, Result<Module, LoadError>)>;
 static LOADED: std::sync::Mutex<Loaded> = std::sync::Mutex::new(Vec::new());
+
+/// Whether `a` and `b` hold the same bytes of one file. The same file
+/// identity (device, inode, modification time, size) is taken as the same
+/// bytes, as on a reload; hashes are compared only when it differs.
+fn same_bytes(a: &Source, b: &Source) -> bool {
+    a.path == b.path && (a.id == b.id || a.sha256() == b.sha256())
+}
 
 /// Loads an image into this process (once per file and content).
 pub fn load_image(image: &Image) -> Result<Module, LoadError> {
-    let key = (image.source.path.clone(), image.source.sha256.clone());
     let mut loaded = LOADED.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some((_, done)) = loaded.iter().find(|(k, _)| *k == key) {
+    if let Some((_, done)) = loaded.iter().find(|(s, _)| same_bytes(s, &image.source)) {
         return done.clone();
     }
     // A descriptor of its own that stays open for good: glibc knows a
@@ -198,7 +232,7 @@ pub fn load_image(image: &Image) -> Result<Module, LoadError> {
         drop(unsafe { OwnedFd::from_raw_fd(fd) });
         return result;
     }
-    loaded.push((key, result.clone()));
+    loaded.push((image.source.clone(), result.clone()));
     result
 }
 
@@ -568,16 +602,23 @@ pub fn open_trusted(
 
 /// The SHA-256 of a file as lower-case hex.
 pub fn sha256_file(path: &Path) -> std::io::Result<String> {
+    sha256_read(std::fs::File::open(path)?)
+}
+
+/// The SHA-256 of what `f` holds from its start, as lower-case hex, whatever
+/// its position (the offset of a shared descriptor moves).
+fn sha256_read(f: std::fs::File) -> std::io::Result<String> {
     use sha2::Digest;
-    use std::io::Read;
-    let mut f = std::fs::File::open(path)?;
+    use std::os::unix::fs::FileExt;
     let mut hasher = sha2::Sha256::new();
     let mut buf = vec![0u8; 64 * 1024];
+    let mut at = 0u64;
     loop {
-        let n = f.read(&mut buf)?;
+        let n = f.read_at(&mut buf, at)?;
         if n == 0 {
             break;
         }
+        at += n as u64;
         hasher.update(&buf[..n]);
     }
     Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
