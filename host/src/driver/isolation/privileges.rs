@@ -1,7 +1,7 @@
-//! Least privilege for a worker process. Between `fork` and `exec` the child
-//! asks for SIGKILL when the host thread that started it dies; once the
-//! worker binary runs, and before any driver code is mapped, it checks that
-//! the host is still its parent, closes every inherited descriptor but its
+//! Least privilege for a worker process. Once the worker binary runs, and
+//! before any driver code is mapped, it asks for SIGKILL when the host
+//! thread that started it dies, checks that the host is still its parent,
+//! closes every inherited descriptor but its
 //! channel, sets `no_new_privs` and drops every capability the manifest does
 //! not list in `keep_capabilities` (effective, permitted, inheritable,
 //! ambient and, when it may, the bounding set). docs/isolation.md has the
@@ -26,18 +26,92 @@ fn prctl(option: libc::c_int, arg: libc::c_ulong) -> io::Result<()> {
     }
 }
 
-/// In the child between fork and exec: only async-signal-safe calls.
-/// The channel and the module's sealed copy must survive exec, and the
-/// child must not outlive the host.
-pub fn in_child(inherit: &[RawFd]) -> io::Result<()> {
-    prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong)?;
-    for &fd in inherit {
-        // SAFETY: fcntl on a descriptor this child inherited.
-        if unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } == -1 {
-            return Err(errno());
+/// The host's side of the worker's start: the module's sealed copy goes
+/// over the channel (SCM_RIGHTS) rather than through `fork`, so the worker
+/// is spawned without any code running between fork and exec (which lets
+/// the standard library use `posix_spawn`, and spares the host a `fork` of
+/// its whole address space per worker).
+pub fn send_fd(channel: &std::os::unix::net::UnixStream, fd: RawFd) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let byte = [0u8; 1];
+    let mut iov = libc::iovec { iov_base: byte.as_ptr() as *mut libc::c_void, iov_len: 1 };
+    // SAFETY: CMSG_SPACE is a pure size computation.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+    let mut control = vec![0u8; space];
+    // SAFETY: an all-zero msghdr is valid; the pointers set below outlive the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
+    msg.msg_controllen = space as _;
+    // SAFETY: msg has room for one header with one descriptor (CMSG_SPACE above).
+    unsafe {
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        (*cmsg).cmsg_level = libc::SOL_SOCKET;
+        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg) as *mut RawFd, fd);
+    }
+    loop {
+        // SAFETY: msg is fully set up; the socket is ours.
+        match unsafe { libc::sendmsg(channel.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) } {
+            1 => return Ok(()),
+            -1 if errno().kind() == io::ErrorKind::Interrupted => continue,
+            -1 => return Err(errno()),
+            _ => return Err(io::Error::new(io::ErrorKind::WriteZero, "short write")),
         }
     }
-    Ok(())
+}
+
+/// The worker's side: the one descriptor the host sends first on the
+/// channel (close-on-exec), waiting at most `timeout`.
+pub fn recv_fd(channel: RawFd, timeout: std::time::Duration) -> Result<RawFd, String> {
+    let tv = libc::timeval { tv_sec: timeout.as_secs() as libc::time_t, tv_usec: 0 };
+    // SAFETY: setsockopt with a timeval of the right size.
+    let rc = unsafe {
+        libc::setsockopt(
+            channel,
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            &tv as *const libc::timeval as *const libc::c_void,
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    if rc == -1 {
+        return Err(format!("cannot set a timeout on the host channel: {}", errno()));
+    }
+    let mut byte = [0u8; 1];
+    let mut iov = libc::iovec { iov_base: byte.as_mut_ptr() as *mut libc::c_void, iov_len: 1 };
+    // SAFETY: CMSG_SPACE is a pure size computation.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+    let mut control = vec![0u8; space];
+    // SAFETY: an all-zero msghdr is valid; the pointers set below outlive the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
+    msg.msg_controllen = space as _;
+    let n = loop {
+        // SAFETY: msg points at buffers of the sizes it states.
+        match unsafe { libc::recvmsg(channel, &mut msg, libc::MSG_CMSG_CLOEXEC) } {
+            -1 if errno().kind() == io::ErrorKind::Interrupted => continue,
+            n => break n,
+        }
+    };
+    if n == -1 {
+        return Err(format!("waiting for the module copy from the host: {}", errno()));
+    }
+    // SAFETY: recvmsg filled msg; CMSG_FIRSTHDR checks the length it reported.
+    let cmsg = unsafe { libc::CMSG_FIRSTHDR(&msg) };
+    // SAFETY: a non-null header lies within `control`.
+    if n != 1
+        || cmsg.is_null()
+        || unsafe { (*cmsg).cmsg_level != libc::SOL_SOCKET || (*cmsg).cmsg_type != libc::SCM_RIGHTS }
+    {
+        return Err("the host channel did not start with the module copy".to_string());
+    }
+    // SAFETY: an SCM_RIGHTS header carries at least one descriptor.
+    Ok(unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(cmsg) as *const RawFd) })
 }
 
 /// What `harden` did, for the host's log.
@@ -50,6 +124,10 @@ pub struct Hardened {
 /// the host saw it: if the host died before the death signal was armed, the
 /// worker has been re-parented and must not run on.
 pub fn harden(parent: libc::pid_t, channel: RawFd, module: RawFd, keep: &[u32]) -> Result<Hardened, String> {
+    // SIGKILL when the host thread that started us dies; armed first, and
+    // then the parent checked, so a host that died before is seen too.
+    prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong)
+        .map_err(|e| format!("cannot ask for a signal on the host's death: {e}"))?;
     // SAFETY: getppid has no preconditions.
     if unsafe { libc::getppid() } != parent {
         return Err(format!("the host (pid {parent}) exited before the worker started"));

@@ -9,12 +9,12 @@
 use super::conn::{Conn, read_loop};
 use super::privileges;
 use super::protocol::{self, Message, Request};
-use super::worker::{ENV_FD, ENV_KEEP_CAPS, ENV_MODULE_FD, ENV_PARENT};
+use super::worker::{ENV_KEEP_CAPS, ENV_PARENT};
 use crate::driver::callbacks::CallState;
 use crate::driver::instance::{CallError, CreateRetry, CreateState, status_error};
 use crate::driver::loader::{Image, ModuleInfo, Source};
 use devhost_abi as abi;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
@@ -490,8 +490,6 @@ struct Failed {
 fn start(s: &Arc<Shared>, spec: &Spec) -> Result<Started, Box<Failed>> {
     let fail = |e: String| Box::new(Failed { child: None, error: s.unavailable(e), info: None });
     let (host_end, worker_end) = UnixStream::pair().map_err(|e| fail(format!("cannot create a socket pair: {e}")))?;
-    let fd = worker_end.as_raw_fd();
-    let module_fd = spec.image.fd();
     let keep: Vec<String> = spec.keep_caps.iter().map(u32::to_string).collect();
     let mut cmd = Command::new(&spec.program);
     // `ps` shows the binary's name rather than /proc/self/exe.
@@ -500,23 +498,30 @@ fn start(s: &Arc<Shared>, spec: &Spec) -> Result<Started, Box<Failed>> {
     {
         cmd.arg0(exe);
     }
+    // The channel is the worker's standard input and the module copy follows
+    // on it: nothing runs between fork and exec, so this is a posix_spawn.
     cmd.arg(super::WORKER_ARG)
         .arg(&spec.name)
         .arg(&spec.module)
-        .env(ENV_FD, fd.to_string())
-        .env(ENV_MODULE_FD, module_fd.to_string())
         .env(ENV_PARENT, std::process::id().to_string())
         .env(ENV_KEEP_CAPS, keep.join(","))
-        .stdin(Stdio::null())
+        .stdin(Stdio::from(std::os::fd::OwnedFd::from(worker_end)))
         // A terminal's Ctrl-C is for the host, which stops its workers in
         // order; the parent-death signal covers the host's own death.
         .process_group(0);
-    // SAFETY: in_child makes only async-signal-safe calls (prctl, fcntl).
-    unsafe { cmd.pre_exec(move || privileges::in_child(&[fd, module_fd])) };
     let mut child =
         cmd.spawn().map_err(|e| fail(format!("cannot start its worker process {}: {e}", spec.program.display())))?;
-    // Ours must go, or the channel would never report the worker's end.
-    drop(worker_end);
+    // The Command held our copy of the worker's end; it is gone with it, or
+    // the channel would never report the worker's end.
+    drop(cmd);
+    if let Err(e) = privileges::send_fd(&host_end, spec.image.fd()) {
+        let _ = child.kill();
+        return Err(Box::new(Failed {
+            child: Some(child),
+            error: s.unavailable(format!("cannot hand the module copy to its worker process: {e}")),
+            info: None,
+        }));
+    }
     let generation = GENERATION.fetch_add(1, Ordering::Relaxed);
     let mut info = None;
     let result = greet(s, spec, &host_end, generation, child.id(), &mut info);

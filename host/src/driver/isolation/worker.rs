@@ -21,11 +21,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::time::Duration;
 
-pub const ENV_FD: &str = "DEVHOST_WORKER_FD";
 pub const ENV_PARENT: &str = "DEVHOST_WORKER_PARENT";
 pub const ENV_KEEP_CAPS: &str = "DEVHOST_WORKER_KEEP_CAPS";
-/// The sealed copy of the module's bytes the host checked (a memfd).
-pub const ENV_MODULE_FD: &str = "DEVHOST_WORKER_MODULE_FD";
 
 /// A host that stops reading for this long is wedged; the worker gives up.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -64,15 +61,15 @@ pub fn main(name: &str, module: &Path) -> ExitCode {
 }
 
 fn run(name: &str, path: &Path) -> Result<(), String> {
-    let fd: RawFd = env(ENV_FD)?.parse().map_err(|_| format!("{ENV_FD} is not a descriptor number"))?;
     let parent: libc::pid_t = env(ENV_PARENT)?.parse().map_err(|_| format!("{ENV_PARENT} is not a PID"))?;
     let keep: Vec<u32> = env(ENV_KEEP_CAPS)?
         .split(',')
         .filter(|s| !s.is_empty())
         .map(|s| s.parse().map_err(|_| format!("{ENV_KEEP_CAPS}: {s:?} is not a capability number")))
         .collect::<Result<_, _>>()?;
-    let module_fd: RawFd =
-        env(ENV_MODULE_FD)?.parse().map_err(|_| format!("{ENV_MODULE_FD} is not a descriptor number"))?;
+    let fd = channel_from_stdin()?;
+    // The module's sealed copy is the first thing the host sends.
+    let module_fd = privileges::recv_fd(fd, WRITE_TIMEOUT)?;
     let hardened = privileges::harden(parent, fd, module_fd, &keep)?;
     // SAFETY: the host passed this descriptor for our exclusive use, and
     // harden left it open.
@@ -104,6 +101,28 @@ fn run(name: &str, path: &Path) -> Result<(), String> {
 }
 
 /// Host API callbacks of the worker: everything else is the in-process set.
+/// The host starts a worker with its channel as standard input. It moves
+/// to a descriptor of its own (close-on-exec), and standard input becomes
+/// /dev/null, so driver code that reads stdin cannot eat the protocol.
+fn channel_from_stdin() -> Result<RawFd, String> {
+    // SAFETY: fcntl and open/dup2/close on descriptors of this fresh process.
+    unsafe {
+        let fd = libc::fcntl(0, libc::F_DUPFD_CLOEXEC, 3);
+        if fd == -1 {
+            return Err(format!(
+                "no host channel on standard input ({}): this mode is started by devhost itself",
+                std::io::Error::last_os_error()
+            ));
+        }
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+        if null == -1 || libc::dup2(null, 0) == -1 {
+            return Err(format!("cannot put /dev/null on standard input: {}", std::io::Error::last_os_error()));
+        }
+        libc::close(null);
+        Ok(fd)
+    }
+}
+
 unsafe extern "C" fn log(host_ctx: *mut c_void, level: abi::devhost_log_level, message: abi::devhost_str) {
     let _ = std::panic::catch_unwind(|| {
         if host_ctx.is_null() {
