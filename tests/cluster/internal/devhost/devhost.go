@@ -69,7 +69,7 @@ func WriteDemoConfig(t testing.TB, dir string, opts Options) string {
 	for _, r := range [][2]string{
 		{`driver_dir = "../target/release"`, fmt.Sprintf("driver_dir = %q", debug)},
 		{`"target/release/libfake_nvml.so"`, fmt.Sprintf("%q", filepath.Join(debug, "libfake_nvml.so"))},
-		{`"/tmp/devhost-demo-health"`, health},
+		{`"/dev/shm/devhost-demo-health"`, health},
 	} {
 		if !strings.Contains(text, r[0]) {
 			t.Fatalf("config/demo.toml no longer contains %s: update tests/cluster/internal/devhost", r[0])
