@@ -451,10 +451,6 @@ fn disk_writes(dir: &Path) -> Result<Duration> {
     Ok(t.elapsed())
 }
 
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg").unwrap_or_default().split_whitespace().next().unwrap_or("?").to_owned()
-}
-
 /// Measures both figures; `claims` prepared claims, `flips` health changes each way.
 /// Must be called on the thread that lives as long as the bench (the control plane's
 /// processes die with the thread that started them).
@@ -464,7 +460,7 @@ pub async fn run(art: &Artifacts, claims: usize, flips: usize) -> Result<Figures
     let node = Node::new()?;
     let cp_dir = node.path().join("cp");
     std::fs::create_dir_all(&cp_dir)?;
-    let load_before = loadavg();
+    let load_before = crate::report::loadavg();
     let mut cp = start_control_plane(&bin, &cp_dir)?;
     let admin = client(&cp.kubeconfig).await?;
     wait_ready(&mut cp, &admin).await?;
@@ -618,7 +614,7 @@ pub async fn run(art: &Artifacts, claims: usize, flips: usize) -> Result<Figures
         gone: s(&gone, "device leaving")?,
         back: s(&back, "device back")?,
         floor: s(&floor, "floor slice")?,
-        load: (load_before, loadavg()),
+        load: (load_before, crate::report::loadavg()),
         profile: art.profile(),
         k8s,
     })

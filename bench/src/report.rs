@@ -115,6 +115,11 @@ pub fn machine() -> String {
 }
 
 /// Today's UTC date and time, `YYYY-MM-DD HH:MM UTC`.
+/// The 1-minute load average, as /proc/loadavg writes it ("?" if unreadable).
+pub fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg").unwrap_or_default().split_whitespace().next().unwrap_or("?").to_owned()
+}
+
 pub fn now_utc() -> String {
     let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     let (y, m, d) = civil_from_days((secs / 86_400) as i64);
