@@ -63,23 +63,34 @@ pub fn send_fd(channel: &std::os::unix::net::UnixStream, fd: RawFd) -> io::Resul
     }
 }
 
-/// The worker's side: the one descriptor the host sends first on the
-/// channel (close-on-exec), waiting at most `timeout`.
-pub fn recv_fd(channel: RawFd, timeout: std::time::Duration) -> Result<RawFd, String> {
-    let tv = libc::timeval { tv_sec: timeout.as_secs() as libc::time_t, tv_usec: 0 };
+/// Sets (or with zero clears) the receive timeout of a socket.
+fn set_recv_timeout(socket: RawFd, timeout: std::time::Duration) -> io::Result<()> {
+    let tv = libc::timeval { tv_sec: timeout.as_secs() as libc::time_t, tv_usec: timeout.subsec_micros() as _ };
     // SAFETY: setsockopt with a timeval of the right size.
     let rc = unsafe {
         libc::setsockopt(
-            channel,
+            socket,
             libc::SOL_SOCKET,
             libc::SO_RCVTIMEO,
             &tv as *const libc::timeval as *const libc::c_void,
             std::mem::size_of::<libc::timeval>() as libc::socklen_t,
         )
     };
-    if rc == -1 {
-        return Err(format!("cannot set a timeout on the host channel: {}", errno()));
-    }
+    if rc == -1 { Err(errno()) } else { Ok(()) }
+}
+
+/// The worker's side: the one descriptor the host sends first on the
+/// channel (close-on-exec), waiting at most `timeout`. The channel is left
+/// without a timeout: a worker waits for its next request as long as it takes.
+pub fn recv_fd(channel: RawFd, timeout: std::time::Duration) -> Result<RawFd, String> {
+    set_recv_timeout(channel, timeout).map_err(|e| format!("cannot set a timeout on the host channel: {e}"))?;
+    let received = recv_one_fd(channel);
+    set_recv_timeout(channel, std::time::Duration::ZERO)
+        .map_err(|e| format!("cannot clear the timeout of the host channel: {e}"))?;
+    received
+}
+
+fn recv_one_fd(channel: RawFd) -> Result<RawFd, String> {
     let mut byte = [0u8; 1];
     let mut iov = libc::iovec { iov_base: byte.as_mut_ptr() as *mut libc::c_void, iov_len: 1 };
     // SAFETY: CMSG_SPACE is a pure size computation.
@@ -258,5 +269,55 @@ mod tests {
         assert_eq!(capability_number("CAP_CHECKPOINT_RESTORE"), Some(40));
         assert_eq!(capability_number("cap_sys_admin"), None);
         assert_eq!(capability_number("SYS_ADMIN"), None);
+    }
+
+    fn recv_timeout(fd: RawFd) -> libc::timeval {
+        let mut tv = libc::timeval { tv_sec: -1, tv_usec: -1 };
+        let mut len = std::mem::size_of::<libc::timeval>() as libc::socklen_t;
+        // SAFETY: getsockopt into a timeval of the size given.
+        let rc = unsafe {
+            libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &mut tv as *mut _ as *mut libc::c_void, &mut len)
+        };
+        assert_eq!(rc, 0);
+        tv
+    }
+
+    /// The module copy crosses the channel as a descriptor of the same file,
+    /// close-on-exec, and the channel is left without a receive timeout (a
+    /// worker idle for longer than the hand-off's deadline must not see its
+    /// channel fail).
+    #[test]
+    fn a_descriptor_crosses_the_channel_and_leaves_no_timeout_behind() {
+        use std::io::{Read, Seek, Write};
+        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+        let (host, worker) = std::os::unix::net::UnixStream::pair().unwrap();
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(b"module bytes").unwrap();
+        send_fd(&host, file.as_raw_fd()).unwrap();
+        let got = recv_fd(worker.as_raw_fd(), std::time::Duration::from_secs(5)).unwrap();
+        // SAFETY: recv_fd returned a fresh descriptor that nothing else owns.
+        let mut got = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(got) });
+        // SAFETY: fcntl on our own descriptor.
+        let flags = unsafe { libc::fcntl(got.as_raw_fd(), libc::F_GETFD) };
+        assert_eq!(flags & libc::FD_CLOEXEC, libc::FD_CLOEXEC, "received descriptors must not leak into exec");
+        got.rewind().unwrap();
+        let mut text = String::new();
+        got.read_to_string(&mut text).unwrap();
+        assert_eq!(text, "module bytes");
+        let tv = recv_timeout(worker.as_raw_fd());
+        assert_eq!((tv.tv_sec, tv.tv_usec), (0, 0), "the channel must keep no receive timeout");
+    }
+
+    #[test]
+    fn a_channel_that_starts_without_a_descriptor_is_refused() {
+        use std::io::Write;
+        use std::os::fd::AsRawFd;
+        let (mut host, worker) = std::os::unix::net::UnixStream::pair().unwrap();
+        host.write_all(b"x").unwrap();
+        let err = recv_fd(worker.as_raw_fd(), std::time::Duration::from_secs(5)).unwrap_err();
+        assert!(err.contains("did not start with the module copy"), "{err}");
+        drop(host);
+        let err = recv_fd(worker.as_raw_fd(), std::time::Duration::from_secs(5)).unwrap_err();
+        assert!(err.contains("did not start with the module copy"), "{err}");
     }
 }
