@@ -110,7 +110,12 @@ impl Proc {
     pub fn spawn(mut cmd: Command, log: &Path) -> Result<Proc> {
         let file = std::fs::File::create(log).with_context(|| format!("cannot create log {}", log.display()))?;
         let started = Instant::now();
+        // As deployed: a developer's RUST_BACKTRACE=1 would make every error
+        // the daemon meets (a missing pod-resources socket, say) capture a
+        // backtrace, which no node pays.
         let child = cmd
+            .env_remove("RUST_BACKTRACE")
+            .env_remove("RUST_LIB_BACKTRACE")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(file)
