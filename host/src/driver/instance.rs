@@ -502,7 +502,7 @@ impl Instance {
 
     pub async fn scan(&self) -> Result<ScanOutput, CallError> {
         let (status, state) = match &self.backend {
-            Backend::Process(w) => w.call("scan", Request::Scan).await?,
+            Backend::Process(w) => w.scan().await?,
             Backend::InProcess(local) => {
                 let scan = local.module.desc.scan;
                 self.run("scan", move |inst, _| {
@@ -704,12 +704,14 @@ async fn retry_create(
 }
 
 /// How long a caller waits for a driver call's answer on its own thread
-/// before it parks its task. Most hooks answer within a few microseconds:
+/// before it parks its task (in process here; an isolated call reads its
+/// worker's channel meanwhile, `isolation::conn`). Most hooks answer within
+/// a few microseconds:
 /// catching the answer here saves the driver thread waking the runtime and
 /// the runtime's thread parking and unparking (a cross-thread wake-up that
 /// costs tens of microseconds on a loaded machine), at the price of at most
 /// this much busy time on a runtime thread for a slow call.
-const ANSWER_SPIN: Duration = Duration::from_micros(50);
+pub(crate) const ANSWER_SPIN: Duration = Duration::from_micros(50);
 
 /// The answer, if the driver thread sends it within [`ANSWER_SPIN`]. The
 /// caller yields its CPU between looks: the woken driver thread often
