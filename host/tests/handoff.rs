@@ -74,3 +74,37 @@ async fn a_fast_hook_in_a_worker_process_answers_without_parking_the_calling_thr
     assert!(blocked < CALLS / 2, "the calling thread blocked {blocked} times in {CALLS} isolated calls");
     inst.shutdown();
 }
+
+fn scans_in(log: &Path) -> usize {
+    std::fs::read_to_string(log).unwrap_or_default().lines().count()
+}
+
+// A change notice queues its scan on the driver's own thread at once; the
+// registry's rescan takes that answer instead of handing the thread a scan
+// job of its own after its wake-up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_process_change_notice_queues_its_scan_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("scans");
+    let opts = [("scan_log".to_string(), log.display().to_string())];
+    let so = module("testdrv");
+    let inst = Instance::create("d", devhost::driver::loader::load(&so).unwrap(), &opts, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(inst.scan().await.unwrap().devices.len(), 4);
+    assert_eq!(scans_in(&log), 1);
+    // The test driver calls devices_changed inside watch_start, on its own thread.
+    let notice = inst.changed.notified();
+    inst.watch_start().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), notice).await.expect("the change notice reaches the host");
+    let start = std::time::Instant::now();
+    while scans_in(&log) < 2 {
+        assert!(start.elapsed() < Duration::from_secs(10), "the notice's scan never ran");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(inst.scan().await.unwrap().devices.len(), 4);
+    assert_eq!(scans_in(&log), 2, "the rescan after a notice must take the notice's scan");
+    assert_eq!(inst.scan().await.unwrap().devices.len(), 4);
+    assert_eq!(scans_in(&log), 3, "without a notice a rescan scans");
+    inst.shutdown();
+}

@@ -157,9 +157,76 @@ enum Backend {
 /// The in-process backend: the module's code and the thread that runs it.
 struct Local {
     module: Module,
-    jobs: Mutex<Option<mpsc::Sender<Job>>>,
+    jobs: Jobs,
     poisoned: Arc<AtomicBool>,
     busy: Arc<Mutex<Busy>>,
+    notice: Arc<NoticeScan>,
+}
+
+/// The worker thread's queue; `None` once the instance is shut down.
+type Jobs = Arc<Mutex<Option<mpsc::Sender<Job>>>>;
+
+/// What a driver call returns on the worker thread: its status and what it emitted.
+type Answer = (abi::devhost_status, CallState);
+
+/// The scan a change notice queues on the worker thread at once, so that the
+/// registry's rescan finds it running (or done) instead of handing the
+/// thread a scan job only after its own wake-up: one cross-thread hop less
+/// between a driver's event and the kubelet.
+struct NoticeScan {
+    /// A notice scan is queued and has not started: later notices join it.
+    queued: AtomicBool,
+    /// Its answer, until a rescan takes it.
+    answer: Mutex<Option<oneshot::Receiver<Answer>>>,
+    jobs: Jobs,
+    ptr: Arc<AtomicPtr<c_void>>,
+    poisoned: Arc<AtomicBool>,
+    busy: Arc<Mutex<Busy>>,
+    scan: Option<abi::ScanFn>,
+}
+
+impl NoticeScan {
+    /// On `devices_changed`, from any thread: queue one scan unless one is
+    /// queued already. Nothing while there is no live instance (before
+    /// create succeeded, after a panic): the rescan then calls as usual.
+    fn notice(self: &Arc<Self>) {
+        let Some(scan) = self.scan else { return };
+        if self.poisoned.load(Ordering::Acquire) || self.ptr.load(Ordering::Acquire).is_null() {
+            return;
+        }
+        if self.queued.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (tx, rx) = oneshot::channel();
+        let me = self.clone();
+        let job: Job = Box::new(move |inst| {
+            // A notice from now on needs a scan after this one.
+            me.queued.store(false, Ordering::Release);
+            if let Ok(mut b) = me.busy.lock() {
+                b.call = Some(("scan", Instant::now()));
+            }
+            let ctx = CallCtx::new(CallKind::Scan);
+            let _scanning = callbacks::ScanGuard::enter();
+            let status = if inst.is_null() {
+                abi::DEVHOST_ERR_INTERNAL
+            } else {
+                // SAFETY: live instance on its worker thread; ctx outlives the call.
+                unsafe { scan(inst, ctx.as_raw()) }
+            };
+            let _ = tx.send((status, ctx.into_state()));
+        });
+        // Before the registry hears of the notice: its rescan takes this.
+        *self.answer.lock().unwrap_or_else(|p| p.into_inner()) = Some(rx);
+        let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        if !jobs.as_ref().is_some_and(|j| j.send(job).is_ok()) {
+            self.answer.lock().unwrap_or_else(|p| p.into_inner()).take();
+            self.queued.store(false, Ordering::Release);
+        }
+    }
+
+    fn take(&self) -> Option<oneshot::Receiver<Answer>> {
+        self.answer.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
 }
 
 /// Borrowed ID lists for one call, kept alive while the driver reads them.
@@ -195,14 +262,29 @@ impl Instance {
         retry: bool,
     ) -> Result<Arc<Instance>, CallError> {
         let (tx, rx) = mpsc::channel::<Job>();
+        let jobs: Jobs = Arc::new(Mutex::new(Some(tx)));
         let changed = Arc::new(Notify::new());
-        let host = Box::new(HostSide {
-            ctx: HostCtx { driver: name.to_string(), changed: changed.clone() },
-            api: callbacks::host_api(std::ptr::null_mut()),
-        });
         let ptr = Arc::new(AtomicPtr::new(std::ptr::null_mut()));
         let poisoned = Arc::new(AtomicBool::new(false));
         let busy = Arc::new(Mutex::new(Busy::default()));
+        let notice = Arc::new(NoticeScan {
+            queued: AtomicBool::new(false),
+            answer: Mutex::new(None),
+            jobs: jobs.clone(),
+            ptr: ptr.clone(),
+            poisoned: poisoned.clone(),
+            busy: busy.clone(),
+            scan: module.desc.scan,
+        });
+        let on_notice = notice.clone();
+        let host = Box::new(HostSide {
+            ctx: HostCtx {
+                driver: name.to_string(),
+                changed: changed.clone(),
+                notice: Some(Arc::new(move || on_notice.notice())),
+            },
+            api: callbacks::host_api(std::ptr::null_mut()),
+        });
         let worker_ptr = ptr.clone();
         let worker_busy = busy.clone();
         let worker_changed = changed.clone();
@@ -242,7 +324,7 @@ impl Instance {
             module: module.info(),
             changed,
             timeout,
-            backend: Backend::InProcess(Local { module, jobs: Mutex::new(Some(tx)), poisoned, busy }),
+            backend: Backend::InProcess(Local { module, jobs, poisoned, busy, notice }),
             last_scan_problems: Mutex::new(Vec::new()),
             creating: Arc::default(),
             watch_wanted: AtomicBool::new(false),
@@ -378,20 +460,7 @@ impl Instance {
         call: &'static str,
         f: impl FnOnce(*mut c_void, *const abi::devhost_host_api) -> T + Send + 'static,
     ) -> Result<T, CallError> {
-        let Backend::InProcess(local) = &self.backend else {
-            return Err(CallError::WorkerGone { driver: self.name.clone() });
-        };
-        if local.poisoned.load(Ordering::Acquire) {
-            return Err(CallError::Poisoned { driver: self.name.clone() });
-        }
-        if call != "create"
-            && let Some(r) = self.create_retry()
-        {
-            return Err(self.not_created(&r));
-        }
-        if let Some((hung_call, since)) = self.hung() {
-            return Err(CallError::Hung { driver: self.name.clone(), call: hung_call, secs: since.as_secs() });
-        }
+        let local = self.callable(call)?;
         let (tx, rx) = oneshot::channel();
         let busy = local.busy.clone();
         let job: Job = Box::new(move |inst| {
@@ -408,7 +477,30 @@ impl Instance {
                 return Err(CallError::WorkerGone { driver: self.name.clone() });
             }
         }
-        let mut rx = rx;
+        self.answer(local, call, rx).await
+    }
+
+    /// The in-process backend, if it takes a call now.
+    fn callable(&self, call: &'static str) -> Result<&Local, CallError> {
+        let Backend::InProcess(local) = &self.backend else {
+            return Err(CallError::WorkerGone { driver: self.name.clone() });
+        };
+        if local.poisoned.load(Ordering::Acquire) {
+            return Err(CallError::Poisoned { driver: self.name.clone() });
+        }
+        if call != "create"
+            && let Some(r) = self.create_retry()
+        {
+            return Err(self.not_created(&r));
+        }
+        if let Some((hung_call, since)) = self.hung() {
+            return Err(CallError::Hung { driver: self.name.clone(), call: hung_call, secs: since.as_secs() });
+        }
+        Ok(local)
+    }
+
+    /// The answer of a job on the worker thread, within the call deadline.
+    async fn answer<T>(&self, local: &Local, call: &'static str, mut rx: oneshot::Receiver<T>) -> Result<T, CallError> {
         match wait_briefly(&mut rx) {
             Ok(v) => return Ok(v),
             Err(oneshot::error::TryRecvError::Closed) => {
@@ -503,6 +595,11 @@ impl Instance {
     pub async fn scan(&self) -> Result<ScanOutput, CallError> {
         let (status, state) = match &self.backend {
             Backend::Process(w) => w.scan().await?,
+            // A change notice queued this scan already: its answer, no job of our own.
+            Backend::InProcess(local) if let Some(rx) = local.notice.take() => {
+                self.callable("scan")?;
+                self.answer(local, "scan", rx).await?
+            }
             Backend::InProcess(local) => {
                 let scan = local.module.desc.scan;
                 self.run("scan", move |inst, _| {
