@@ -218,7 +218,7 @@ impl NoticeScan {
         // Before the registry hears of the notice: its rescan takes this.
         *self.answer.lock().unwrap_or_else(|p| p.into_inner()) = Some(rx);
         let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
-        if !jobs.as_ref().is_some_and(|j| j.send(job).is_ok()) {
+        if jobs.as_ref().is_none_or(|j| j.send(job).is_err()) {
             self.answer.lock().unwrap_or_else(|p| p.into_inner()).take();
             self.queued.store(false, Ordering::Release);
         }
