@@ -595,12 +595,21 @@ impl Instance {
     pub async fn scan(&self) -> Result<ScanOutput, CallError> {
         let (status, state) = match &self.backend {
             Backend::Process(w) => w.scan().await?,
-            // A change notice queued this scan already: its answer, no job of our own.
-            Backend::InProcess(local) if let Some(rx) = local.notice.take() => {
+            Backend::InProcess(local) => self.scan_here(local).await?,
+        };
+        let state = self.check("scan", status, state)?;
+        Ok(ScanOutput { devices: state.devices, problems: state.problems })
+    }
+
+    /// An in-process scan on the worker thread: the one a change notice
+    /// queued already when there is one (its answer, no job of our own).
+    async fn scan_here(&self, local: &Local) -> Result<Answer, CallError> {
+        match local.notice.take() {
+            Some(rx) => {
                 self.callable("scan")?;
-                self.answer(local, "scan", rx).await?
+                self.answer(local, "scan", rx).await
             }
-            Backend::InProcess(local) => {
+            None => {
                 let scan = local.module.desc.scan;
                 self.run("scan", move |inst, _| {
                     let ctx = CallCtx::new(CallKind::Scan);
@@ -612,11 +621,9 @@ impl Instance {
                     };
                     (status, ctx.into_state())
                 })
-                .await?
+                .await
             }
-        };
-        let state = self.check("scan", status, state)?;
-        Ok(ScanOutput { devices: state.devices, problems: state.problems })
+        }
     }
 
     pub async fn watch_start(&self) -> Result<(), CallError> {
