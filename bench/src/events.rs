@@ -94,9 +94,10 @@ pub async fn health(art: &Artifacts, floor: &Floor, report: &mut Report) -> Resu
              kubelet's) yields a list with exactly that health. {} changes (one device down, then up again, \
              {HEALTH_FLIPS} times) after {HEALTH_WARMUP} warm-up flips.\n\n\
              | n | p50 | p99 | min | max |\n| --- | --- | --- | --- | --- |\n| {} | {} | {} | {} | {} |\n\n\
-             The path is: driver thread → `devices_changed` (a tokio `Notify`) → the registry's watcher task → a \
-             rescan on the driver's worker thread → the resource's watch channel → the endpoint's stream task → \
-             HTTP/2. The baseline is one null unary round trip: a change cannot arrive faster than about that.\n",
+             The driver runs in a worker process (the default isolation). The path is: driver thread → \
+             `devices_changed` → the worker's driver thread scans at once and sends the devices with the notice \
+             → the host's channel reader → the registry's watcher task takes that scan (no scan request) → the \
+             resource's watch channel → the endpoint's stream task → HTTP/2. The baseline is one null unary round trip: a change cannot arrive faster than about that.\n",
             s.n,
             s.n,
             fmt_dur(s.p50),

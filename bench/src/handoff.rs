@@ -90,8 +90,9 @@ pub async fn run(art: &Artifacts, n: usize) -> Result<String> {
          in process and in a worker process, {n} calls of each kind, in turn (null plugin, devhost Allocate, \
          devhost GetDevicePluginOptions, which calls no driver). Context switches: every thread of devhost and \
          its worker process, from /proc before and after each call; unlike latencies they do not move with the \
-         machine's load. An in-process caller waits up to 50 µs for the driver thread's answer, yielding its \
-         CPU, before it parks its task (`host/src/driver/instance.rs`). Latencies taken on a loaded 2-CPU machine: \
+         machine's load. A caller waits up to 50 µs for the answer, yielding its CPU between looks, before it \
+         parks its task: in process for the driver thread's (`host/src/driver/instance.rs`), isolated reading \
+         the worker's reply from the channel itself (`host/src/driver/isolation/conn.rs`). Latencies taken on a loaded 2-CPU machine: \
          the ratios and switch counts are the figures to quote.\n\n\
          | isolation | null p50 | devhost options p50 | Allocate p50 | Allocate ÷ null | Allocate ÷ options | \
          switches per options call | per Allocate |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n"

@@ -1,11 +1,14 @@
-//! The hand-off of an in-process driver call to the instance's own thread:
-//! a hook that answers at once returns to its caller without the caller's
-//! runtime thread parking for the answer (the wake-up that made Allocate
-//! through a hook cost tens of microseconds more than the null RPC).
+//! The hand-off of a driver call to the instance's own thread, or to its
+//! worker process: a hook that answers at once returns to its caller
+//! without the caller's runtime thread parking for the answer (the wake-up
+//! that made Allocate through a hook cost tens of microseconds more than
+//! the null RPC).
 
 mod common;
 use common::*;
 use devhost::driver::instance::Instance;
+use devhost::manifest::Manifest;
+use std::path::Path;
 use std::time::Duration;
 
 /// Voluntary context switches of the calling thread: each time it blocked.
@@ -38,5 +41,70 @@ async fn a_fast_hook_answers_without_parking_the_calling_thread() {
     // Parking for the answer blocks at least once per call. A loaded machine
     // delays the driver thread past the caller's wait now and then: allow half.
     assert!(blocked < CALLS / 2, "the calling thread blocked {blocked} times in {CALLS} calls");
+    inst.shutdown();
+}
+
+// As above, with the driver in its worker process: the calling thread reads
+// the worker's reply from the channel itself instead of parking its task
+// until the runtime's poller sees the reply.
+#[tokio::test]
+async fn a_fast_hook_in_a_worker_process_answers_without_parking_the_calling_thread() {
+    devhost::driver::isolation::set_worker_program(devhost_bin());
+    let so = module("example_c");
+    let text = format!(
+        "[driver.d]\nmodule = \"{}\"\nisolation = \"process\"\n[driver.d.options]\ncount = 4\n\
+         [[resource]]\nname = \"t.com/d\"\ndriver = \"d\"\n",
+        so.display()
+    );
+    let mut m = Manifest::parse(&text, Path::new("/tmp/devhost.toml"), None).expect("test manifest parses");
+    let cfg = m.drivers.remove("d").expect("driver d");
+    let inst = Instance::create_isolated(&cfg, &so, false).await.unwrap();
+    for i in 0..20 {
+        inst.allocate(vec![format!("example-{}", i % 4)]).await.unwrap().expect("the C example has an allocate hook");
+    }
+    const CALLS: i64 = 400;
+    let before = blocked_so_far();
+    for i in 0..CALLS {
+        inst.allocate(vec![format!("example-{}", i % 4)]).await.unwrap();
+    }
+    let blocked = blocked_so_far() - before;
+    eprintln!("the calling thread blocked {blocked} times in {CALLS} isolated calls");
+    // The worker process is a wake-up away (the in-process driver thread is
+    // one too); a loaded machine delays it past the caller's wait now and then.
+    assert!(blocked < CALLS / 2, "the calling thread blocked {blocked} times in {CALLS} isolated calls");
+    inst.shutdown();
+}
+
+fn scans_in(log: &Path) -> usize {
+    std::fs::read_to_string(log).unwrap_or_default().lines().count()
+}
+
+// A change notice queues its scan on the driver's own thread at once; the
+// registry's rescan takes that answer instead of handing the thread a scan
+// job of its own after its wake-up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_process_change_notice_queues_its_scan_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("scans");
+    let opts = [("scan_log".to_string(), log.display().to_string())];
+    let so = module("testdrv");
+    let inst = Instance::create("d", devhost::driver::loader::load(&so).unwrap(), &opts, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(inst.scan().await.unwrap().devices.len(), 4);
+    assert_eq!(scans_in(&log), 1);
+    // The test driver calls devices_changed inside watch_start, on its own thread.
+    let notice = inst.changed.notified();
+    inst.watch_start().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), notice).await.expect("the change notice reaches the host");
+    let start = std::time::Instant::now();
+    while scans_in(&log) < 2 {
+        assert!(start.elapsed() < Duration::from_secs(10), "the notice's scan never ran");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(inst.scan().await.unwrap().devices.len(), 4);
+    assert_eq!(scans_in(&log), 2, "the rescan after a notice must take the notice's scan");
+    assert_eq!(inst.scan().await.unwrap().devices.len(), 4);
+    assert_eq!(scans_in(&log), 3, "without a notice a rescan scans");
     inst.shutdown();
 }

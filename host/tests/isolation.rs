@@ -189,16 +189,18 @@ async fn the_worker_keeps_only_the_listed_capabilities_and_no_stray_descriptors(
     } else {
         assert_eq!(caps(pid, "CapBnd"), host_bounding);
     }
-    // Beyond stdin, stdout and stderr: the channel (and its clone for reading) and the sealed copy of
-    // the module the host checked, nothing else the host had open.
+    // Beyond stdin, stdout and stderr: the channel (and its clone for reading), the sealed copy of
+    // the module the host checked and the worker's own eventfd (change notices wake its driver
+    // thread), nothing else the host had open.
     let targets: std::collections::BTreeSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
         .unwrap()
         .map(|e| e.unwrap())
         .filter(|e| e.file_name().to_str().unwrap().parse::<u32>().unwrap() > 2)
         .map(|e| std::fs::read_link(e.path()).unwrap().display().to_string())
         .collect();
-    assert_eq!(targets.len(), 2, "{targets:?}");
+    assert_eq!(targets.len(), 3, "{targets:?}");
     assert_eq!(targets.iter().filter(|t| t.starts_with("socket:")).count(), 1, "{targets:?}");
+    assert!(targets.contains("anon_inode:[eventfd]"), "{targets:?}");
     assert!(targets.iter().any(|t| t.starts_with("/memfd:devhost:libdevhost_example_c.so")), "{targets:?}");
 
     let keeping = isolated(&so, "keep_capabilities = [\"CAP_DAC_OVERRIDE\"]", "").await.unwrap();
@@ -209,6 +211,56 @@ async fn the_worker_keeps_only_the_listed_capabilities_and_no_stray_descriptors(
     if host_can_drop {
         assert_eq!(caps(pid, "CapBnd"), host_bounding & dac_override);
     }
+}
+
+fn scans_in(log: &Path) -> usize {
+    std::fs::read_to_string(log).unwrap_or_default().lines().count()
+}
+
+#[tokio::test]
+async fn a_change_notice_brings_its_scan_and_the_host_asks_for_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("scans");
+    let inst = isolated(&module("testdrv"), "", &format!("scan_log = \"{}\"", log.display())).await.unwrap();
+    assert_eq!(inst.scan().await.unwrap().devices.len(), 4);
+    assert_eq!(scans_in(&log), 1);
+    // The test driver calls devices_changed inside watch_start.
+    let notice = inst.changed.notified();
+    inst.watch_start().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), notice).await.expect("the change notice reaches the host");
+    // The worker scans on its own at the notice, before anyone asks.
+    eventually("the worker's own scan", Duration::from_secs(10), || scans_in(&log) == 2).await;
+    // The host's rescan takes that scan's devices: no scan request, no third scan.
+    assert_eq!(inst.scan().await.unwrap().devices.len(), 4);
+    assert_eq!(scans_in(&log), 2, "the rescan after a notice must not ask the worker again");
+    // Without a notice, a rescan asks the worker as before.
+    assert_eq!(inst.scan().await.unwrap().devices.len(), 4);
+    assert_eq!(scans_in(&log), 3);
+}
+
+#[tokio::test]
+async fn a_notice_scan_that_hangs_is_a_stuck_scan_like_a_requested_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("scans");
+    let options = format!("scan_log = \"{}\"\nhang_in = \"scan\"\nhang_ms = 3000", log.display());
+    let inst = isolated(&module("testdrv"), "call_timeout = \"500ms\"", &options).await.unwrap();
+    assert_eq!(inst.scan().await.unwrap().devices.len(), 4);
+    let notice = inst.changed.notified();
+    inst.watch_start().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), notice).await.expect("the change notice reaches the host");
+    // The second scan (the notice's) hangs for 3 s: the rescan times out at the call deadline.
+    let start = Instant::now();
+    let err = fails(inst.scan().await);
+    assert!(matches!(err, CallError::Timeout { call: "scan", .. }), "{err}");
+    assert!(start.elapsed() < Duration::from_millis(2500), "timed out after {:?}", start.elapsed());
+    assert_eq!(inst.hung().map(|(call, _)| call), Some("scan"), "the worker is stuck in the notice's scan");
+    // Stuck for three deadlines, it is killed and a fresh worker serves, as for a requested scan.
+    let pid = inst.worker_pid();
+    eventually("a restarted worker", Duration::from_secs(20), || {
+        inst.worker_pid().is_some_and(|p| Some(p) != pid) && inst.hung().is_none()
+    })
+    .await;
+    assert_eq!(inst.scan().await.unwrap().devices.len(), 4);
 }
 
 #[tokio::test]

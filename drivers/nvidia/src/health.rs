@@ -320,7 +320,11 @@ impl<'n> Events<'n> {
             let tick_ms = u32::try_from(self.tick.as_millis()).unwrap_or(u32::MAX);
             match self.set.as_ref().map(|s| s.wait(tick_ms)) {
                 None => self.pause(),
-                Some(Ok(event)) => self.on_event(event),
+                Some(Ok(event)) => {
+                    self.on_event(event);
+                    // The host hears of it now, not after the recovery probes below.
+                    self.flush();
+                }
                 Some(Err(NvmlError::Timeout)) => {}
                 Some(Err(NvmlError::GpuLost)) => {
                     self.find_lost();

@@ -492,6 +492,9 @@ impl Drop for ScanGuard {
 pub struct HostCtx {
     pub driver: String,
     pub changed: std::sync::Arc<tokio::sync::Notify>,
+    /// Runs first on `devices_changed`: an in-process instance queues the
+    /// scan on its own thread at once (see `instance::NoticeScan`).
+    pub notice: Option<std::sync::Arc<dyn Fn() + Send + Sync>>,
 }
 
 /// # Safety
@@ -533,6 +536,9 @@ pub unsafe extern "C" fn devices_changed(host_ctx: *mut c_void) {
     let _ = catch_unwind(AssertUnwindSafe(|| {
         // SAFETY: as in `log`.
         let ctx = unsafe { &*(host_ctx as *const HostCtx) };
+        if let Some(notice) = &ctx.notice {
+            notice();
+        }
         // One stored permit: bursts collapse into a single rescan.
         ctx.changed.notify_one();
     }));

@@ -157,9 +157,76 @@ enum Backend {
 /// The in-process backend: the module's code and the thread that runs it.
 struct Local {
     module: Module,
-    jobs: Mutex<Option<mpsc::Sender<Job>>>,
+    jobs: Jobs,
     poisoned: Arc<AtomicBool>,
     busy: Arc<Mutex<Busy>>,
+    notice: Arc<NoticeScan>,
+}
+
+/// The worker thread's queue; `None` once the instance is shut down.
+type Jobs = Arc<Mutex<Option<mpsc::Sender<Job>>>>;
+
+/// What a driver call returns on the worker thread: its status and what it emitted.
+type Answer = (abi::devhost_status, CallState);
+
+/// The scan a change notice queues on the worker thread at once, so that the
+/// registry's rescan finds it running (or done) instead of handing the
+/// thread a scan job only after its own wake-up: one cross-thread hop less
+/// between a driver's event and the kubelet.
+struct NoticeScan {
+    /// A notice scan is queued and has not started: later notices join it.
+    queued: AtomicBool,
+    /// Its answer, until a rescan takes it.
+    answer: Mutex<Option<oneshot::Receiver<Answer>>>,
+    jobs: Jobs,
+    ptr: Arc<AtomicPtr<c_void>>,
+    poisoned: Arc<AtomicBool>,
+    busy: Arc<Mutex<Busy>>,
+    scan: Option<abi::ScanFn>,
+}
+
+impl NoticeScan {
+    /// On `devices_changed`, from any thread: queue one scan unless one is
+    /// queued already. Nothing while there is no live instance (before
+    /// create succeeded, after a panic): the rescan then calls as usual.
+    fn notice(self: &Arc<Self>) {
+        let Some(scan) = self.scan else { return };
+        if self.poisoned.load(Ordering::Acquire) || self.ptr.load(Ordering::Acquire).is_null() {
+            return;
+        }
+        if self.queued.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (tx, rx) = oneshot::channel();
+        let me = self.clone();
+        let job: Job = Box::new(move |inst| {
+            // A notice from now on needs a scan after this one.
+            me.queued.store(false, Ordering::Release);
+            if let Ok(mut b) = me.busy.lock() {
+                b.call = Some(("scan", Instant::now()));
+            }
+            let ctx = CallCtx::new(CallKind::Scan);
+            let _scanning = callbacks::ScanGuard::enter();
+            let status = if inst.is_null() {
+                abi::DEVHOST_ERR_INTERNAL
+            } else {
+                // SAFETY: live instance on its worker thread; ctx outlives the call.
+                unsafe { scan(inst, ctx.as_raw()) }
+            };
+            let _ = tx.send((status, ctx.into_state()));
+        });
+        // Before the registry hears of the notice: its rescan takes this.
+        *self.answer.lock().unwrap_or_else(|p| p.into_inner()) = Some(rx);
+        let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        if jobs.as_ref().is_none_or(|j| j.send(job).is_err()) {
+            self.answer.lock().unwrap_or_else(|p| p.into_inner()).take();
+            self.queued.store(false, Ordering::Release);
+        }
+    }
+
+    fn take(&self) -> Option<oneshot::Receiver<Answer>> {
+        self.answer.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
 }
 
 /// Borrowed ID lists for one call, kept alive while the driver reads them.
@@ -195,14 +262,29 @@ impl Instance {
         retry: bool,
     ) -> Result<Arc<Instance>, CallError> {
         let (tx, rx) = mpsc::channel::<Job>();
+        let jobs: Jobs = Arc::new(Mutex::new(Some(tx)));
         let changed = Arc::new(Notify::new());
-        let host = Box::new(HostSide {
-            ctx: HostCtx { driver: name.to_string(), changed: changed.clone() },
-            api: callbacks::host_api(std::ptr::null_mut()),
-        });
         let ptr = Arc::new(AtomicPtr::new(std::ptr::null_mut()));
         let poisoned = Arc::new(AtomicBool::new(false));
         let busy = Arc::new(Mutex::new(Busy::default()));
+        let notice = Arc::new(NoticeScan {
+            queued: AtomicBool::new(false),
+            answer: Mutex::new(None),
+            jobs: jobs.clone(),
+            ptr: ptr.clone(),
+            poisoned: poisoned.clone(),
+            busy: busy.clone(),
+            scan: module.desc.scan,
+        });
+        let on_notice = notice.clone();
+        let host = Box::new(HostSide {
+            ctx: HostCtx {
+                driver: name.to_string(),
+                changed: changed.clone(),
+                notice: Some(Arc::new(move || on_notice.notice())),
+            },
+            api: callbacks::host_api(std::ptr::null_mut()),
+        });
         let worker_ptr = ptr.clone();
         let worker_busy = busy.clone();
         let worker_changed = changed.clone();
@@ -242,7 +324,7 @@ impl Instance {
             module: module.info(),
             changed,
             timeout,
-            backend: Backend::InProcess(Local { module, jobs: Mutex::new(Some(tx)), poisoned, busy }),
+            backend: Backend::InProcess(Local { module, jobs, poisoned, busy, notice }),
             last_scan_problems: Mutex::new(Vec::new()),
             creating: Arc::default(),
             watch_wanted: AtomicBool::new(false),
@@ -384,20 +466,7 @@ impl Instance {
         call: &'static str,
         f: impl FnOnce(*mut c_void, *const abi::devhost_host_api) -> T + Send + 'static,
     ) -> Result<T, CallError> {
-        let Backend::InProcess(local) = &self.backend else {
-            return Err(CallError::WorkerGone { driver: self.name.clone() });
-        };
-        if local.poisoned.load(Ordering::Acquire) {
-            return Err(CallError::Poisoned { driver: self.name.clone() });
-        }
-        if call != "create"
-            && let Some(r) = self.create_retry()
-        {
-            return Err(self.not_created(&r));
-        }
-        if let Some((hung_call, since)) = self.hung() {
-            return Err(CallError::Hung { driver: self.name.clone(), call: hung_call, secs: since.as_secs() });
-        }
+        let local = self.callable(call)?;
         let (tx, rx) = oneshot::channel();
         let busy = local.busy.clone();
         let job: Job = Box::new(move |inst| {
@@ -414,7 +483,30 @@ impl Instance {
                 return Err(CallError::WorkerGone { driver: self.name.clone() });
             }
         }
-        let mut rx = rx;
+        self.answer(local, call, rx).await
+    }
+
+    /// The in-process backend, if it takes a call now.
+    fn callable(&self, call: &'static str) -> Result<&Local, CallError> {
+        let Backend::InProcess(local) = &self.backend else {
+            return Err(CallError::WorkerGone { driver: self.name.clone() });
+        };
+        if local.poisoned.load(Ordering::Acquire) {
+            return Err(CallError::Poisoned { driver: self.name.clone() });
+        }
+        if call != "create"
+            && let Some(r) = self.create_retry()
+        {
+            return Err(self.not_created(&r));
+        }
+        if let Some((hung_call, since)) = self.hung() {
+            return Err(CallError::Hung { driver: self.name.clone(), call: hung_call, secs: since.as_secs() });
+        }
+        Ok(local)
+    }
+
+    /// The answer of a job on the worker thread, within the call deadline.
+    async fn answer<T>(&self, local: &Local, call: &'static str, mut rx: oneshot::Receiver<T>) -> Result<T, CallError> {
         match wait_briefly(&mut rx) {
             Ok(v) => return Ok(v),
             Err(oneshot::error::TryRecvError::Closed) => {
@@ -508,8 +600,22 @@ impl Instance {
 
     pub async fn scan(&self) -> Result<ScanOutput, CallError> {
         let (status, state) = match &self.backend {
-            Backend::Process(w) => w.call("scan", Request::Scan).await?,
-            Backend::InProcess(local) => {
+            Backend::Process(w) => w.scan().await?,
+            Backend::InProcess(local) => self.scan_here(local).await?,
+        };
+        let state = self.check("scan", status, state)?;
+        Ok(ScanOutput { devices: state.devices, problems: state.problems })
+    }
+
+    /// An in-process scan on the worker thread: the one a change notice
+    /// queued already when there is one (its answer, no job of our own).
+    async fn scan_here(&self, local: &Local) -> Result<Answer, CallError> {
+        match local.notice.take() {
+            Some(rx) => {
+                self.callable("scan")?;
+                self.answer(local, "scan", rx).await
+            }
+            None => {
                 let scan = local.module.desc.scan;
                 self.run("scan", move |inst, _| {
                     let ctx = CallCtx::new(CallKind::Scan);
@@ -521,11 +627,9 @@ impl Instance {
                     };
                     (status, ctx.into_state())
                 })
-                .await?
+                .await
             }
-        };
-        let state = self.check("scan", status, state)?;
-        Ok(ScanOutput { devices: state.devices, problems: state.problems })
+        }
     }
 
     pub async fn watch_start(&self) -> Result<(), CallError> {
@@ -710,12 +814,14 @@ async fn retry_create(
 }
 
 /// How long a caller waits for a driver call's answer on its own thread
-/// before it parks its task. Most hooks answer within a few microseconds:
+/// before it parks its task (in process here; an isolated call reads its
+/// worker's channel meanwhile, `isolation::conn`). Most hooks answer within
+/// a few microseconds:
 /// catching the answer here saves the driver thread waking the runtime and
 /// the runtime's thread parking and unparking (a cross-thread wake-up that
 /// costs tens of microseconds on a loaded machine), at the price of at most
 /// this much busy time on a runtime thread for a slow call.
-const ANSWER_SPIN: Duration = Duration::from_micros(50);
+pub(crate) const ANSWER_SPIN: Duration = Duration::from_micros(50);
 
 /// The answer, if the driver thread sends it within [`ANSWER_SPIN`]. The
 /// caller yields its CPU between looks: the woken driver thread often

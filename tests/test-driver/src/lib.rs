@@ -9,6 +9,8 @@
 //! comma-separated IDs verbatim. `health_file` names a file read at every
 //! scan: each line `ID REASON…` makes that device Unhealthy with that reason
 //! (ABI 1.2 `device_health_reason`; a line with only the ID gives no reason).
+//! `scan_log` names a file each scan appends one line to, so that a test
+//! can count the scans the driver ran.
 
 use devhost_sdk::{Driver, Edits, Error, Health, Hooks, Host, Options, Preferred, PreferredRequest, Result, Scan};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -23,6 +25,7 @@ struct TestDriver {
     bad_ids: bool,
     propose: Option<Vec<String>>,
     health_file: Option<String>,
+    scan_log: Option<String>,
     scans: AtomicU32,
     host: Host,
 }
@@ -86,6 +89,7 @@ impl Driver for TestDriver {
             "bad_ids",
             "propose",
             "health_file",
+            "scan_log",
         ])?;
         misbehave_create(options)?;
         Ok(TestDriver {
@@ -97,6 +101,7 @@ impl Driver for TestDriver {
             bad_ids: options.bool_or("bad_ids", false)?,
             propose: options.list("propose"),
             health_file: options.get("health_file").map(str::to_string),
+            scan_log: options.get("scan_log").map(str::to_string),
             scans: AtomicU32::new(0),
             host,
         })
@@ -107,6 +112,14 @@ impl Driver for TestDriver {
         // a resource that is already registered; a hang happens once (the
         // second scan), so the tests can watch the driver come back.
         let n = self.scans.fetch_add(1, Ordering::Relaxed);
+        if let Some(path) = &self.scan_log {
+            use std::io::Write;
+            let line = format!("scan {n}\n");
+            let appended = std::fs::OpenOptions::new().create(true).append(true).open(path);
+            if let Err(e) = appended.and_then(|mut f| f.write_all(line.as_bytes())) {
+                return Err(Error::internal(format!("scan_log {path}: {e}")));
+            }
+        }
         if n > 0 && (self.hang_in != "scan" || n == 1) {
             self.misbehave("scan");
         }

@@ -1,12 +1,19 @@
 //! One worker process's channel: the calls waiting for their replies, and
 //! the task that reads the worker's frames. The reader runs on the async
 //! runtime, so a reply wakes the waiting call directly from the runtime's
-//! poller, with no thread in between: that hop is most of what isolation
-//! would otherwise add to an Allocate.
+//! poller, with no thread in between. A call that was just sent first reads
+//! the channel itself for a moment ([`Conn::answer_soon`]): most replies
+//! arrive within microseconds, and catching one there saves parking the
+//! caller's task and the wake-up that ends it.
+//!
+//! A change notice from the driver comes with its scan: the worker sends
+//! `Changed`, scans at once on its driver thread and sends the result as the
+//! reply to [`protocol::NOTICE_ID`], a call the host never sent but waits
+//! for as for its own ([`Conn::take_notice`]).
 
 use super::protocol::{self, Message, Request};
 use super::supervisor::{Event, Outcome, Shared, emit_log, lock};
-use crate::driver::instance::CallError;
+use crate::driver::instance::{ANSWER_SPIN, CallError};
 use std::collections::HashMap;
 use std::io::{self, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -15,6 +22,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tokio::io::unix::AsyncFd;
+use tokio::sync::oneshot;
 
 pub(super) struct Conn {
     pub(super) generation: u64,
@@ -22,6 +30,23 @@ pub(super) struct Conn {
     /// Requests are written whole, under the lock, by whichever thread calls.
     out: Mutex<UnixStream>,
     calls: Mutex<Calls>,
+    /// The worker's frames as read so far. The reader task reads the
+    /// channel, and so does a call waiting briefly for its own reply:
+    /// whoever holds the lock hands every whole frame on, in order.
+    inbox: Mutex<Inbox>,
+    /// The channel's reading half; the reader task's `AsyncFd` watches its
+    /// number, and lives no longer than this.
+    input: OwnedFd,
+    /// The reply to the scan the worker started on the driver's last
+    /// change notice, until the registry's rescan takes it.
+    notice: Mutex<Option<oneshot::Receiver<Outcome>>>,
+}
+
+#[derive(Default)]
+struct Inbox {
+    frames: Frames,
+    /// Why the channel is done, when a caller found it out first.
+    ended: Option<String>,
 }
 
 #[derive(Default)]
@@ -39,8 +64,110 @@ struct Pending {
 }
 
 impl Conn {
-    pub(super) fn new(generation: u64, pid: u32, out: UnixStream) -> Conn {
-        Conn { generation, pid, out: Mutex::new(out), calls: Mutex::new(Calls::default()) }
+    pub(super) fn new(generation: u64, pid: u32, out: UnixStream, input: OwnedFd) -> Conn {
+        Conn {
+            generation,
+            pid,
+            out: Mutex::new(out),
+            calls: Mutex::new(Calls::default()),
+            inbox: Mutex::new(Inbox::default()),
+            input,
+            notice: Mutex::new(None),
+        }
+    }
+
+    /// The descriptor number the reader task polls.
+    pub(super) fn input_fd(&self) -> std::os::fd::RawFd {
+        self.input.as_raw_fd()
+    }
+
+    /// The reply to a call just sent, if it arrives within
+    /// [`ANSWER_SPIN`]: the caller reads the channel itself, yielding its
+    /// CPU between looks (the worker often waits for exactly this CPU).
+    /// `None`: not yet (or the channel ended); await `rx` as usual. A reply
+    /// caught here never wakes the caller's task, so the runtime thread
+    /// neither parks nor is woken for it.
+    pub(super) fn answer_soon(
+        &self,
+        shared: &Shared,
+        rx: &mut oneshot::Receiver<Outcome>,
+    ) -> Option<Result<Outcome, oneshot::error::TryRecvError>> {
+        let start = Instant::now();
+        loop {
+            match rx.try_recv() {
+                Err(oneshot::error::TryRecvError::Empty) => {}
+                done => return Some(done),
+            }
+            if start.elapsed() >= ANSWER_SPIN {
+                return None;
+            }
+            std::thread::yield_now();
+            // The reader task holds it: it is delivering, maybe our reply.
+            let Ok(mut inbox) = self.inbox.try_lock() else { continue };
+            if inbox.ended.is_some() {
+                return None;
+            }
+            match self.pump(shared, &mut inbox.frames) {
+                Ok(None) => {}
+                // The reader task wakes for the same bytes and ends the channel.
+                Ok(Some(reason)) => inbox.ended = Some(reason),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => inbox.ended = Some(format!("its worker process channel failed ({e})")),
+            }
+        }
+    }
+
+    /// Reads what the channel holds without blocking and hands on every
+    /// whole frame. `Ok(Some(reason))`: the channel is done; `WouldBlock`:
+    /// nothing was there.
+    fn pump(&self, shared: &Shared, frames: &mut Frames) -> io::Result<Option<String>> {
+        match frames.fill(&self.input)? {
+            0 if frames.partial() => return Ok(Some("its worker process exited inside a frame".to_string())),
+            0 => return Ok(Some("its worker process exited".to_string())),
+            _ => {}
+        }
+        loop {
+            let body = match frames.next() {
+                Ok(Some(b)) => b,
+                Ok(None) => return Ok(None),
+                Err(e) => return Ok(Some(format!("its worker process sent a bad frame ({e})"))),
+            };
+            match protocol::decode_message(body) {
+                Ok(Message::Reply { id, status, state }) => self.deliver(shared, id, Ok((status, state))),
+                Ok(Message::Log { level, message }) => emit_log(&shared.name, level, &message),
+                Ok(Message::Changed) => {
+                    self.expect_notice_scan();
+                    shared.changed.notify_one();
+                }
+                Ok(Message::Hello { .. } | Message::LoadFailed(_)) => {
+                    return Ok(Some("its worker process greeted twice".to_string()));
+                }
+                Err(e) => return Ok(Some(format!("its worker process sent a {e}"))),
+            }
+        }
+    }
+
+    /// The worker is scanning after a change notice: wait for that reply as
+    /// for a call of ours, so that its deadline, a hang and the worker's end
+    /// count as they do for a scan the host asked for.
+    fn expect_notice_scan(&self) {
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut calls = lock(&self.calls);
+            if calls.closed.is_some() {
+                return;
+            }
+            let done = Box::new(move |o| drop(tx.send(o)));
+            calls.pending.insert(protocol::NOTICE_ID, Pending { call: "scan", done });
+        }
+        // A newer notice's scan replaces one nobody took: it is at least as new.
+        *lock(&self.notice) = Some(rx);
+    }
+
+    /// The scan the worker ran on the driver's last change notice, if the
+    /// registry has not taken it yet.
+    pub(super) fn take_notice(&self) -> Option<oneshot::Receiver<Outcome>> {
+        lock(&self.notice).take()
     }
 
     /// Registers `done` for the reply, then writes the request.
@@ -177,38 +304,29 @@ impl Frames {
 }
 
 /// Delivers the worker's frames until its channel ends, then fails what
-/// still waits and tells the supervisor.
-pub(super) async fn read_loop(shared: Arc<Shared>, conn: Arc<Conn>, fd: AsyncFd<OwnedFd>) {
-    let mut frames = Frames::default();
-    let reason = 'read: loop {
+/// still waits and tells the supervisor. `fd` watches `conn`'s input.
+pub(super) async fn read_loop(shared: Arc<Shared>, conn: Arc<Conn>, fd: AsyncFd<std::os::fd::RawFd>) {
+    let reason = loop {
         let mut ready = match fd.readable().await {
             Ok(r) => r,
             Err(e) => break format!("its worker process channel failed ({e})"),
         };
-        match ready.try_io(|fd| frames.fill(fd.get_ref())) {
+        let pumped = ready.try_io(|_| {
+            let mut inbox = lock(&conn.inbox);
+            match inbox.ended.clone() {
+                Some(reason) => Ok(Some(reason)),
+                None => conn.pump(&shared, &mut inbox.frames),
+            }
+        });
+        match pumped {
+            // Nothing there: a waiting caller read it first, or a spurious wake.
             Err(_would_block) => continue,
-            Ok(Ok(0)) if frames.partial() => break "its worker process exited inside a frame".to_string(),
-            Ok(Ok(0)) => break "its worker process exited".to_string(),
-            Ok(Ok(_)) => {}
+            Ok(Ok(None)) => {}
+            Ok(Ok(Some(reason))) => break reason,
             Ok(Err(e)) => break format!("its worker process channel failed ({e})"),
         }
-        loop {
-            let body = match frames.next() {
-                Ok(Some(b)) => b,
-                Ok(None) => break,
-                Err(e) => break 'read format!("its worker process sent a bad frame ({e})"),
-            };
-            match protocol::decode_message(body) {
-                Ok(Message::Reply { id, status, state }) => conn.deliver(&shared, id, Ok((status, state))),
-                Ok(Message::Log { level, message }) => emit_log(&shared.name, level, &message),
-                Ok(Message::Changed) => shared.changed.notify_one(),
-                Ok(Message::Hello { .. } | Message::LoadFailed(_)) => {
-                    break 'read "its worker process greeted twice".to_string();
-                }
-                Err(e) => break 'read format!("its worker process sent a {e}"),
-            }
-        }
     };
+    drop(fd);
     shared.down_if_current(conn.generation, &reason);
     conn.close(&shared, &reason);
     shared.changed.notify_one();

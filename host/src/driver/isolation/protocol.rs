@@ -12,8 +12,11 @@ use crate::driver::loader::ModuleInfo;
 use std::collections::BTreeMap;
 use std::io::{self, Read};
 
-/// Bumped whenever a frame's layout changes.
-pub const VERSION: u32 = 2;
+/// Bumped whenever a frame's layout or meaning changes.
+pub const VERSION: u32 = 3;
+/// The call ID of the scan a worker runs by itself on a change notice: the
+/// host's own requests count from 1.
+pub const NOTICE_ID: u32 = 0;
 /// The largest frame either side accepts (a scan of 100k devices fits).
 pub const MAX_FRAME: usize = 256 << 20;
 
@@ -53,7 +56,9 @@ pub enum Message {
     Reply { id: u32, status: u32, state: CallState },
     /// A driver log line (`devhost_log_level`).
     Log { level: u32, message: String },
-    /// The driver called `devices_changed`.
+    /// The driver called `devices_changed`. The worker is scanning now, on
+    /// its driver thread, and sends the result as the reply to
+    /// [`NOTICE_ID`]: the host needs no scan request of its own.
     Changed,
 }
 

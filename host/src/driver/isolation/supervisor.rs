@@ -189,12 +189,33 @@ impl Worker {
         }
         let (tx, rx) = oneshot::channel();
         let id = conn.send(s, call, &req, Box::new(move |o| drop(tx.send(o))))?;
-        match tokio::time::timeout(s.timeout, rx).await {
+        self.reply(&conn, id, call, rx).await
+    }
+
+    /// The driver's devices: the scan the worker already ran on the
+    /// driver's last change notice when there is one (the notice brought
+    /// it, no request needed), else a scan call.
+    pub async fn scan(&self) -> Outcome {
+        let conn = self.shared.conn()?;
+        match conn.take_notice() {
+            Some(rx) => self.reply(&conn, protocol::NOTICE_ID, "scan", rx).await,
+            None => self.call("scan", Request::Scan).await,
+        }
+    }
+
+    /// Waits for the reply to call `id`, with the instance's deadline.
+    async fn reply(&self, conn: &Conn, id: u32, call: &'static str, mut rx: oneshot::Receiver<Outcome>) -> Outcome {
+        let s = &self.shared;
+        let got = match conn.answer_soon(s, &mut rx) {
+            Some(r) => Ok(r.map_err(drop)),
+            None => tokio::time::timeout(s.timeout, rx).await.map(|r| r.map_err(drop)),
+        };
+        match got {
             Ok(Ok(outcome)) => {
                 s.misses.store(0, Ordering::Relaxed);
                 outcome
             }
-            Ok(Err(_)) => Err(s.unavailable(format!("its worker process dropped {call}"))),
+            Ok(Err(())) => Err(s.unavailable(format!("its worker process dropped {call}"))),
             Err(_) => {
                 conn.mark_stuck(id, call);
                 let n = s.misses.fetch_add(1, Ordering::Relaxed) + 1;
@@ -601,14 +622,14 @@ fn greet(
     *greeted = Some(info);
     stream.set_read_timeout(None).map_err(|e| io("set_read_timeout", e))?;
     let out = stream.try_clone().map_err(|e| io("clone the channel", e))?;
-    let conn = Arc::new(Conn::new(generation, pid, out));
+    let conn = Arc::new(Conn::new(generation, pid, out, OwnedFd::from(reader)));
     // The reader polls without blocking (recv with MSG_DONTWAIT), so the
     // descriptor the writers share stays blocking.
     let fd = {
         let _runtime = s.runtime.enter();
-        let fd = OwnedFd::from(reader);
-        // SAFETY: the AsyncFd owns this descriptor until it is dropped.
-        unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
+        // SAFETY: the descriptor belongs to `conn`, which the reader task
+        // holds for longer than this AsyncFd (it drops the AsyncFd first).
+        unsafe { AsyncFd::register_with_interest(conn.input_fd(), tokio::io::Interest::READABLE) }
             .map_err(|e| io("register the channel", e.into()))?
     };
     s.runtime.spawn(read_loop(s.clone(), conn.clone(), fd));

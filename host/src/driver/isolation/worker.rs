@@ -4,7 +4,9 @@
 //! host's requests one at a time on its main thread, as the in-process
 //! worker thread does, through the same callbacks. It has no async runtime
 //! and no logger: driver log lines and change notifications travel to the
-//! host as frames.
+//! host as frames. A change notice (`devices_changed`, from any thread of
+//! the driver) wakes the main thread through an eventfd; it scans at once
+//! and sends the devices with the notice, so the host need not ask.
 
 use super::privileges;
 use super::protocol::{self, Request};
@@ -13,12 +15,13 @@ use crate::driver::loader::{self, Module};
 use devhost_abi as abi;
 use std::ffi::c_void;
 use std::io::{BufReader, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::fd::{FromRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::time::Duration;
 
 pub const ENV_PARENT: &str = "DEVHOST_WORKER_PARENT";
@@ -28,13 +31,20 @@ pub const ENV_KEEP_CAPS: &str = "DEVHOST_WORKER_KEEP_CAPS";
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The channel's sending half, shared by the main thread's replies and the
-/// driver's own threads (log, devices_changed). Frames are written whole
-/// under the lock so they never interleave.
-struct Outbox(Mutex<UnixStream>);
+/// driver's own threads (log lines). Frames are written whole under the
+/// lock so they never interleave.
+struct Outbox {
+    out: Mutex<UnixStream>,
+    /// The driver called devices_changed since the main thread last looked:
+    /// a burst of notices is one scan.
+    changed: AtomicBool,
+    /// Wakes the main thread while it waits for the host (an eventfd).
+    wake: OwnedFd,
+}
 
 impl Outbox {
     fn send(&self, frame: &[u8]) {
-        let mut out = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
         if out.write_all(frame).is_err() {
             // The host is gone or wedged, and a partial frame cannot be
             // taken back: leave at once (no atexit handlers: driver threads
@@ -76,8 +86,16 @@ fn run(name: &str, path: &Path) -> Result<(), String> {
     let stream = unsafe { UnixStream::from_raw_fd(fd) };
     let reader = stream.try_clone().map_err(|e| format!("cannot clone the host channel: {e}"))?;
     stream.set_write_timeout(Some(WRITE_TIMEOUT)).map_err(|e| format!("cannot set a write timeout: {e}"))?;
+    // SAFETY: eventfd(2) takes a count and flags and returns a new descriptor or -1.
+    let wake = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if wake < 0 {
+        return Err(format!("cannot create an eventfd: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: the descriptor was just returned to us and nothing else owns it.
+    let wake = unsafe { OwnedFd::from_raw_fd(wake) };
     // Leaked: driver threads may log until the process exits.
-    let outbox: &'static Outbox = Box::leak(Box::new(Outbox(Mutex::new(stream))));
+    let outbox: &'static Outbox =
+        Box::leak(Box::new(Outbox { out: Mutex::new(stream), changed: AtomicBool::new(false), wake }));
     outbox.send(&protocol::log(
         abi::DEVHOST_LOG_DEBUG,
         &format!(
@@ -144,8 +162,34 @@ unsafe extern "C" fn devices_changed(host_ctx: *mut c_void) {
         }
         // SAFETY: as in `log`.
         let outbox = unsafe { &*(host_ctx as *const Outbox) };
-        outbox.send(&protocol::changed());
+        if !outbox.changed.swap(true, Ordering::AcqRel) {
+            let one: u64 = 1;
+            // SAFETY: writes 8 bytes from a local to our eventfd. It cannot
+            // fail short of a counter at u64::MAX; the flag is set anyway.
+            unsafe { libc::write(outbox.wake.as_raw_fd(), (&raw const one).cast(), 8) };
+        }
     });
+}
+
+/// Waits until the host's channel has bytes or a change notice woke us.
+/// True when the channel is readable.
+fn wait_input(channel: &UnixStream, wake: &OwnedFd) -> Result<bool, String> {
+    let mut fds = [
+        libc::pollfd { fd: channel.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+        libc::pollfd { fd: wake.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+    ];
+    // SAFETY: polls two descriptors of ours, described by a local array.
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+    if n < 0 {
+        let e = std::io::Error::last_os_error();
+        return if e.kind() == std::io::ErrorKind::Interrupted { Ok(false) } else { Err(format!("poll: {e}")) };
+    }
+    if fds[1].revents != 0 {
+        let mut count = 0u64;
+        // SAFETY: reads the eventfd's 8-byte counter into a local (resets it).
+        unsafe { libc::read(wake.as_raw_fd(), (&raw mut count).cast(), 8) };
+    }
+    Ok(fds[0].revents != 0)
 }
 
 fn str_views(ids: &[String]) -> Vec<abi::devhost_str> {
@@ -166,6 +210,16 @@ fn serve(name: &str, module: Module, outbox: &'static Outbox, mut input: BufRead
     let api: &'static abi::devhost_host_api = Box::leak(Box::new(api));
     let inst = AtomicPtr::new(std::ptr::null_mut::<c_void>());
     loop {
+        // A notice before create succeeded waits for it: there is nothing to scan yet.
+        if !inst.load(Ordering::Acquire).is_null() && outbox.changed.swap(false, Ordering::AcqRel) {
+            outbox.send(&protocol::changed());
+            let (status, state) = call(name, &module, api, &inst, Request::Scan);
+            outbox.send(&protocol::reply(protocol::NOTICE_ID, status, &state));
+            continue;
+        }
+        if input.buffer().is_empty() && !wait_input(input.get_ref(), &outbox.wake)? {
+            continue;
+        }
         let body = match protocol::read_frame(&mut input) {
             Ok(Some(b)) => b,
             // The host closed the channel: it is stopping or restarting us.

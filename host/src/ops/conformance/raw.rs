@@ -85,7 +85,11 @@ pub(super) fn concurrent(r: &mut Report, m: Module, options: &[(String, String)]
         return r.add(CHECK, Verdict::Skip, "the driver does not claim DEVHOST_CAP_CONCURRENT: calls never overlap");
     }
     let mut host = Box::new(HostSide {
-        ctx: HostCtx { driver: "conformance-concurrent".into(), changed: Arc::new(tokio::sync::Notify::new()) },
+        ctx: HostCtx {
+            driver: "conformance-concurrent".into(),
+            changed: Arc::new(tokio::sync::Notify::new()),
+            notice: None,
+        },
         api: callbacks::host_api(std::ptr::null_mut()),
     });
     let ctx_ptr: *mut HostCtx = &mut host.ctx;
