@@ -28,6 +28,10 @@ const ROUNDS: usize = 4;
 const SEQ_PER_ROUND: usize = 500;
 const CONC_ROUNDS: usize = 2;
 pub const CLIENTS: usize = 64;
+/// The concurrent clients share this many HTTP/2 connections (8 streams on
+/// each): an endpoint serves at most 16 connections at once
+/// (`intake::MAX_CONNECTIONS`), and the kubelet itself uses one.
+const CONNECTIONS: usize = 8;
 const CALLS_PER_CLIENT: usize = 25;
 const WARMUP: usize = 200;
 
@@ -46,7 +50,7 @@ where
     Ok(s)
 }
 
-/// `clients.len()` tasks, each on its own connection, start together and
+/// `clients.len()` tasks, one per client, start together and
 /// make `per_client` calls each; returns every call's latency.
 pub async fn concurrent<F, Fut>(clients: &[Client], per_client: usize, call: F) -> Result<Samples>
 where
@@ -73,6 +77,12 @@ where
         all.extend(t.await.context("client task failed")?.context("concurrent call failed")?);
     }
     Ok(all)
+}
+
+/// `clients` clients on `connections` connections to `socket`, taken in turn.
+pub async fn connect_shared(socket: &std::path::Path, clients: usize, connections: usize) -> Result<Vec<Client>> {
+    let conns = connect_many(socket, connections.min(clients)).await?;
+    Ok((0..clients).map(|i| conns[i % conns.len()].clone()).collect())
 }
 
 /// `n` clients, each with its own connection to `socket`.
@@ -161,9 +171,9 @@ pub async fn run(art: &Artifacts, report: &mut Report) -> Result<Floor> {
         alloc.extend(sequential(&dh, 1, |c, _| alloc_one(c, i)).await?);
         opts.extend(sequential(&dh, 1, options_call).await?);
     }
-    let null_clients = connect_many(&null_sock, CLIENTS).await?;
+    let null_clients = connect_shared(&null_sock, CLIENTS, CONNECTIONS).await?;
     let dh_path = kubelet.endpoint_path(RESOURCE).context("resource lost its endpoint")?;
-    let dh_clients = connect_many(&dh_path, CLIENTS).await?;
+    let dh_clients = connect_shared(&dh_path, CLIENTS, CONNECTIONS).await?;
     let (mut base_c, mut alloc_c) = (Samples::default(), Samples::default());
     let (mut base_wall, mut alloc_wall) = (Duration::ZERO, Duration::ZERO);
     for _ in 0..CONC_ROUNDS {
@@ -205,14 +215,16 @@ pub async fn run(art: &Artifacts, report: &mut Report) -> Result<Floor> {
     ];
     let mut body = format!(
         "The real `devhost` release binary serves the C example driver (`count = {DEVICES}`, `numa_nodes = 2`); \
-         the clients are the bench's own, one HTTP/2 connection each, on the resource's unix socket. The \
+         the clients are the bench's own, on the resource's unix socket (sequential calls: one HTTP/2 connection each). The \
          baseline is a tonic server that answers GetDevicePluginOptions with an empty message, in a process of \
          its own with the same two-worker runtime as devhost. Sequential: {} calls of each kind after {WARMUP} \
          warm-up calls, taken in turn (baseline, Allocate, GetDevicePluginOptions, again) so that load drift hits \
-         all of them alike. Concurrent: {CLIENTS} clients start together \
-         and make {CALLS_PER_CLIENT} calls each, {CONC_ROUNDS} rounds.\n\n\
+         all of them alike. Concurrent: {CLIENTS} clients, {} to each of {CONNECTIONS} HTTP/2 \
+         connections (an endpoint serves at most 16 connections at once), start together and make \
+         {CALLS_PER_CLIENT} calls each, {CONC_ROUNDS} rounds.\n\n\
          | Call | n | p50 | p99 | min | max | p50 vs baseline |\n| --- | --- | --- | --- | --- | --- | --- |\n",
-        ROUNDS * SEQ_PER_ROUND
+        ROUNDS * SEQ_PER_ROUND,
+        CLIENTS / CONNECTIONS
     );
     for (name, x) in table {
         let against = if name.contains("concurrent") { base_c.p50 } else { base.p50 };
