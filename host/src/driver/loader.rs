@@ -177,9 +177,10 @@ impl Image {
         Ok(Image { source, fd, problems })
     }
 
-    /// The sealed copy, for a worker process to inherit.
-    pub fn fd(&self) -> RawFd {
-        self.fd.as_raw_fd()
+    /// The sealed copy, for a worker process to receive.
+    pub fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.fd.as_fd()
     }
 }
 

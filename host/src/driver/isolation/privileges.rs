@@ -8,7 +8,8 @@
 //! operator's version.
 
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
 
 use crate::manifest::capabilities::CAPABILITIES;
 #[cfg(test)]
@@ -31,98 +32,39 @@ fn prctl(option: libc::c_int, arg: libc::c_ulong) -> io::Result<()> {
 /// is spawned without any code running between fork and exec (which lets
 /// the standard library use `posix_spawn`, and spares the host a `fork` of
 /// its whole address space per worker).
-pub fn send_fd(channel: &std::os::unix::net::UnixStream, fd: RawFd) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let byte = [0u8; 1];
-    let mut iov = libc::iovec { iov_base: byte.as_ptr() as *mut libc::c_void, iov_len: 1 };
-    // SAFETY: CMSG_SPACE is a pure size computation.
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
-    let mut control = vec![0u8; space];
-    // SAFETY: an all-zero msghdr is valid; the pointers set below outlive the call.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
-    msg.msg_controllen = space as _;
-    // SAFETY: msg has room for one header with one descriptor (CMSG_SPACE above).
-    unsafe {
-        let cmsg = libc::CMSG_FIRSTHDR(&msg);
-        (*cmsg).cmsg_level = libc::SOL_SOCKET;
-        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-        (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
-        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg) as *mut RawFd, fd);
+pub fn send_fd(channel: &UnixStream, fd: BorrowedFd<'_>) -> io::Result<()> {
+    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    let fds = [fd];
+    control.push(SendAncillaryMessage::ScmRights(&fds));
+    match rustix::net::sendmsg(channel, &[io::IoSlice::new(&[0])], &mut control, SendFlags::NOSIGNAL)? {
+        1 => Ok(()),
+        _ => Err(io::Error::new(io::ErrorKind::WriteZero, "the module copy was not sent")),
     }
-    loop {
-        // SAFETY: msg is fully set up; the socket is ours.
-        match unsafe { libc::sendmsg(channel.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) } {
-            1 => return Ok(()),
-            -1 if errno().kind() == io::ErrorKind::Interrupted => continue,
-            -1 => return Err(errno()),
-            _ => return Err(io::Error::new(io::ErrorKind::WriteZero, "short write")),
-        }
-    }
-}
-
-/// Sets (or with zero clears) the receive timeout of a socket.
-fn set_recv_timeout(socket: RawFd, timeout: std::time::Duration) -> io::Result<()> {
-    let tv = libc::timeval { tv_sec: timeout.as_secs() as libc::time_t, tv_usec: timeout.subsec_micros() as _ };
-    // SAFETY: setsockopt with a timeval of the right size.
-    let rc = unsafe {
-        libc::setsockopt(
-            socket,
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            &tv as *const libc::timeval as *const libc::c_void,
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    };
-    if rc == -1 { Err(errno()) } else { Ok(()) }
 }
 
 /// The worker's side: the one descriptor the host sends first on the
 /// channel (close-on-exec), waiting at most `timeout`. The channel is left
 /// without a timeout: a worker waits for its next request as long as it takes.
-pub fn recv_fd(channel: RawFd, timeout: std::time::Duration) -> Result<RawFd, String> {
-    set_recv_timeout(channel, timeout).map_err(|e| format!("cannot set a timeout on the host channel: {e}"))?;
-    let received = recv_one_fd(channel);
-    set_recv_timeout(channel, std::time::Duration::ZERO)
-        .map_err(|e| format!("cannot clear the timeout of the host channel: {e}"))?;
-    received
-}
-
-fn recv_one_fd(channel: RawFd) -> Result<RawFd, String> {
+pub fn recv_fd(channel: &UnixStream, timeout: std::time::Duration) -> Result<OwnedFd, String> {
+    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+    channel.set_read_timeout(Some(timeout)).map_err(|e| format!("cannot set a timeout on the host channel: {e}"))?;
     let mut byte = [0u8; 1];
-    let mut iov = libc::iovec { iov_base: byte.as_mut_ptr() as *mut libc::c_void, iov_len: 1 };
-    // SAFETY: CMSG_SPACE is a pure size computation.
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
-    let mut control = vec![0u8; space];
-    // SAFETY: an all-zero msghdr is valid; the pointers set below outlive the call.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
-    msg.msg_controllen = space as _;
-    let n = loop {
-        // SAFETY: msg points at buffers of the sizes it states.
-        match unsafe { libc::recvmsg(channel, &mut msg, libc::MSG_CMSG_CLOEXEC) } {
-            -1 if errno().kind() == io::ErrorKind::Interrupted => continue,
-            n => break n,
-        }
-    };
-    if n == -1 {
-        return Err(format!("waiting for the module copy from the host: {}", errno()));
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let received =
+        rustix::net::recvmsg(channel, &mut [io::IoSliceMut::new(&mut byte)], &mut control, RecvFlags::CMSG_CLOEXEC);
+    channel.set_read_timeout(None).map_err(|e| format!("cannot clear the timeout of the host channel: {e}"))?;
+    let received = received.map_err(|e| format!("waiting for the module copy from the host: {e}"))?;
+    let fd = control.drain().find_map(|m| match m {
+        RecvAncillaryMessage::ScmRights(mut fds) => fds.next(),
+        _ => None,
+    });
+    match fd {
+        Some(fd) if received.bytes == 1 => Ok(fd),
+        _ => Err("the host channel did not start with the module copy".to_string()),
     }
-    // SAFETY: recvmsg filled msg; CMSG_FIRSTHDR checks the length it reported.
-    let cmsg = unsafe { libc::CMSG_FIRSTHDR(&msg) };
-    // SAFETY: a non-null header lies within `control`.
-    if n != 1
-        || cmsg.is_null()
-        || unsafe { (*cmsg).cmsg_level != libc::SOL_SOCKET || (*cmsg).cmsg_type != libc::SCM_RIGHTS }
-    {
-        return Err("the host channel did not start with the module copy".to_string());
-    }
-    // SAFETY: an SCM_RIGHTS header carries at least one descriptor.
-    Ok(unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(cmsg) as *const RawFd) })
 }
 
 /// What `harden` did, for the host's log.
@@ -271,17 +213,6 @@ mod tests {
         assert_eq!(capability_number("SYS_ADMIN"), None);
     }
 
-    fn recv_timeout(fd: RawFd) -> libc::timeval {
-        let mut tv = libc::timeval { tv_sec: -1, tv_usec: -1 };
-        let mut len = std::mem::size_of::<libc::timeval>() as libc::socklen_t;
-        // SAFETY: getsockopt into a timeval of the size given.
-        let rc = unsafe {
-            libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &mut tv as *mut _ as *mut libc::c_void, &mut len)
-        };
-        assert_eq!(rc, 0);
-        tv
-    }
-
     /// The module copy crosses the channel as a descriptor of the same file,
     /// close-on-exec, and the channel is left without a receive timeout (a
     /// worker idle for longer than the hand-off's deadline must not see its
@@ -289,14 +220,12 @@ mod tests {
     #[test]
     fn a_descriptor_crosses_the_channel_and_leaves_no_timeout_behind() {
         use std::io::{Read, Seek, Write};
-        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-        let (host, worker) = std::os::unix::net::UnixStream::pair().unwrap();
+        use std::os::fd::{AsFd, AsRawFd};
+        let (host, worker) = UnixStream::pair().unwrap();
         let mut file = tempfile::tempfile().unwrap();
         file.write_all(b"module bytes").unwrap();
-        send_fd(&host, file.as_raw_fd()).unwrap();
-        let got = recv_fd(worker.as_raw_fd(), std::time::Duration::from_secs(5)).unwrap();
-        // SAFETY: recv_fd returned a fresh descriptor that nothing else owns.
-        let mut got = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(got) });
+        send_fd(&host, file.as_fd()).unwrap();
+        let mut got = std::fs::File::from(recv_fd(&worker, std::time::Duration::from_secs(5)).unwrap());
         // SAFETY: fcntl on our own descriptor.
         let flags = unsafe { libc::fcntl(got.as_raw_fd(), libc::F_GETFD) };
         assert_eq!(flags & libc::FD_CLOEXEC, libc::FD_CLOEXEC, "received descriptors must not leak into exec");
@@ -304,20 +233,19 @@ mod tests {
         let mut text = String::new();
         got.read_to_string(&mut text).unwrap();
         assert_eq!(text, "module bytes");
-        let tv = recv_timeout(worker.as_raw_fd());
-        assert_eq!((tv.tv_sec, tv.tv_usec), (0, 0), "the channel must keep no receive timeout");
+        assert_eq!(worker.read_timeout().unwrap(), None, "the channel must keep no receive timeout");
     }
 
     #[test]
     fn a_channel_that_starts_without_a_descriptor_is_refused() {
         use std::io::Write;
-        use std::os::fd::AsRawFd;
-        let (mut host, worker) = std::os::unix::net::UnixStream::pair().unwrap();
+        let (mut host, worker) = UnixStream::pair().unwrap();
         host.write_all(b"x").unwrap();
-        let err = recv_fd(worker.as_raw_fd(), std::time::Duration::from_secs(5)).unwrap_err();
+        let err = recv_fd(&worker, std::time::Duration::from_secs(5)).unwrap_err();
         assert!(err.contains("did not start with the module copy"), "{err}");
         drop(host);
-        let err = recv_fd(worker.as_raw_fd(), std::time::Duration::from_secs(5)).unwrap_err();
+        let err = recv_fd(&worker, std::time::Duration::from_secs(5)).unwrap_err();
         assert!(err.contains("did not start with the module copy"), "{err}");
+        assert_eq!(worker.read_timeout().unwrap(), None, "a failed wait leaves no timeout either");
     }
 }

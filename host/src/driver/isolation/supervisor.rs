@@ -535,7 +535,7 @@ fn start(s: &Arc<Shared>, spec: &Spec) -> Result<Started, Box<Failed>> {
     // The Command held our copy of the worker's end; it is gone with it, or
     // the channel would never report the worker's end.
     drop(cmd);
-    if let Err(e) = privileges::send_fd(&host_end, spec.image.fd()) {
+    if let Err(e) = privileges::send_fd(&host_end, spec.image.as_fd()) {
         let _ = child.kill();
         return Err(Box::new(Failed {
             child: Some(child),

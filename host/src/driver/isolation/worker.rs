@@ -15,8 +15,7 @@ use crate::driver::loader::{self, Module};
 use devhost_abi as abi;
 use std::ffi::c_void;
 use std::io::{BufReader, Write};
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::fd::{FromRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::process::ExitCode;
@@ -77,13 +76,11 @@ fn run(name: &str, path: &Path) -> Result<(), String> {
         .filter(|s| !s.is_empty())
         .map(|s| s.parse().map_err(|_| format!("{ENV_KEEP_CAPS}: {s:?} is not a capability number")))
         .collect::<Result<_, _>>()?;
-    let fd = channel_from_stdin()?;
-    // The module's sealed copy is the first thing the host sends.
-    let module_fd = privileges::recv_fd(fd, WRITE_TIMEOUT)?;
-    let hardened = privileges::harden(parent, fd, module_fd, &keep)?;
-    // SAFETY: the host passed this descriptor for our exclusive use, and
-    // harden left it open.
-    let stream = unsafe { UnixStream::from_raw_fd(fd) };
+    let stream = channel_from_stdin()?;
+    // The module's sealed copy is the first thing the host sends; it stays
+    // open for good (the module is mapped from it).
+    let module_fd = privileges::recv_fd(&stream, WRITE_TIMEOUT)?.into_raw_fd();
+    let hardened = privileges::harden(parent, stream.as_raw_fd(), module_fd, &keep)?;
     let reader = stream.try_clone().map_err(|e| format!("cannot clone the host channel: {e}"))?;
     stream.set_write_timeout(Some(WRITE_TIMEOUT)).map_err(|e| format!("cannot set a write timeout: {e}"))?;
     // SAFETY: eventfd(2) takes a count and flags and returns a new descriptor or -1.
@@ -122,23 +119,17 @@ fn run(name: &str, path: &Path) -> Result<(), String> {
 /// The host starts a worker with its channel as standard input. It moves
 /// to a descriptor of its own (close-on-exec), and standard input becomes
 /// /dev/null, so driver code that reads stdin cannot eat the protocol.
-fn channel_from_stdin() -> Result<RawFd, String> {
-    // SAFETY: fcntl and open/dup2/close on descriptors of this fresh process.
-    unsafe {
-        let fd = libc::fcntl(0, libc::F_DUPFD_CLOEXEC, 3);
-        if fd == -1 {
-            return Err(format!(
-                "no host channel on standard input ({}): this mode is started by devhost itself",
-                std::io::Error::last_os_error()
-            ));
-        }
-        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
-        if null == -1 || libc::dup2(null, 0) == -1 {
-            return Err(format!("cannot put /dev/null on standard input: {}", std::io::Error::last_os_error()));
-        }
-        libc::close(null);
-        Ok(fd)
+fn channel_from_stdin() -> Result<UnixStream, String> {
+    let fd = std::io::stdin()
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|e| format!("no host channel on standard input ({e}): this mode is started by devhost itself"))?;
+    let null = std::fs::File::open("/dev/null").map_err(|e| format!("cannot open /dev/null: {e}"))?;
+    // SAFETY: dup2 onto standard input, which nothing in this fresh process reads.
+    if unsafe { libc::dup2(null.as_raw_fd(), 0) } == -1 {
+        return Err(format!("cannot put /dev/null on standard input: {}", std::io::Error::last_os_error()));
     }
+    Ok(UnixStream::from(fd))
 }
 
 unsafe extern "C" fn log(host_ctx: *mut c_void, level: abi::devhost_log_level, message: abi::devhost_str) {
