@@ -28,7 +28,7 @@ fn create(api: &devhost_host_api, options: &[(&str, &str)]) -> (devhost_status, 
 }
 
 fn host_ctx(driver: &str) -> HostCtx {
-    HostCtx { driver: driver.into(), changed: Arc::new(Notify::new()) }
+    HostCtx { driver: driver.into(), changed: Arc::new(Notify::new()), notice: None }
 }
 
 #[test]
