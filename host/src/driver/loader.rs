@@ -147,7 +147,7 @@ impl Image {
         let copy_err = |e: std::io::Error| LoadError::Copy { path: real.clone(), detail: e.to_string() };
         let fd = memfd(&real).map_err(copy_err)?;
         let mut out = std::fs::File::from(fd);
-        // File to file: the kernel copies (copy_file_range), no pass through here.
+        // File to file: the kernel copies (copy_file_range or sendfile), no pass through here.
         std::io::copy(&mut file, &mut out).map_err(read_err)?;
         let fd = OwnedFd::from(out);
         let seals = libc::F_SEAL_WRITE | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
