@@ -37,7 +37,9 @@ pub fn send_fd(channel: &UnixStream, fd: BorrowedFd<'_>) -> io::Result<()> {
     let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
     let mut control = SendAncillaryBuffer::new(&mut space);
     let fds = [fd];
-    control.push(SendAncillaryMessage::ScmRights(&fds));
+    if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+        return Err(io::Error::other("no room for the descriptor in the message"));
+    }
     match rustix::net::sendmsg(channel, &[io::IoSlice::new(&[0])], &mut control, SendFlags::NOSIGNAL)? {
         1 => Ok(()),
         _ => Err(io::Error::new(io::ErrorKind::WriteZero, "the module copy was not sent")),
