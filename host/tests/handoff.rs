@@ -20,6 +20,21 @@ fn blocked_so_far() -> i64 {
     ru.ru_nvcsw
 }
 
+/// Allocates measured in each test below (after 20 uncounted ones).
+const CALLS: i64 = 400;
+
+/// How often the calling thread blocked during `CALLS` Allocates of `inst`.
+async fn blocked_in_allocates(inst: &Instance) -> i64 {
+    for i in 0..20 {
+        inst.allocate(vec![format!("example-{}", i % 4)]).await.unwrap().expect("the C example has an allocate hook");
+    }
+    let before = blocked_so_far();
+    for i in 0..CALLS {
+        inst.allocate(vec![format!("example-{}", i % 4)]).await.unwrap();
+    }
+    blocked_so_far() - before
+}
+
 // A current-thread runtime: the test's own thread is the runtime's only one.
 #[tokio::test]
 async fn a_fast_hook_answers_without_parking_the_calling_thread() {
@@ -28,15 +43,7 @@ async fn a_fast_hook_answers_without_parking_the_calling_thread() {
     let inst = Instance::create("d", devhost::driver::loader::load(&so).unwrap(), &opts, Duration::from_secs(5))
         .await
         .unwrap();
-    for i in 0..20 {
-        inst.allocate(vec![format!("example-{}", i % 4)]).await.unwrap().expect("the C example has an allocate hook");
-    }
-    const CALLS: i64 = 400;
-    let before = blocked_so_far();
-    for i in 0..CALLS {
-        inst.allocate(vec![format!("example-{}", i % 4)]).await.unwrap();
-    }
-    let blocked = blocked_so_far() - before;
+    let blocked = blocked_in_allocates(&inst).await;
     eprintln!("the calling thread blocked {blocked} times in {CALLS} calls");
     // Parking for the answer blocks at least once per call. A loaded machine
     // delays the driver thread past the caller's wait now and then: allow half.
@@ -59,15 +66,7 @@ async fn a_fast_hook_in_a_worker_process_answers_without_parking_the_calling_thr
     let mut m = Manifest::parse(&text, Path::new("/tmp/devhost.toml"), None).expect("test manifest parses");
     let cfg = m.drivers.remove("d").expect("driver d");
     let inst = Instance::create_isolated(&cfg, &so, false).await.unwrap();
-    for i in 0..20 {
-        inst.allocate(vec![format!("example-{}", i % 4)]).await.unwrap().expect("the C example has an allocate hook");
-    }
-    const CALLS: i64 = 400;
-    let before = blocked_so_far();
-    for i in 0..CALLS {
-        inst.allocate(vec![format!("example-{}", i % 4)]).await.unwrap();
-    }
-    let blocked = blocked_so_far() - before;
+    let blocked = blocked_in_allocates(&inst).await;
     eprintln!("the calling thread blocked {blocked} times in {CALLS} isolated calls");
     // The worker process is a wake-up away (the in-process driver thread is
     // one too); a loaded machine delays it past the caller's wait now and then.
