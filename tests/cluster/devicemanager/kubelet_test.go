@@ -18,7 +18,6 @@ import (
 
 	cadvisorapi "github.com/google/cadvisor/info/v1"
 	v1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
@@ -28,6 +27,7 @@ import (
 	"k8s.io/kubernetes/pkg/kubelet/cm/topologymanager"
 	"k8s.io/kubernetes/pkg/kubelet/lifecycle"
 
+	"devhost.test/cluster/internal/cluster"
 	"devhost.test/cluster/internal/devhost"
 	"devhost.test/cluster/internal/nodens"
 )
@@ -127,10 +127,7 @@ func (k *kubelet) waitForResources(t *testing.T, want []devhost.Resource, timeou
 }
 
 func newPod(name string, limits map[string]int64) *v1.Pod {
-	rl := v1.ResourceList{}
-	for n, v := range limits {
-		rl[v1.ResourceName(n)] = *resource.NewQuantity(v, resource.DecimalSI)
-	}
+	rl := cluster.Limits(limits)
 	return &v1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID(name + "-uid")},
 		Spec: v1.PodSpec{Containers: []v1.Container{{

@@ -11,9 +11,9 @@ import (
 	v1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"devhost.test/cluster/internal/cluster"
 	"devhost.test/cluster/internal/devhost"
 )
 
@@ -70,10 +70,7 @@ func createClaimTemplate(t *testing.T, name string, devices resourcev1.DeviceCla
 // extended resources in limits. It is deleted when the test ends.
 func createClaimPod(t *testing.T, name string, templates []string, limits map[string]int64) {
 	t.Helper()
-	rl := v1.ResourceList{}
-	for k, v := range limits {
-		rl[v1.ResourceName(k)] = *resource.NewQuantity(v, resource.DecimalSI)
-	}
+	rl := cluster.Limits(limits)
 	no := false
 	pod := &v1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},

@@ -30,10 +30,8 @@ func startDRA(t *testing.T, opts devhost.DRAOptions) *node {
 	t.Helper()
 	needCluster(t)
 	dir := t.TempDir()
-	n := &node{health: filepath.Join(dir, "health"), release: filepath.Join(dir, "released")}
-	if err := os.WriteFile(n.health, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	n := &node{}
+	n.health, n.release = devhost.TestFiles(t, dir)
 	opts.KubeletRootDir, opts.KubeletDir, opts.PodResourcesSocket = cluster.RootDir, pluginDir, cluster.PodResourcesSocket
 	opts.HealthFile, opts.ReleaseFile = n.health, n.release
 	// devhost serves a DRA resource only with an API client (it publishes slices and reads claims).

@@ -3,8 +3,6 @@ package node_test
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
@@ -12,7 +10,6 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
@@ -46,10 +43,8 @@ func startDevhostWith(t *testing.T, opts devhost.Options) *node {
 	t.Helper()
 	needCluster(t)
 	dir := t.TempDir()
-	n := &node{health: filepath.Join(dir, "health"), release: filepath.Join(dir, "released")}
-	if err := os.WriteFile(n.health, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	n := &node{}
+	n.health, n.release = devhost.TestFiles(t, dir)
 	opts.KubeletDir, opts.PodResourcesSocket = pluginDir, cluster.PodResourcesSocket
 	opts.HealthFile, opts.ReleaseFile = n.health, n.release
 	n.config = devhost.WriteDemoConfig(t, dir, opts)
@@ -117,10 +112,7 @@ func waitNodeResources(t *testing.T, want []devhost.Resource, timeout time.Durat
 // deletes it when the test ends.
 func createPod(t *testing.T, name string, limits map[string]int64) *v1.Pod {
 	t.Helper()
-	rl := v1.ResourceList{}
-	for k, v := range limits {
-		rl[v1.ResourceName(k)] = *resource.NewQuantity(v, resource.DecimalSI)
-	}
+	rl := cluster.Limits(limits)
 	no := false
 	pod := &v1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},

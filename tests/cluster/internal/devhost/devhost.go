@@ -237,3 +237,14 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() st
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestFiles makes, in dir, the health file a test's devhost reads (empty: every device
+// healthy) and names the release record its release hook writes.
+func TestFiles(t *testing.T, dir string) (health, release string) {
+	t.Helper()
+	health, release = filepath.Join(dir, "health"), filepath.Join(dir, "released")
+	if err := os.WriteFile(health, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return health, release
+}
