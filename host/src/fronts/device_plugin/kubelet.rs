@@ -316,10 +316,8 @@ async fn serve_resource(
         let server = tokio::spawn(crate::fronts::device_plugin::endpoint::serve(endpoint, listener, async move {
             let _ = retire_wait.wait_for(|r| *r).await;
         }));
-        // A lost-socket signal from before this bind is stale: take it if
-        // there is one, without waiting (a zero timeout would wait for the
-        // timer's next millisecond tick).
-        take_pending(&lost).await;
+        // A lost-socket signal from before this bind is stale.
+        let _ = tokio::time::timeout(Duration::ZERO, lost.notified()).await;
         kubelet_gen.borrow_and_update();
         // Register, retrying while the kubelet is absent or refuses.
         let kubelet_sock = dir.join(devhost_proto::KUBELET_SOCKET);
@@ -403,17 +401,6 @@ async fn serve_resource(
     }
     res.registered.store(false, Ordering::Release);
     remove_own_socket(&path);
-}
-
-/// Consumes `notify`'s stored permit, if any, and returns at once.
-async fn take_pending(notify: &Notify) {
-    use std::future::Future;
-    let mut notified = std::pin::pin!(notify.notified());
-    std::future::poll_fn(|cx| {
-        let _ = notified.as_mut().poll(cx);
-        std::task::Poll::Ready(())
-    })
-    .await
 }
 
 /// Binds the socket, replacing a stale one of ours.
