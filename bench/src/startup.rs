@@ -117,8 +117,7 @@ binary to its `main` 1.2 ms, then the module load, the greeting and one round tr
 `watch_start` and the first scan; on 2 CPUs the demo node's 4 workers start partly in turn. Cut since \
 the last figures: every `watch_start` and first scan waited for every driver's `create`; modules were \
 read, hashed (SHA-256, about 1.5 ms for the demo node's four) and loaded one after the other on the main \
-thread; a worker was started by `fork` of the whole host; a zero timeout before each first registration \
-waited for the timer's next millisecond; and the demo node's control files were in `/tmp`, where the \
+thread; a worker was started by `fork` of the whole host; and the demo node's control files were in `/tmp`, where the \
 first inotify watch walks every cached entry of the folder (about 3 ms on this machine).\n";
 
 /// `starts` rounds per node (null plugin, in process, isolated, in turn);
