@@ -68,6 +68,12 @@ async fn five_hundred_kubelet_restarts_leak_nothing() {
             baseline = Some(footprint(pid));
         }
     }
+    // One registration per resource and kubelet: a notice of a restart
+    // already registered with, read as a new one, re-registers for nothing
+    // (and lets a count-based wait like the one above run ahead).
+    for r in RESOURCES {
+        assert_eq!(kubelet.registration_count(r), rounds + 1, "{r}: registrations over {rounds} kubelet restarts");
+    }
     let (fds0, threads0, rss0) = baseline.expect("baseline taken");
     let (fds, threads, rss) = footprint(pid);
     assert!(fds <= fds0 + 2, "open files grew from {fds0} to {fds}");

@@ -316,15 +316,16 @@ async fn serve_resource(
         let server = tokio::spawn(crate::fronts::device_plugin::endpoint::serve(endpoint, listener, async move {
             let _ = retire_wait.wait_for(|r| *r).await;
         }));
-        // A lost-socket signal from before this bind is stale.
-        let _ = tokio::time::timeout(Duration::ZERO, lost.notified()).await;
+        // A lost-socket signal from before this bind is stale: take it if
+        // there is one, without waiting (a zero timeout would wait for the
+        // timer's next millisecond tick).
+        take_pending(&lost).await;
         kubelet_gen.borrow_and_update();
         // Register, retrying while the kubelet is absent or refuses.
         let kubelet_sock = dir.join(devhost_proto::KUBELET_SOCKET);
         let reason = 'serve: loop {
-            let mut registered_with;
+            let registered_with;
             loop {
-                registered_with = inode(&kubelet_sock);
                 // A kubelet that never answers must not hold up a shutdown.
                 let attempt = tokio::select! {
                     r = register(&dir, &res) => r,
@@ -332,6 +333,13 @@ async fn serve_resource(
                 };
                 match attempt {
                     Ok(()) => {
+                        // The kubelet.sock that answered: read after the call, since one
+                        // that appeared during it is the one the call reached (the old
+                        // kubelet stopped listening before the new one wiped the folder). A
+                        // restart after the call wipes our socket too, which the wait below
+                        // sees by itself; a notice of the restart we just registered with,
+                        // arriving late, then finds this very socket and changes nothing.
+                        registered_with = inode(&kubelet_sock);
                         failures = 0;
                         last_warned = None;
                         res.registered.store(true, Ordering::Release);
@@ -401,6 +409,17 @@ async fn serve_resource(
     }
     res.registered.store(false, Ordering::Release);
     remove_own_socket(&path);
+}
+
+/// Consumes `notify`'s stored permit, if any, and returns at once.
+async fn take_pending(notify: &Notify) {
+    use std::future::Future;
+    let mut notified = std::pin::pin!(notify.notified());
+    std::future::poll_fn(|cx| {
+        let _ = notified.as_mut().poll(cx);
+        std::task::Poll::Ready(())
+    })
+    .await
 }
 
 /// Binds the socket, replacing a stale one of ours.
