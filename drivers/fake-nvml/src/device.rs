@@ -101,6 +101,7 @@ pub unsafe extern "C" fn nvmlDeviceGetIndex(device: nvmlDevice_t, index: *mut c_
 /// `memory` must be valid for a read and write of `nvmlMemory_v2_t`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(device: nvmlDevice_t, memory: *mut nvmlMemory_v2_t) -> Ret {
+    wait_while_held(device);
     with_rt(|rt| {
         let mib = match target(rt, device)? {
             Target::Gpu(g) => rt.machine.gpus[g].memory_mib,
@@ -127,6 +128,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(device: nvmlDevice_t, memory
 /// `memory` must be valid for a write.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(device: nvmlDevice_t, memory: *mut nvmlMemory_t) -> Ret {
+    wait_while_held(device);
     with_rt(|rt| {
         let mib = match target(rt, device)? {
             Target::Gpu(g) => rt.machine.gpus[g].memory_mib,

@@ -50,6 +50,26 @@ pub(crate) fn with_rt(f: impl FnOnce(&mut Runtime) -> Result<(), Ret>) -> Ret {
     .unwrap_or(UNKNOWN)
 }
 
+/// Waits while `hold` holds the GPU of `handle`, reading the control file
+/// (for its `release`) every few milliseconds and holding the lock only to
+/// look, so that every other call (the event wait, other GPUs) goes on.
+pub(crate) fn wait_while_held(handle: nvmlDevice_t) {
+    let gpu = (handle.addr() >> 8).wrapping_sub(1);
+    loop {
+        let held = catch_unwind(AssertUnwindSafe(|| {
+            let mut guard = lock();
+            let Some(rt) = guard.as_mut().filter(|rt| rt.init_count > 0) else { return false };
+            rt.poll_control();
+            rt.held.get(gpu).copied().unwrap_or(false)
+        }))
+        .unwrap_or(false);
+        if !held {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 /// What a device handle points at.
 #[derive(Clone, Copy)]
 pub(crate) enum Target {

@@ -15,7 +15,12 @@
 //! - `fail <gpu-index> <code>`: every call on the GPU answers that NVML
 //!   return code (e.g. 999, unknown error), again without an event;
 //! - `back <gpu-index>`: the GPU answers normally again (after `lost`,
-//!   `vanish` or `fail`).
+//!   `vanish` or `fail`);
+//! - `hold <gpu-index>`: memory queries on the GPU (what a health probe asks)
+//!   block until `release <gpu-index>`, without holding up any other call:
+//!   a GPU slow to answer, for what a driver does meanwhile. Lines written
+//!   together apply together, so `xid 2 79` and `hold 2` in one write hold
+//!   the first probe after that Xid.
 //!
 //! Only lines appended after `nvmlInit` are read, so a control file left over
 //! from an earlier run replays nothing.
@@ -74,6 +79,8 @@ pub struct Runtime {
     pub lost: Vec<bool>,
     /// The code every call on the GPU answers (`fail`).
     pub failing: Vec<Option<u32>>,
+    /// Memory queries on the GPU wait (`hold`, until `release`).
+    pub held: Vec<bool>,
     pub sets: Vec<Option<EventSet>>,
     pub init_count: u32,
     control: Option<Control>,
@@ -105,7 +112,8 @@ impl Runtime {
             Control { path, offset, partial: String::new(), watch }
         });
         let failing = vec![None; machine.gpus.len()];
-        Ok(Runtime { machine, bus, lost, failing, sets: Vec::new(), init_count: 0, control })
+        let held = vec![false; machine.gpus.len()];
+        Ok(Runtime { machine, bus, lost, failing, held, sets: Vec::new(), init_count: 0, control })
     }
 
     /// The control file, when the machine names one.
@@ -183,7 +191,11 @@ impl Runtime {
                 self.lost[gpu] = false;
                 self.failing[gpu] = None;
             }
-            other => return Err(format!("unknown command {other:?} (xid, lost, vanish, fail, back)")),
+            "hold" => self.held[gpu] = true,
+            "release" => self.held[gpu] = false,
+            other => {
+                return Err(format!("unknown command {other:?} (xid, lost, vanish, fail, back, hold, release)"));
+            }
         }
         Ok(())
     }
@@ -250,6 +262,22 @@ mod tests {
         append(&dir, "back 0\n");
         rt.poll_control();
         assert_eq!(rt.failing[0], None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn hold_and_release_apply_in_order_with_the_lines_written_beside_them() {
+        let dir = std::env::temp_dir().join(format!("fake-nvml-hold-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut rt = runtime(&dir);
+        rt.sets.push(Some(EventSet { registered: vec![(0, XID_EVENT)], ..Default::default() }));
+        append(&dir, "xid 0 79\nhold 0\n");
+        rt.poll_control();
+        assert!(rt.held[0], "hold was not applied");
+        assert_eq!(rt.sets[0].as_ref().unwrap().queue.len(), 1, "the Xid written with it was not queued");
+        append(&dir, "release 0\n");
+        rt.poll_control();
+        assert!(!rt.held[0], "release was not applied");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -44,6 +44,24 @@ fn critical_xid_makes_the_gpu_unhealthy_at_once_and_it_recovers() {
 }
 
 #[test]
+fn a_critical_xid_reaches_the_host_before_the_recovery_probe_that_follows_it() {
+    let (gpus, machine) = four_gpus("");
+    let fx = Fixture::new(&gpus, &machine);
+    let node = fx.open(&[("recovery_period", "300ms")]);
+    node.watch_start();
+    let before = fx.changes.load(Ordering::SeqCst);
+    // Written together, so applied together: the Xid is queued and GPU 2's
+    // memory query (the probe that recovery asks next) blocks from then on.
+    fx.control("xid 2 79\nhold 2");
+    let told = wait_until(SOON, || fx.changes.load(Ordering::SeqCst) > before);
+    let marked = !healthy(&node, 2);
+    fx.control("release 2");
+    assert!(told, "the host heard of the Xid only once the probe after it returned");
+    assert!(marked, "GPU 2 was not Unhealthy when the host was told");
+    node.watch_stop();
+}
+
+#[test]
 fn ignored_xids_leave_the_gpu_healthy() {
     let (gpus, machine) = four_gpus("");
     let fx = Fixture::new(&gpus, &machine);
