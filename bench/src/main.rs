@@ -63,9 +63,6 @@ enum Sub {
         #[arg(long)]
         socket: PathBuf,
     },
-    /// Count the instructions of the hot paths under callgrind (release
-    /// build, already built) and record them in, or check them against, the
-    /// "Instruction counts" section of a report.
     /// Allocate through the driver hook against the null RPC and devhost's
     /// own GetDevicePluginOptions, in process and isolated, with context
     /// switches per call; prints a markdown table.
@@ -106,6 +103,9 @@ enum Sub {
         #[arg(long)]
         record: Option<PathBuf>,
     },
+    /// Count the instructions of the hot paths under callgrind (release
+    /// build, already built) and record them in, or check them against, the
+    /// "Instruction counts" section of a report.
     Icount {
         /// Fail when a count grew more than 10 % over the one recorded in this file.
         #[arg(long, conflicts_with = "record")]
