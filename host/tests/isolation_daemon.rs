@@ -161,6 +161,99 @@ async fn workers_die_with_the_host() {
     }
 }
 
+/// The program a process runs, as the kernel says.
+fn exe_of(pid: u32) -> PathBuf {
+    std::fs::read_link(format!("/proc/{pid}/exe")).unwrap()
+}
+
+/// `argv[0]` of a process.
+fn arg0_of(pid: u32) -> String {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    String::from_utf8_lossy(cmdline.split(|b| *b == 0).next().unwrap_or_default()).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_run_from_devhost_worker_beside_the_daemon() {
+    let node = Node::new();
+    let so = node.path().join("libcrashy.so");
+    compile_c(&repo_root().join("tests/fixtures/crash_driver.c"), &so, &abi_include());
+    let (m, _) = manifest(&node, &so, "none", "none", Placement::Explicit);
+    let kubelet = Kubelet::start(&node.kubelet_dir()).unwrap();
+    let daemon = Daemon::start(&m, &node.kubelet_dir());
+    kubelet.wait_devices("example.com/crashy", WAIT, all_health("Healthy")).await.unwrap();
+    let workers = workers_of(daemon.child.id());
+    assert_eq!(workers.len(), 1, "one worker for the one isolated driver");
+    let companion = std::fs::canonicalize(devhost_bin().with_file_name("devhost-worker")).unwrap();
+    assert_eq!(exe_of(workers[0]), companion, "the worker does not run devhost-worker");
+    assert_eq!(arg0_of(workers[0]), companion.display().to_string(), "ps shows another name");
+    let comm = std::fs::read_to_string(format!("/proc/{}/comm", workers[0])).unwrap();
+    assert_eq!(comm.trim(), "devhost-worker");
+}
+
+/// A copy of the daemon in a folder of its own, with `worker` (if any)
+/// written beside it as `devhost-worker` with `mode`.
+fn daemon_copy(node: &Node, worker: Option<(&[u8], u32)>) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = node.path().join("bin");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = dir.join("devhost");
+    std::fs::copy(devhost_bin(), &bin).unwrap();
+    if let Some((bytes, mode)) = worker {
+        let w = dir.join("devhost-worker");
+        std::fs::write(&w, bytes).unwrap();
+        std::fs::set_permissions(&w, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    std::fs::canonicalize(bin).unwrap()
+}
+
+/// Starts the daemon `bin` on the crash driver's node (no crash armed) and
+/// returns, once the isolated resource is Healthy, its worker's program and
+/// the daemon's log.
+async fn isolated_worker_program(node: &Node, bin: &Path) -> (PathBuf, String) {
+    let so = node.path().join("libcrashy.so");
+    compile_c(&repo_root().join("tests/fixtures/crash_driver.c"), &so, &abi_include());
+    let (m, _) = manifest(node, &so, "none", "none", Placement::Explicit);
+    let kubelet = Kubelet::start(&node.kubelet_dir()).unwrap();
+    let daemon = Daemon::start_from(bin, &m, &node.kubelet_dir());
+    if let Err(e) = kubelet.wait_devices("example.com/crashy", WAIT, all_health("Healthy")).await {
+        panic!("{e}\n{}", daemon.logs());
+    }
+    let workers = workers_of(daemon.child.id());
+    assert_eq!(workers.len(), 1, "one worker for the one isolated driver");
+    (exe_of(workers[0]), daemon.logs())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_devhost_worker_that_cannot_start_a_worker_is_given_up_for_devhost_itself() {
+    let node = Node::new();
+    // Ends before it says a word, as when its dynamic loader misses a library.
+    let bin = daemon_copy(&node, Some((b"#!/bin/sh\nexit 127\n", 0o755)));
+    let (exe, log) = isolated_worker_program(&node, &bin).await;
+    assert_eq!(exe, bin, "the worker does not run devhost itself");
+    assert!(log.contains("devhost-worker could not start a driver worker"), "no warning says why:\n{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_devhost_worker_others_may_write_is_not_used() {
+    let node = Node::new();
+    let real = std::fs::read(devhost_bin().with_file_name("devhost-worker")).unwrap();
+    let bin = daemon_copy(&node, Some((&real, 0o757)));
+    let (exe, log) = isolated_worker_program(&node, &bin).await;
+    assert_eq!(exe, bin, "the worker does not run devhost itself");
+    assert!(log.contains("not starting driver workers from devhost-worker"), "no warning says why:\n{log}");
+    assert!(log.contains("writable by others"), "the warning does not say what is wrong:\n{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_devhost_worker_beside_it_devhost_runs_its_workers_itself() {
+    let node = Node::new();
+    let bin = daemon_copy(&node, None);
+    let (exe, log) = isolated_worker_program(&node, &bin).await;
+    assert_eq!(exe, bin, "the worker does not run devhost itself");
+    assert!(!log.contains("devhost-worker"), "a missing devhost-worker is not worth a word:\n{log}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_an_isolation_key_a_crash_costs_only_its_own_resource() {
     crash_next_to_a_healthy_driver("allocate", "segv", Placement::Default).await;

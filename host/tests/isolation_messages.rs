@@ -69,6 +69,8 @@ fn a_first_worker_that_dies_in_create_names_its_signal() {
         "{err}"
     );
     assert!(!err.contains(&format!("driver {DRIVER}: driver {DRIVER}")), "{err}");
+    // The module's crash, not the worker program's: devhost-worker stays in use.
+    assert!(!err.contains("could not start a driver worker"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -143,7 +143,7 @@ impl Image {
         let mut file = std::fs::File::open(&real).map_err(read_err)?;
         // The descriptor's own metadata: the file whose bytes are read.
         let meta = file.metadata().map_err(read_err)?;
-        let mut problems = file_problems(&real, &meta);
+        let mut problems = file_problems(&real, &meta, "module file");
         let copy_err = |e: std::io::Error| LoadError::Copy { path: real.clone(), detail: e.to_string() };
         let fd = memfd(&real).map_err(copy_err)?;
         let mut out = std::fs::File::from(fd);
@@ -516,17 +516,17 @@ fn inspect(path: &Path, sha256_pin: Option<&str>) -> Result<Image, TrustError> {
     })
 }
 
-/// What makes the module file `real` (whose open descriptor gave `meta`)
-/// untrusted: its own mode and owner, then its folder's and the folders'
-/// above it.
-fn file_problems(real: &Path, meta: &std::fs::Metadata) -> Vec<TrustError> {
+/// What makes the file `real` (whose open descriptor gave `meta`; a
+/// module file, or the worker program, as `what` says) untrusted: its own
+/// mode and owner, then its folder's and the folders' above it.
+pub(crate) fn file_problems(real: &Path, meta: &std::fs::Metadata, what: &'static str) -> Vec<TrustError> {
     use std::os::unix::fs::MetadataExt;
     // SAFETY: geteuid has no preconditions and cannot fail.
     let euid = unsafe { libc::geteuid() };
     let mut problems = Vec::new();
     let folder = real.parent().unwrap_or(Path::new("/")).to_path_buf();
     let folder_meta = std::fs::metadata(&folder);
-    let checked = [(real.to_path_buf(), "module file", Ok(meta.clone())), (folder.clone(), "its folder", folder_meta)];
+    let checked = [(real.to_path_buf(), what, Ok(meta.clone())), (folder.clone(), "its folder", folder_meta)];
     for (p, what, meta) in checked {
         let meta = match meta {
             Ok(m) => m,

@@ -80,9 +80,14 @@ pub struct Daemon {
 
 impl Daemon {
     pub fn start(manifest: &Path, kubelet_dir: &Path) -> Daemon {
+        Self::start_from(&devhost_bin(), manifest, kubelet_dir)
+    }
+
+    /// As [`Daemon::start`], from the `devhost` binary at `bin`.
+    pub fn start_from(bin: &Path, manifest: &Path, kubelet_dir: &Path) -> Daemon {
         let log = manifest.with_extension("log");
         let file = std::fs::File::create(&log).expect("log file");
-        let child = Command::new(devhost_bin())
+        let child = Command::new(bin)
             .args(["run", "--config"])
             .arg(manifest)
             .arg("--kubelet-dir")

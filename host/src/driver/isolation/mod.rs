@@ -17,17 +17,18 @@ pub mod worker;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The hidden first argument that turns `devhost` into a driver worker.
 pub const WORKER_ARG: &str = "__driver-worker";
 
 static PROGRAM: OnceLock<PathBuf> = OnceLock::new();
 
-/// Makes `program` the executable started for worker processes. The default,
-/// `/proc/self/exe`, is right for the `devhost` binary (and stays right when
-/// the file is replaced by an upgrade: the worker speaks the running host's
-/// protocol). Test and benchmark binaries that embed the library point it at
-/// a `devhost` binary instead. Only the first call counts.
+/// Makes `program` the executable started for worker processes. By default
+/// the host starts [`WORKER_BINARY`] from beside its own executable (see
+/// [`worker_program`]), else `/proc/self/exe`. Test and benchmark binaries
+/// that embed the library point it at a `devhost` binary instead. Only the
+/// first call counts.
 pub fn set_worker_program(program: impl Into<PathBuf>) {
     let _ = PROGRAM.set(program.into());
 }
@@ -35,8 +36,133 @@ pub fn set_worker_program(program: impl Into<PathBuf>) {
 /// The running binary, even after the file is replaced or deleted.
 const SELF_EXE: &str = "/proc/self/exe";
 
+/// The worker program's file name, looked for beside the running `devhost`:
+/// the worker mode alone (about 1 MB against devhost's 20 MB), so a worker
+/// starts in less time and keeps fewer of the binary's pages resident.
+pub const WORKER_BINARY: &str = "devhost-worker";
+
+/// `devhost-worker`, opened once: workers are started from this descriptor
+/// (`/proc/self/fd/N`), so replacing the file on disk changes nothing for a
+/// running host, as `/proc/self/exe` does for devhost itself.
+struct Companion {
+    file: std::fs::File,
+    /// Where it was found, shown as the workers' `argv[0]`.
+    path: PathBuf,
+    /// A worker started from it greeted the host: it works.
+    proven: AtomicBool,
+}
+
+static COMPANION: OnceLock<Option<Companion>> = OnceLock::new();
+/// The companion failed before any worker of it greeted: `/proc/self/exe`
+/// from then on.
+static FELL_BACK: AtomicBool = AtomicBool::new(false);
+
+fn companion() -> Option<&'static Companion> {
+    COMPANION
+        .get_or_init(|| {
+            let dir = std::env::current_exe().ok()?.parent()?.to_path_buf();
+            let path = dir.join(WORKER_BINARY);
+            let file = std::fs::File::open(&path).ok()?;
+            match companion_problems(&path, &file) {
+                None => Some(Companion { file, path, proven: AtomicBool::new(false) }),
+                Some(why) => {
+                    tracing::warn!(
+                        program = %path.display(),
+                        "not starting driver workers from {WORKER_BINARY} ({why}); devhost itself runs them"
+                    );
+                    None
+                }
+            }
+        })
+        .as_ref()
+}
+
+/// What is wrong with the worker program `path` (open as `file`), if anything:
+/// it must be an executable file that only root (or the daemon's user) could
+/// have written, as for modules.
+fn companion_problems(path: &Path, file: &std::fs::File) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = match file.metadata() {
+        Ok(m) => m,
+        Err(e) => return Some(format!("cannot inspect it: {e}")),
+    };
+    if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {
+        return Some("not an executable file".into());
+    }
+    let real = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let problems = crate::driver::loader::file_problems(&real, &meta, "worker program");
+    if problems.is_empty() {
+        return None;
+    }
+    Some(problems.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("; "))
+}
+
+/// The program a new worker is started from: the one set by
+/// [`set_worker_program`], else `devhost-worker` beside this binary (once it
+/// is found trustworthy and until it fails to start a worker), else
+/// `/proc/self/exe`.
 pub(crate) fn worker_program() -> PathBuf {
-    PROGRAM.get().cloned().unwrap_or_else(|| PathBuf::from(SELF_EXE))
+    if let Some(p) = PROGRAM.get() {
+        return p.clone();
+    }
+    match companion() {
+        Some(c) if !FELL_BACK.load(Ordering::Acquire) => {
+            use std::os::fd::AsRawFd;
+            PathBuf::from(format!("/proc/self/fd/{}", c.file.as_raw_fd()))
+        }
+        _ => PathBuf::from(SELF_EXE),
+    }
+}
+
+/// What `ps` should show as the worker's `argv[0]` when it is started from
+/// `program`: the binary's own path rather than a /proc link.
+pub(crate) fn shown_name(program: &Path) -> Option<PathBuf> {
+    if program == Path::new(SELF_EXE) {
+        return std::env::current_exe().ok();
+    }
+    companion().filter(|c| program == worker_program_of(c)).map(|c| c.path.clone())
+}
+
+fn worker_program_of(c: &Companion) -> PathBuf {
+    use std::os::fd::AsRawFd;
+    PathBuf::from(format!("/proc/self/fd/{}", c.file.as_raw_fd()))
+}
+
+/// `program` is the companion and none of its workers has greeted yet: the
+/// caller may still give up on it.
+pub(crate) fn unproven_companion(program: &Path) -> bool {
+    companion().is_some_and(|c| program == worker_program_of(c) && !c.proven.load(Ordering::Acquire))
+}
+
+/// A worker started from `program` greeted the host.
+pub(crate) fn greeted_from(program: &Path) {
+    if let Some(c) = companion().filter(|c| program == worker_program_of(c)) {
+        c.proven.store(true, Ordering::Release);
+    }
+}
+
+/// The companion could not start a worker (`why`): devhost itself runs
+/// workers from now on. Returns the program to use instead.
+pub(crate) fn give_up_companion(why: &str) -> PathBuf {
+    if !FELL_BACK.swap(true, Ordering::AcqRel)
+        && let Some(c) = companion()
+    {
+        tracing::warn!(
+            program = %c.path.display(),
+            "{WORKER_BINARY} could not start a driver worker ({why}); devhost itself runs them from now on"
+        );
+    }
+    PathBuf::from(SELF_EXE)
+}
+
+/// The program to start a worker of `spec_program` from now: the same one,
+/// unless that is the companion, given up since.
+pub(crate) fn current_program(spec_program: &Path) -> PathBuf {
+    if FELL_BACK.load(Ordering::Acquire) && companion().is_some_and(|c| spec_program == worker_program_of(c)) {
+        PathBuf::from(SELF_EXE)
+    } else {
+        spec_program.to_path_buf()
+    }
 }
 
 /// Runs the worker mode when this process was started as a driver worker;

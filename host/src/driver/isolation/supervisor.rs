@@ -17,7 +17,7 @@ use devhost_abi as abi;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, mpsc};
@@ -338,7 +338,7 @@ fn supervise(
                 }
             }
             Err(failed) => {
-                let Failed { child, error: e, info } = *failed;
+                let Failed { child, error: e, info, .. } = *failed;
                 if let Some(mut c) = child {
                     reap(&mut c);
                 }
@@ -505,19 +505,45 @@ struct Failed {
     child: Option<Child>,
     error: CallError,
     info: Option<ModuleInfo>,
+    /// The worker program itself failed (it could not be started, its
+    /// dynamic loader gave up, or it speaks another protocol), not the module.
+    program_fault: bool,
 }
 
-/// Spawns a worker, reads its greeting, and runs create (and watch_start).
+/// Starts a worker, from `devhost-worker` beside devhost while that works:
+/// one whose own failure (see [`Failed::program_fault`]) comes before any of
+/// its workers ever greeted the host is given up for `/proc/self/exe`, and
+/// the worker is started again from there at once.
 fn start(s: &Arc<Shared>, spec: &Spec) -> Result<Started, Box<Failed>> {
-    let fail = |e: String| Box::new(Failed { child: None, error: s.unavailable(e), info: None });
-    let (host_end, worker_end) = UnixStream::pair().map_err(|e| fail(format!("cannot create a socket pair: {e}")))?;
+    let program = super::current_program(&spec.program);
+    match start_from(s, spec, &program) {
+        Err(failed) if failed.program_fault && super::unproven_companion(&program) => {
+            if let Some(mut c) = failed.child {
+                reap(&mut c);
+            }
+            let instead = super::give_up_companion(&failed.error.to_string());
+            start_from(s, spec, &instead)
+        }
+        Ok(started) => {
+            super::greeted_from(&program);
+            Ok(started)
+        }
+        failed => failed,
+    }
+}
+
+/// Spawns a worker from `program`, reads its greeting, and runs create (and watch_start).
+fn start_from(s: &Arc<Shared>, spec: &Spec, program: &Path) -> Result<Started, Box<Failed>> {
+    let fail = |e: String, program_fault: bool| {
+        Box::new(Failed { child: None, error: s.unavailable(e), info: None, program_fault })
+    };
+    let (host_end, worker_end) =
+        UnixStream::pair().map_err(|e| fail(format!("cannot create a socket pair: {e}"), false))?;
     let keep: Vec<String> = spec.keep_caps.iter().map(u32::to_string).collect();
-    let mut cmd = Command::new(&spec.program);
-    // `ps` shows the binary's name rather than /proc/self/exe.
-    if spec.program == std::path::Path::new(super::SELF_EXE)
-        && let Ok(exe) = std::env::current_exe()
-    {
-        cmd.arg0(exe);
+    let mut cmd = Command::new(program);
+    // `ps` shows the binary's name rather than a /proc link.
+    if let Some(name) = super::shown_name(program) {
+        cmd.arg0(name);
     }
     // The channel is the worker's standard input and the module copy follows
     // on it: nothing runs between fork and exec, so this is a posix_spawn.
@@ -531,7 +557,7 @@ fn start(s: &Arc<Shared>, spec: &Spec) -> Result<Started, Box<Failed>> {
         // order; the parent-death signal covers the host's own death.
         .process_group(0);
     let mut child =
-        cmd.spawn().map_err(|e| fail(format!("cannot start its worker process {}: {e}", spec.program.display())))?;
+        cmd.spawn().map_err(|e| fail(format!("cannot start its worker process {}: {e}", program.display()), true))?;
     // The Command held our copy of the worker's end; it is gone with it, or
     // the channel would never report the worker's end.
     drop(cmd);
@@ -541,11 +567,13 @@ fn start(s: &Arc<Shared>, spec: &Spec) -> Result<Started, Box<Failed>> {
             child: Some(child),
             error: s.unavailable(format!("cannot hand the module copy to its worker process: {e}")),
             info: None,
+            program_fault: false,
         }));
     }
     let generation = GENERATION.fetch_add(1, Ordering::Relaxed);
-    let mut info = None;
-    let result = greet(s, spec, &host_end, generation, child.id(), &mut info);
+    let mut heard = Heard::default();
+    let result = greet(s, spec, program, &host_end, generation, child.id(), &mut heard);
+    let Heard { info, ran } = heard;
     match result {
         Ok(conn) => match info {
             Some(info) => Ok((child, conn, info)),
@@ -553,19 +581,49 @@ fn start(s: &Arc<Shared>, spec: &Spec) -> Result<Started, Box<Failed>> {
                 child: Some(child),
                 error: s.unavailable("worker sent no greeting"),
                 info: None,
+                program_fault: false,
             })),
         },
+        Err(GreetError::Protocol(error)) => {
+            let _ = child.kill();
+            Err(Box::new(Failed { child: Some(child), error, info, program_fault: true }))
+        }
         // A worker that died on its own (in create, say) says how, as a
         // crash after start-up does; one the host gives up on is killed.
-        Err(CallError::Unavailable { driver, reason }) if own_exit(&mut child).is_some() => {
+        // One that never sent a frame did not get as far as our code (exec,
+        // its dynamic loader, a program of another build): the program's
+        // fault, not the module's.
+        Err(GreetError::Call(CallError::Unavailable { driver, reason })) if own_exit(&mut child).is_some() => {
             let status = reap(&mut child);
             let error = CallError::Unavailable { driver, reason: format!("{reason} ({status})") };
-            Err(Box::new(Failed { child: None, error, info }))
+            Err(Box::new(Failed { child: None, error, info, program_fault: !ran }))
         }
-        Err(error) => {
+        Err(GreetError::Call(error)) => {
             let _ = child.kill();
-            Err(Box::new(Failed { child: Some(child), error, info }))
+            Err(Box::new(Failed { child: Some(child), error, info, program_fault: !ran }))
         }
+    }
+}
+
+/// What a starting worker said before its greeting failed, if it did.
+#[derive(Default)]
+struct Heard {
+    /// The module's declaration, from its greeting.
+    info: Option<ModuleInfo>,
+    /// Any frame came: the worker program got as far as our code.
+    ran: bool,
+}
+
+/// Why a greeting failed: the worker speaks another protocol (the program's
+/// fault), or anything else (a call error).
+enum GreetError {
+    Protocol(CallError),
+    Call(CallError),
+}
+
+impl From<CallError> for GreetError {
+    fn from(e: CallError) -> Self {
+        GreetError::Call(e)
     }
 }
 
@@ -585,11 +643,12 @@ fn own_exit(child: &mut Child) -> Option<std::process::ExitStatus> {
 fn greet(
     s: &Arc<Shared>,
     spec: &Spec,
+    program: &Path,
     stream: &UnixStream,
     generation: u64,
     pid: u32,
-    greeted: &mut Option<ModuleInfo>,
-) -> Result<Arc<Conn>, CallError> {
+    heard: &mut Heard,
+) -> Result<Arc<Conn>, GreetError> {
     let io = |what: &str, e: std::io::Error| s.unavailable(format!("worker process (pid {pid}): {what}: {e}"));
     stream.set_read_timeout(Some(spec.timeout)).map_err(|e| io("set_read_timeout", e))?;
     stream.set_write_timeout(Some(WRITE_TIMEOUT)).map_err(|e| io("set_write_timeout", e))?;
@@ -598,28 +657,44 @@ fn greet(
         let body = match protocol::read_frame(&mut reader) {
             Ok(Some(b)) => b,
             Ok(None) => {
-                return Err(s.unavailable(format!("worker process (pid {pid}) exited before loading the module")));
+                return Err(s
+                    .unavailable(format!("worker process (pid {pid}) exited before loading the module"))
+                    .into());
             }
-            Err(e) => return Err(io("waiting for its greeting", e)),
+            Err(e) => return Err(io("waiting for its greeting", e).into()),
         };
         match protocol::decode_message(&body) {
-            Ok(Message::Hello { version, info }) if version == protocol::VERSION => break info,
+            Ok(Message::Hello { version, info }) if version == protocol::VERSION => {
+                heard.ran = true;
+                break info;
+            }
             Ok(Message::Hello { version, .. }) => {
-                return Err(s.unavailable(format!(
+                return Err(GreetError::Protocol(s.unavailable(format!(
                     "worker program {} speaks protocol {version}, this host {}",
-                    spec.program.display(),
+                    super::shown_name(program).as_deref().unwrap_or(program).display(),
                     protocol::VERSION
-                )));
+                ))));
             }
             // The loader's own message, as in-process loading reports it.
-            Ok(Message::LoadFailed(msg)) => return Err(s.unavailable(msg)),
-            Ok(Message::Log { level, message }) => emit_log(&s.name, level, &message),
-            Ok(_) => return Err(s.unavailable(format!("worker process (pid {pid}) sent a frame before its greeting"))),
-            Err(e) => return Err(s.unavailable(format!("worker process (pid {pid}) sent a {e}"))),
+            Ok(Message::LoadFailed(msg)) => {
+                heard.ran = true;
+                return Err(s.unavailable(msg).into());
+            }
+            Ok(Message::Log { level, message }) => {
+                // The worker's first frame (it says what it gave up): our code runs.
+                heard.ran = true;
+                emit_log(&s.name, level, &message)
+            }
+            Ok(_) => {
+                return Err(s
+                    .unavailable(format!("worker process (pid {pid}) sent a frame before its greeting"))
+                    .into());
+            }
+            Err(e) => return Err(s.unavailable(format!("worker process (pid {pid}) sent a {e}")).into()),
         }
     };
     let watch = info.watch;
-    *greeted = Some(info);
+    heard.info = Some(info);
     stream.set_read_timeout(None).map_err(|e| io("set_read_timeout", e))?;
     let out = stream.try_clone().map_err(|e| io("clone the channel", e))?;
     let conn = Arc::new(Conn::new(generation, pid, out, OwnedFd::from(reader)));
@@ -636,7 +711,7 @@ fn greet(
     let (status, state) = conn.call_blocking(s, "create", &Request::Create { options: spec.options.clone() })?;
     log_problems(&s.name, "create", &state);
     if status != abi::DEVHOST_OK {
-        return Err(status_error(&s.name, "create", status, state));
+        return Err(status_error(&s.name, "create", status, state).into());
     }
     if watch && s.watching.load(Ordering::Acquire) {
         match conn.call_blocking(s, "watch_start", &Request::WatchStart) {
@@ -645,7 +720,7 @@ fn greet(
                 let e = status_error(&s.name, "watch_start", status, state);
                 tracing::error!(driver = %s.name, "watch_start failed after the restart; relying on rescans: {e}");
             }
-            Err(e) => return Err(e),
+            Err(e) => return Err(e.into()),
         }
     }
     Ok(conn)

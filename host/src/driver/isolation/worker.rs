@@ -60,6 +60,10 @@ fn env(name: &str) -> Result<String, String> {
 
 /// Entry point of the worker mode.
 pub fn main(name: &str, module: &Path) -> ExitCode {
+    // Started from /proc/self/fd/N or /proc/self/exe, the process would be
+    // named "N" or "exe" in top and `ps -o comm`.
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
+    unsafe { libc::prctl(libc::PR_SET_NAME, c"devhost-worker".as_ptr()) };
     match run(name, module) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
