@@ -39,7 +39,7 @@ const RESTARTS: usize = 15;
 const CLIENTS: usize = 8;
 const CONC_CALLS: usize = 20;
 /// Rounds of Xid and lost GPU per daemon (a fresh start each).
-const FAULT_ROUNDS: usize = 4;
+const FAULT_ROUNDS: usize = 8;
 const FAULT_SETTLE: Duration = Duration::from_secs(1);
 /// devhost's `recovery_period` in this bench (the driver's default is longer).
 const RECOVERY: Duration = Duration::from_millis(1000);
@@ -67,12 +67,17 @@ pub fn build(art: &Artifacts) -> Result<PathBuf> {
 enum Who {
     Devhost,
     Nvidia,
+    /// devhost with its NVIDIA driver in process (`isolation = "in-process"`),
+    /// for the fault rounds only: what the process boundary costs there.
+    DevhostInProcess,
 }
 
 struct Setup {
     node: Node,
     kubelet: Kubelet,
     manifest: PathBuf,
+    /// The same manifest with the driver in process.
+    manifest_in_process: PathBuf,
     libdir: PathBuf,
     peer: PathBuf,
     /// The shipped machine with its control file in the node's folder.
@@ -165,10 +170,9 @@ impl Setup {
         let libdir = node.path().join("lib");
         std::fs::create_dir_all(&libdir)?;
         std::os::unix::fs::symlink(&fake, libdir.join("libnvidia-ml.so.1"))?;
-        let manifest = node.write_manifest(
-            "devhost.toml",
-            &format!(
-                "[driver.nvidia]\nmodule = \"{}\"\n\n[driver.nvidia.options]\nnvml_lib = \"{}\"\n\
+        let text = |isolation: &str| {
+            format!(
+                "[driver.nvidia]\nmodule = \"{}\"\nisolation = \"{isolation}\"\n\n[driver.nvidia.options]\nnvml_lib = \"{}\"\n\
                  sysfs_root = \"config/sim/nvidia/sys\"\ndevfs_root = \"config/sim/nvidia/dev\"\n\
                  driver_root = \"config/sim/nvidia/driver\"\ndevice_list_strategy = [\"envvar\"]\n\
                  recovery_period = \"{}ms\"\n\n\
@@ -176,8 +180,10 @@ impl Setup {
                 art.module("nvidia").display(),
                 fake.display(),
                 RECOVERY.as_millis()
-            ),
-        )?;
+            )
+        };
+        let manifest = node.write_manifest("devhost.toml", &text("process"))?;
+        let manifest_in_process = node.write_manifest("devhost-in.toml", &text("in-process"))?;
         let control = node.path().join("nvml-control");
         std::fs::write(&control, "")?;
         let shipped = std::fs::read_to_string(art.repo.join("config/sim/nvidia/machine.toml"))
@@ -199,7 +205,7 @@ impl Setup {
         std::fs::write(&machine, with_control(&shipped))?;
         let links_machine = node.path().join("machine-links.toml");
         std::fs::write(&links_machine, with_control(LINKS_MACHINE))?;
-        Ok(Setup { node, kubelet, manifest, libdir, peer: peer.to_path_buf(), machine, links_machine, control })
+        Ok(Setup { node, kubelet, manifest, manifest_in_process, libdir, peer: peer.to_path_buf(), machine, links_machine, control })
     }
 
     /// Appends one command to the fake NVML's control file.
@@ -212,10 +218,11 @@ impl Setup {
 
     fn spawn(&self, art: &Artifacts, who: Who, machine: &Path) -> Result<Proc> {
         match who {
-            Who::Devhost => {
+            Who::Devhost | Who::DevhostInProcess => {
+                let manifest = if who == Who::Devhost { &self.manifest } else { &self.manifest_in_process };
                 let mut cmd = Command::new(art.devhost());
                 cmd.args(["run", "--config"])
-                    .arg(&self.manifest)
+                    .arg(manifest)
                     .arg("--kubelet-dir")
                     .arg(self.node.kubelet_dir())
                     .env("FAKE_NVML_MACHINE", machine)
@@ -277,7 +284,7 @@ async fn wait_health(s: &Setup, uuid: &str, healthy: bool, within: Duration, t: 
 
 /// Kubelet restarts: `restart()` → registered again (then every device
 /// Healthy again before the next one). devhost only: see `NO_PEER_RESTART`.
-async fn restarts(art: &Artifacts, s: &Setup, sides: &mut [Side; 2]) -> Result<()> {
+async fn restarts(art: &Artifacts, s: &Setup, sides: &mut [Side; 3]) -> Result<()> {
     const BLOCKS: usize = 3;
     for _ in 0..BLOCKS {
         for (k, who) in [Who::Devhost].iter().enumerate() {
@@ -304,9 +311,9 @@ async fn restarts(art: &Artifacts, s: &Setup, sides: &mut [Side; 2]) -> Result<(
 
 /// Xid 79 on GPU 1 → Unhealthy → Healthy again; then GPU 2 lost → Unhealthy
 /// → `back` → Healthy again. A fresh start of each daemon per round.
-async fn faults(art: &Artifacts, s: &Setup, sides: &mut [Side; 2]) -> Result<()> {
+async fn faults(art: &Artifacts, s: &Setup, sides: &mut [Side; 3]) -> Result<()> {
     for round in 0..FAULT_ROUNDS {
-        for (k, who) in [Who::Devhost, Who::Nvidia].iter().enumerate() {
+        for (k, who) in [Who::Devhost, Who::Nvidia, Who::DevhostInProcess].iter().enumerate() {
             let (mut p, _, _, _) = start(art, s, *who).await?;
             // NVIDIA's plugin registers its NVML events in a goroutine of its
             // own after it registered, and says nothing when done: an Xid
@@ -337,7 +344,7 @@ async fn faults(art: &Artifacts, s: &Setup, sides: &mut [Side; 2]) -> Result<()>
 }
 
 /// Each daemon on the links machine: which 2 of its 4 GPUs it prefers.
-async fn links(art: &Artifacts, s: &Setup, sides: &mut [Side; 2]) -> Result<()> {
+async fn links(art: &Artifacts, s: &Setup, sides: &mut [Side; 3]) -> Result<()> {
     for (k, who) in [Who::Devhost, Who::Nvidia].iter().enumerate() {
         let (mut p, _, c, ids) = start_on(art, s, *who, &s.links_machine).await?;
         let mut c = c.clone();
@@ -409,9 +416,10 @@ async fn start_on(
     Ok((p, took, c, ids))
 }
 
-/// Runs the rounds; returns (devhost, nvidia).
-async fn measure(art: &Artifacts, s: &Setup) -> Result<(Side, Side)> {
-    let mut sides = [Side::default(), Side::default()];
+/// Runs the rounds; returns (devhost, nvidia, devhost with the driver in
+/// process: fault rounds only).
+async fn measure(art: &Artifacts, s: &Setup) -> Result<(Side, Side, Side)> {
+    let mut sides = [Side::default(), Side::default(), Side::default()];
     let order = [Who::Devhost, Who::Nvidia];
     for _ in 0..STARTS {
         for (k, who) in order.iter().enumerate() {
@@ -478,14 +486,14 @@ async fn measure(art: &Artifacts, s: &Setup) -> Result<(Side, Side)> {
     faults(art, s, &mut sides).await.context("Xid and lost GPU")?;
     eprintln!("devhost-bench peers: the links machine");
     links(art, s, &mut sides).await.context("the links machine")?;
-    let [d, n] = sides;
-    Ok((d, n))
+    let [d, n, i] = sides;
+    Ok((d, n, i))
 }
 
 /// The "Peers" section: one table, devhost and NVIDIA's plugin side by side.
 pub async fn run(art: &Artifacts, peer: &Path) -> Result<String> {
     let s = Setup::new(art, peer)?;
-    let (d, n) = measure(art, &s).await?;
+    let (d, n, inproc) = measure(art, &s).await?;
     let sum = |x: &Samples| -> Result<Summary> { x.summary().context("no samples") };
     let mut md = format!(
         "devhost's NVIDIA driver (`isolation` left at its default, a worker process) and NVIDIA's \
@@ -499,7 +507,8 @@ pub async fn run(art: &Artifacts, peer: &Path) -> Result<String> {
          when it comes back after a crash (its plugin connections are gone, it deletes every socket in the \
          device-plugins folder, the stale `kubelet.sock` included, and listens on a fresh `kubelet.sock`); \
          clock from that call to the next registration, {RESTARTS} restarts each in alternating blocks. Faults \
-         ({FAULT_ROUNDS} rounds, a fresh start of each daemon per round, {} s after it registered) are lines appended to the fake's \
+         ({FAULT_ROUNDS} rounds, a fresh start of each daemon per round, {} s after it registered; devhost also with its \
+         driver in process, `isolation = \"in-process\"`, to show what the worker process costs there) are lines appended to the fake's \
          control file: `xid 1 79` (GPU 1 fell off the bus) and `lost 2` (GPU 2 stops answering NVML and its \
          event wait reports it once), then `back 2`; clock from the write to the kubelet's list showing the \
          change. devhost runs with `recovery_period = \"{}ms\"` (its default is longer), so a GPU comes back \
@@ -554,8 +563,12 @@ pub async fn run(art: &Artifacts, peer: &Path) -> Result<String> {
         fmt_dur(a.p50),
         fmt_dur(a.max),
     );
-    for (what, a, b) in [("Xid 79 → Unhealthy, p50", &d.xid, &n.xid), ("GPU lost → Unhealthy, p50", &d.lost, &n.lost)]
-    {
+    for (what, a, b) in [
+        ("Xid 79 → Unhealthy, p50", &d.xid, &n.xid),
+        ("Xid 79 → Unhealthy, p50, devhost's driver in process", &inproc.xid, &n.xid),
+        ("GPU lost → Unhealthy, p50", &d.lost, &n.lost),
+        ("GPU lost → Unhealthy, p50, devhost's driver in process", &inproc.lost, &n.lost),
+    ] {
         let (a, b) = (sum(a)?, sum(b)?);
         let _ = writeln!(md, "| {what} | {} | {} | {} |", fmt_dur(a.p50), fmt_dur(b.p50), ratio(b.p50, a.p50));
     }
