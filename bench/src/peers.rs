@@ -205,7 +205,17 @@ impl Setup {
         std::fs::write(&machine, with_control(&shipped))?;
         let links_machine = node.path().join("machine-links.toml");
         std::fs::write(&links_machine, with_control(LINKS_MACHINE))?;
-        Ok(Setup { node, kubelet, manifest, manifest_in_process, libdir, peer: peer.to_path_buf(), machine, links_machine, control })
+        Ok(Setup {
+            node,
+            kubelet,
+            manifest,
+            manifest_in_process,
+            libdir,
+            peer: peer.to_path_buf(),
+            machine,
+            links_machine,
+            control,
+        })
     }
 
     /// Appends one command to the fake NVML's control file.
