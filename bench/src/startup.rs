@@ -112,9 +112,14 @@ traced by hand on the C example node (timestamps at each step, release build, qu
 start → `main` takes as long for the null plugin's binary; from `main`, devhost's own start (arguments, \
 log filter, runtime, manifest, lock) is about 1 ms, the module, `create` and first scan about 0.7 ms, and \
 the registrations take as long as the null plugin's (the emulated kubelet dials back and asks for the \
-options). An isolated driver adds about 1.5 ms: `posix_spawn` 0.2 ms, the exec of the 20 MB `devhost` \
-binary to its `main` 1.2 ms, then the module load, the greeting and one round trip each for `create`, \
-`watch_start` and the first scan; on 2 CPUs the demo node's 4 workers start partly in turn. Cut since \
+options). An isolated driver adds the start of its worker: `posix_spawn` about 0.2 ms, the exec of \
+`devhost-worker` (1.3 MB) to its `main` about 0.6 ms of CPU (from the 20 MB `devhost` binary, as before, \
+1.0 to 1.2 ms: its dynamic loader's 35,000 relocations and 250 page faults, against 900 and 75), then the \
+module load, the greeting and one round trip each for `create`, `watch_start` and the first scan; on 2 \
+CPUs the demo node's 4 workers start partly in turn. Start-up here is CPU-bound: starting every worker \
+before the host's own start (so that its exec overlaps the runtime, registry and module copies) was tried \
+and measured no gain on these 2 CPUs (the C example's isolated ratio moved by less than run-to-run noise, \
+the demo node's got worse), so it is not in. Cut since \
 the last figures: every `watch_start` and first scan waited for every driver's `create`; modules were \
 read, hashed (SHA-256, about 1.5 ms for the demo node's four) and loaded one after the other on the main \
 thread; a worker was started by `fork` of the whole host; and the demo node's control files were in `/tmp`, where the \
