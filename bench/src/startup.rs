@@ -113,7 +113,7 @@ start → `main` takes as long for the null plugin's binary; from `main`, devhos
 log filter, runtime, manifest, lock) is about 1 ms, the module, `create` and first scan about 0.7 ms, and \
 the registrations take as long as the null plugin's (the emulated kubelet dials back and asks for the \
 options). An isolated driver adds the start of its worker: `posix_spawn` about 0.2 ms, the exec of \
-`devhost-worker` (1.3 MB) to its `main` about 0.6 ms of CPU (from the 20 MB `devhost` binary, as before, \
+`devhost-worker` (1.3 MB) to its `main` 0.6 to 0.8 ms of CPU (from the 20 MB `devhost` binary, as before, \
 1.0 to 1.2 ms: its dynamic loader's 35,000 relocations and 250 page faults, against 900 and 75), then the \
 module load, the greeting and one round trip each for `create`, `watch_start` and the first scan; on 2 \
 CPUs the demo node's 4 workers start partly in turn. Start-up here is CPU-bound: starting every worker \

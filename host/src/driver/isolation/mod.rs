@@ -1,6 +1,7 @@
 //! Process isolation for driver modules (`isolation = "process"`): the
-//! driver's code runs in a worker process of its own (this same binary,
-//! started in a hidden mode), so a segfault, an abort or a hang in vendor
+//! driver's code runs in a worker process of its own (`devhost-worker`, the
+//! worker mode of this crate alone, or this same binary in that hidden mode:
+//! [`worker_program`]), so a segfault, an abort or a hang in vendor
 //! code costs that driver a restart instead of taking every other driver on
 //! the node down with the host. The host talks to the worker over a private
 //! socket pair ([`protocol`], read by `conn`); [`supervisor`] restarts dead or stuck
@@ -106,10 +107,7 @@ pub(crate) fn worker_program() -> PathBuf {
         return p.clone();
     }
     match companion() {
-        Some(c) if !FELL_BACK.load(Ordering::Acquire) => {
-            use std::os::fd::AsRawFd;
-            PathBuf::from(format!("/proc/self/fd/{}", c.file.as_raw_fd()))
-        }
+        Some(c) if !FELL_BACK.load(Ordering::Acquire) => worker_program_of(c),
         _ => PathBuf::from(SELF_EXE),
     }
 }
@@ -123,6 +121,7 @@ pub(crate) fn shown_name(program: &Path) -> Option<PathBuf> {
     companion().filter(|c| program == worker_program_of(c)).map(|c| c.path.clone())
 }
 
+/// How a worker is started from the companion: through its descriptor.
 fn worker_program_of(c: &Companion) -> PathBuf {
     use std::os::fd::AsRawFd;
     PathBuf::from(format!("/proc/self/fd/{}", c.file.as_raw_fd()))

@@ -505,8 +505,9 @@ struct Failed {
     child: Option<Child>,
     error: CallError,
     info: Option<ModuleInfo>,
-    /// The worker program itself failed (it could not be started, its
-    /// dynamic loader gave up, or it speaks another protocol), not the module.
+    /// The worker program itself failed, not the module: it could not be
+    /// started, it ended or stalled before it sent a single frame (exec, its
+    /// dynamic loader), or it speaks another protocol.
     program_fault: bool,
 }
 
