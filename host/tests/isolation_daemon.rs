@@ -175,18 +175,11 @@ fn arg0_of(pid: u32) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_run_from_devhost_worker_beside_the_daemon() {
     let node = Node::new();
-    let so = node.path().join("libcrashy.so");
-    compile_c(&repo_root().join("tests/fixtures/crash_driver.c"), &so, &abi_include());
-    let (m, _) = manifest(&node, &so, "none", "none", Placement::Explicit);
-    let kubelet = Kubelet::start(&node.kubelet_dir()).unwrap();
-    let daemon = Daemon::start(&m, &node.kubelet_dir());
-    kubelet.wait_devices("example.com/crashy", WAIT, all_health("Healthy")).await.unwrap();
-    let workers = workers_of(daemon.child.id());
-    assert_eq!(workers.len(), 1, "one worker for the one isolated driver");
+    let (_daemon, worker) = isolated_worker(&node, &devhost_bin()).await;
     let companion = std::fs::canonicalize(devhost_bin().with_file_name("devhost-worker")).unwrap();
-    assert_eq!(exe_of(workers[0]), companion, "the worker does not run devhost-worker");
-    assert_eq!(arg0_of(workers[0]), companion.display().to_string(), "ps shows another name");
-    let comm = std::fs::read_to_string(format!("/proc/{}/comm", workers[0])).unwrap();
+    assert_eq!(exe_of(worker), companion, "the worker does not run devhost-worker");
+    assert_eq!(arg0_of(worker), companion.display().to_string(), "ps shows another name");
+    let comm = std::fs::read_to_string(format!("/proc/{worker}/comm")).unwrap();
     assert_eq!(comm.trim(), "devhost-worker");
 }
 
@@ -207,10 +200,9 @@ fn daemon_copy(node: &Node, worker: Option<(&[u8], u32)>) -> PathBuf {
     std::fs::canonicalize(bin).unwrap()
 }
 
-/// Starts the daemon `bin` on the crash driver's node (no crash armed) and
-/// returns, once the isolated resource is Healthy, its worker's program and
-/// the daemon's log.
-async fn isolated_worker_program(node: &Node, bin: &Path) -> (PathBuf, String) {
+/// Starts the daemon `bin` on the crash driver's node (no crash armed);
+/// returns it, once the isolated resource is Healthy, with its one worker.
+async fn isolated_worker(node: &Node, bin: &Path) -> (Daemon, u32) {
     let so = node.path().join("libcrashy.so");
     compile_c(&repo_root().join("tests/fixtures/crash_driver.c"), &so, &abi_include());
     let (m, _) = manifest(node, &so, "none", "none", Placement::Explicit);
@@ -221,7 +213,7 @@ async fn isolated_worker_program(node: &Node, bin: &Path) -> (PathBuf, String) {
     }
     let workers = workers_of(daemon.child.id());
     assert_eq!(workers.len(), 1, "one worker for the one isolated driver");
-    (exe_of(workers[0]), daemon.logs())
+    (daemon, workers[0])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -229,8 +221,9 @@ async fn a_devhost_worker_that_cannot_start_a_worker_is_given_up_for_devhost_its
     let node = Node::new();
     // Ends before it says a word, as when its dynamic loader misses a library.
     let bin = daemon_copy(&node, Some((b"#!/bin/sh\nexit 127\n", 0o755)));
-    let (exe, log) = isolated_worker_program(&node, &bin).await;
-    assert_eq!(exe, bin, "the worker does not run devhost itself");
+    let (daemon, worker) = isolated_worker(&node, &bin).await;
+    assert_eq!(exe_of(worker), bin, "the worker does not run devhost itself");
+    let log = daemon.logs();
     assert!(log.contains("devhost-worker could not start a driver worker"), "no warning says why:\n{log}");
 }
 
@@ -239,8 +232,9 @@ async fn a_devhost_worker_others_may_write_is_not_used() {
     let node = Node::new();
     let real = std::fs::read(devhost_bin().with_file_name("devhost-worker")).unwrap();
     let bin = daemon_copy(&node, Some((&real, 0o757)));
-    let (exe, log) = isolated_worker_program(&node, &bin).await;
-    assert_eq!(exe, bin, "the worker does not run devhost itself");
+    let (daemon, worker) = isolated_worker(&node, &bin).await;
+    assert_eq!(exe_of(worker), bin, "the worker does not run devhost itself");
+    let log = daemon.logs();
     assert!(log.contains("not starting driver workers from devhost-worker"), "no warning says why:\n{log}");
     assert!(log.contains("writable by others"), "the warning does not say what is wrong:\n{log}");
 }
@@ -249,8 +243,9 @@ async fn a_devhost_worker_others_may_write_is_not_used() {
 async fn without_devhost_worker_beside_it_devhost_runs_its_workers_itself() {
     let node = Node::new();
     let bin = daemon_copy(&node, None);
-    let (exe, log) = isolated_worker_program(&node, &bin).await;
-    assert_eq!(exe, bin, "the worker does not run devhost itself");
+    let (daemon, worker) = isolated_worker(&node, &bin).await;
+    assert_eq!(exe_of(worker), bin, "the worker does not run devhost itself");
+    let log = daemon.logs();
     assert!(!log.contains("devhost-worker"), "a missing devhost-worker is not worth a word:\n{log}");
 }
 
