@@ -119,11 +119,13 @@ module load, the greeting and one round trip each for `create`, `watch_start` an
 CPUs the demo node's 4 workers start partly in turn. Start-up here is CPU-bound: starting every worker \
 before the host's own start (so that its exec overlaps the runtime, registry and module copies) was tried \
 and measured no gain on these 2 CPUs (the C example's isolated ratio moved by less than run-to-run noise, \
-the demo node's got worse), so it is not in. Cut since \
-the last figures: every `watch_start` and first scan waited for every driver's `create`; modules were \
+the demo node's got worse), so it is not in. Cut in \
+earlier rounds: every `watch_start` and first scan waited for every driver's `create`; modules were \
 read, hashed (SHA-256, about 1.5 ms for the demo node's four) and loaded one after the other on the main \
-thread; a worker was started by `fork` of the whole host; and the demo node's control files were in `/tmp`, where the \
-first inotify watch walks every cached entry of the folder (about 3 ms on this machine).\n";
+thread; a worker was started by `fork` of the whole host; the demo node's control files were in `/tmp`, where the \
+first inotify watch walks every cached entry of the folder (about 3 ms on this machine). Cut since the last \
+figures: workers run `devhost-worker` instead of `devhost`, and an endpoint no longer waits for the timer's next \
+millisecond after its bind before it registers.\n";
 
 /// `starts` rounds per node (null plugin, in process, isolated, in turn);
 /// returns the markdown section.
