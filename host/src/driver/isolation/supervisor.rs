@@ -564,11 +564,13 @@ fn start_from(s: &Arc<Shared>, spec: &Spec, program: &Path) -> Result<Started, B
     drop(cmd);
     if let Err(e) = privileges::send_fd(&host_end, spec.image.as_fd()) {
         let _ = child.kill();
+        // Nothing of the module has run yet: a worker gone this early (its
+        // program could not run at all) is the program's fault.
         return Err(Box::new(Failed {
             child: Some(child),
             error: s.unavailable(format!("cannot hand the module copy to its worker process: {e}")),
             info: None,
-            program_fault: false,
+            program_fault: true,
         }));
     }
     let generation = GENERATION.fetch_add(1, Ordering::Relaxed);
