@@ -86,7 +86,7 @@ async fn a_folder_deleted_and_created_again_is_watched_again() {
     let mut times = Vec::new();
     for _round in 0..3 {
         drop(kubelet);
-        std::fs::remove_dir_all(&dir).unwrap();
+        remove_folder_while_served(&dir);
         // Long enough for the endpoints' bind retries to back off past a second.
         tokio::time::sleep(Duration::from_millis(1300)).await;
         let (k, took) = kubelet_and_time_to_register(&dir).await;

@@ -114,7 +114,7 @@ async fn the_device_plugins_folder_deleted_and_recreated() {
         kubelet.wait_registered(r, WAIT).await.unwrap();
     }
     kubelet.stop();
-    std::fs::remove_dir_all(node.kubelet_dir()).unwrap();
+    remove_folder_while_served(&node.kubelet_dir());
     tokio::time::sleep(Duration::from_millis(200)).await;
     let kubelet = Kubelet::start(&node.kubelet_dir()).unwrap();
     for r in RESOURCES {

@@ -144,6 +144,23 @@ impl Drop for Daemon {
     }
 }
 
+/// Deletes the kubelet's device-plugins folder as an operator's `rm -rf` would, while the daemon
+/// serves in it: the daemon binds its sockets again as soon as they are removed (as after a
+/// kubelet restart), so one pass may find the folder not empty; the deletion is tried again
+/// until the folder is gone, for at most a few seconds.
+pub fn remove_folder_while_served(dir: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match std::fs::remove_dir_all(dir) {
+            Ok(()) => return,
+            Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5))
+            }
+            Err(e) => panic!("cannot delete {}: {e}", dir.display()),
+        }
+    }
+}
+
 /// Runs `devhost ARGS` to completion and returns (exit code, stdout, stderr).
 pub fn devhost(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(devhost_bin()).args(args).output().expect("run devhost");
