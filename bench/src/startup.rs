@@ -116,7 +116,14 @@ options). An isolated driver adds the start of its worker: `posix_spawn` about 0
 `devhost-worker` (1.3 MB) to its `main` 0.6 to 0.8 ms of CPU (from the 20 MB `devhost` binary, as before, \
 1.0 to 1.2 ms: its dynamic loader's 35,000 relocations and 250 page faults, against 900 and 75), then the \
 module load, the greeting and one round trip each for `create`, `watch_start` and the first scan; on 2 \
-CPUs the demo node's 4 workers start partly in turn. Start-up here is CPU-bound: starting every worker \
+CPUs the demo node's 4 workers start partly in turn. On the demo node in process (traced the same way in a later round): its four modules start loading \
+together about 1 ms after `main` and are all in 2.6 to 4.8 ms later, though each alone loads in 0.1 \
+to 0.5 ms (its sealed copy and `dlopen`; glibc's loader lock and the 2 CPUs make them queue); the \
+endpoints start once every driver is created, so the slowest (NVIDIA, whose create opens the fake \
+NVML) decides, and the registrations take about 2 ms more while the other drivers' first scans still \
+hold the CPUs. Serving each driver's resources as soon as that driver is created, instead of after \
+every driver's create, would take the endpoints' bind and connect off that path; it is not done. \
+Start-up here is CPU-bound: starting every worker \
 before the host's own start (so that its exec overlaps the runtime, registry and module copies) was tried \
 and measured no gain on these 2 CPUs (the C example's isolated ratio moved by less than run-to-run noise, \
 the demo node's got worse), so it is not in. Cut in \
