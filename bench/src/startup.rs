@@ -122,7 +122,9 @@ to 0.5 ms (its sealed copy and `dlopen`; glibc's loader lock and the 2 CPUs make
 endpoints start once every driver is created, so the slowest (NVIDIA, whose create opens the fake \
 NVML) decides, and the registrations take about 2 ms more while the other drivers' first scans still \
 hold the CPUs. Serving each driver's resources as soon as that driver is created, instead of after \
-every driver's create, would take the endpoints' bind and connect off that path; it is not done. \
+every driver's create, would take the endpoints' bind and connect off that path, a few tenths of a \
+millisecond by these traces (the Register round trip, which the emulated kubelet answers only after \
+dialling back, stays on it); it is not done. \
 Start-up here is CPU-bound: starting every worker \
 before the host's own start (so that its exec overlaps the runtime, registry and module copies) was tried \
 and measured no gain on these 2 CPUs (the C example's isolated ratio moved by less than run-to-run noise, \
