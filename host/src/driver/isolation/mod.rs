@@ -46,26 +46,35 @@ pub const WORKER_BINARY: &str = "devhost-worker";
 /// (`/proc/self/fd/N`), so replacing the file on disk changes nothing for a
 /// running host, as `/proc/self/exe` does for devhost itself.
 struct Companion {
-    file: std::fs::File,
+    /// Never read, only kept open for good: `launch` names it.
+    _file: std::fs::File,
+    /// `/proc/self/fd/N` of `file`: what workers are started from.
+    launch: PathBuf,
     /// Where it was found, shown as the workers' `argv[0]`.
     path: PathBuf,
     /// A worker started from it greeted the host: it works.
     proven: AtomicBool,
+    /// It failed before any worker of it greeted: `/proc/self/exe` from then on.
+    given_up: AtomicBool,
 }
 
 static COMPANION: OnceLock<Option<Companion>> = OnceLock::new();
-/// The companion failed before any worker of it greeted: `/proc/self/exe`
-/// from then on.
-static FELL_BACK: AtomicBool = AtomicBool::new(false);
 
 fn companion() -> Option<&'static Companion> {
     COMPANION
         .get_or_init(|| {
+            use std::os::fd::AsRawFd;
             let dir = std::env::current_exe().ok()?.parent()?.to_path_buf();
             let path = dir.join(WORKER_BINARY);
             let file = std::fs::File::open(&path).ok()?;
             match companion_problems(&path, &file) {
-                None => Some(Companion { file, path, proven: AtomicBool::new(false) }),
+                None => Some(Companion {
+                    launch: PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd())),
+                    _file: file,
+                    path,
+                    proven: AtomicBool::new(false),
+                    given_up: AtomicBool::new(false),
+                }),
                 Some(why) => {
                     tracing::warn!(
                         program = %path.display(),
@@ -76,6 +85,11 @@ fn companion() -> Option<&'static Companion> {
             }
         })
         .as_ref()
+}
+
+/// The companion, when `program` is what its workers are started from.
+fn companion_at(program: &Path) -> Option<&'static Companion> {
+    companion().filter(|c| program == c.launch)
 }
 
 /// What is wrong with the worker program `path` (open as `file`), if anything:
@@ -103,12 +117,9 @@ fn companion_problems(path: &Path, file: &std::fs::File) -> Option<String> {
 /// is found trustworthy and until it fails to start a worker), else
 /// `/proc/self/exe`.
 pub(crate) fn worker_program() -> PathBuf {
-    if let Some(p) = PROGRAM.get() {
-        return p.clone();
-    }
-    match companion() {
-        Some(c) if !FELL_BACK.load(Ordering::Acquire) => worker_program_of(c),
-        _ => PathBuf::from(SELF_EXE),
+    match PROGRAM.get() {
+        Some(p) => p.clone(),
+        None => current_program(&companion().map_or_else(|| PathBuf::from(SELF_EXE), |c| c.launch.clone())),
     }
 }
 
@@ -118,24 +129,18 @@ pub(crate) fn shown_name(program: &Path) -> Option<PathBuf> {
     if program == Path::new(SELF_EXE) {
         return std::env::current_exe().ok();
     }
-    companion().filter(|c| program == worker_program_of(c)).map(|c| c.path.clone())
-}
-
-/// How a worker is started from the companion: through its descriptor.
-fn worker_program_of(c: &Companion) -> PathBuf {
-    use std::os::fd::AsRawFd;
-    PathBuf::from(format!("/proc/self/fd/{}", c.file.as_raw_fd()))
+    companion_at(program).map(|c| c.path.clone())
 }
 
 /// `program` is the companion and none of its workers has greeted yet: the
 /// caller may still give up on it.
 pub(crate) fn unproven_companion(program: &Path) -> bool {
-    companion().is_some_and(|c| program == worker_program_of(c) && !c.proven.load(Ordering::Acquire))
+    companion_at(program).is_some_and(|c| !c.proven.load(Ordering::Acquire))
 }
 
 /// A worker started from `program` greeted the host.
 pub(crate) fn greeted_from(program: &Path) {
-    if let Some(c) = companion().filter(|c| program == worker_program_of(c)) {
+    if let Some(c) = companion_at(program) {
         c.proven.store(true, Ordering::Release);
     }
 }
@@ -143,8 +148,8 @@ pub(crate) fn greeted_from(program: &Path) {
 /// The companion could not start a worker (`why`): devhost itself runs
 /// workers from now on. Returns the program to use instead.
 pub(crate) fn give_up_companion(why: &str) -> PathBuf {
-    if !FELL_BACK.swap(true, Ordering::AcqRel)
-        && let Some(c) = companion()
+    if let Some(c) = companion()
+        && !c.given_up.swap(true, Ordering::AcqRel)
     {
         tracing::warn!(
             program = %c.path.display(),
@@ -157,10 +162,9 @@ pub(crate) fn give_up_companion(why: &str) -> PathBuf {
 /// The program to start a worker of `spec_program` from now: the same one,
 /// unless that is the companion, given up since.
 pub(crate) fn current_program(spec_program: &Path) -> PathBuf {
-    if FELL_BACK.load(Ordering::Acquire) && companion().is_some_and(|c| spec_program == worker_program_of(c)) {
-        PathBuf::from(SELF_EXE)
-    } else {
-        spec_program.to_path_buf()
+    match companion_at(spec_program) {
+        Some(c) if c.given_up.load(Ordering::Acquire) => PathBuf::from(SELF_EXE),
+        _ => spec_program.to_path_buf(),
     }
 }
 
