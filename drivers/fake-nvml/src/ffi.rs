@@ -54,7 +54,7 @@ pub(crate) fn with_rt(f: impl FnOnce(&mut Runtime) -> Result<(), Ret>) -> Ret {
 /// (for its `release`) every few milliseconds and holding the lock only to
 /// look, so that every other call (the event wait, other GPUs) goes on.
 pub(crate) fn wait_while_held(handle: nvmlDevice_t) {
-    let gpu = (handle.addr() >> 8).wrapping_sub(1);
+    let Some(gpu) = gpu_index(handle) else { return };
     loop {
         let held = catch_unwind(AssertUnwindSafe(|| {
             let mut guard = lock();
@@ -86,11 +86,16 @@ pub(crate) fn mig_handle(gpu: usize, slot: u32) -> nvmlDevice_t {
     std::ptr::without_provenance_mut(((gpu + 1) << 8) | (slot as usize + 1))
 }
 
+/// The GPU index a handle (of a GPU or of one of its MIG devices) encodes, unchecked.
+fn gpu_index(handle: nvmlDevice_t) -> Option<usize> {
+    (handle.addr() >> 8).checked_sub(1)
+}
+
 /// Decodes a handle; lost GPUs (and their MIG devices) answer GPU_IS_LOST,
 /// failing ones their failure code.
 pub(crate) fn target(rt: &Runtime, handle: nvmlDevice_t) -> Result<Target, Ret> {
     let raw = handle.addr();
-    let gpu = (raw >> 8).checked_sub(1).filter(|&g| g < rt.machine.gpus.len()).ok_or(INVALID_ARGUMENT)?;
+    let gpu = gpu_index(handle).filter(|&g| g < rt.machine.gpus.len()).ok_or(INVALID_ARGUMENT)?;
     if rt.lost[gpu] {
         return Err(GPU_IS_LOST);
     }
