@@ -148,8 +148,10 @@ func writeFile(path, text string) error { return os.WriteFile(path, []byte(text)
 func Start(bin, dir string) (c *Cluster, err error) { return StartWith(bin, dir, Options{}) }
 
 // StartWith is Start with the components and authorization opts choose.
-func StartWith(bin, dir string, opts Options) (c *Cluster, err error) {
-	c = &Cluster{Bin: bin, Dir: dir, RecordDir: filepath.Join(dir, "containers")}
+func StartWith(bin, dir string, opts Options) (_ *Cluster, err error) {
+	// Not the named result: every `return nil, err` below would make it nil before the cleanup
+	// runs, which then could neither print the components' logs nor stop them.
+	c := &Cluster{Bin: bin, Dir: dir, RecordDir: filepath.Join(dir, "containers")}
 	defer func() {
 		if err != nil {
 			err = fmt.Errorf("%w\n%s", err, c.Logs(30))
