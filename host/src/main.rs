@@ -217,6 +217,14 @@ fn load_manifest(path: &Path, kubelet_dir: Option<&Path>) -> Option<Manifest> {
 async fn run(config: &Path, kubelet_dir: Option<&Path>) -> ExitCode {
     // Handlers first: a SIGTERM during start-up still removes our sockets.
     let Some(mut signals) = Signals::install() else { return ExitCode::FAILURE };
+    // A ConfigMap update replaces the file (through a symlink swap): watch
+    // its folder and reload when the text really changed and then stayed
+    // the same for MANIFEST_SETTLE (a file written in pieces is never
+    // applied half-written). SIGHUP applies at once: the operator asked.
+    // Watched before it is read: resources are served while the start goes
+    // on, and an edit made meanwhile must not be missed.
+    let (_watcher, mut edits) = watch_manifest(config);
+    let mut last_text = std::fs::read_to_string(config).unwrap_or_default();
     let Some(manifest) = load_manifest(config, kubelet_dir) else { return ExitCode::from(2) };
     // Before anything is loaded or served: a second daemon on one kubelet
     // folder would replace the first one's sockets over and over.
@@ -244,7 +252,7 @@ async fn run(config: &Path, kubelet_dir: Option<&Path>) -> ExitCode {
         },
         None => None,
     };
-    let registry = Registry::open(&manifest, Mode::Serve).await;
+    let registry = Registry::new(&manifest, Mode::Serve);
     let (stop_probes, stop_probes_rx) = tokio::sync::watch::channel(false);
     if let Some(listener) = probes_listener {
         let (ready_reg, status_reg) = (registry.clone(), registry.clone());
@@ -257,20 +265,16 @@ async fn run(config: &Path, kubelet_dir: Option<&Path>) -> ExitCode {
         );
         tokio::spawn(devhost::ops::metrics::serve(listener, registry.services.metrics.clone(), probes, stop_probes_rx));
     }
-    let endpoints = devhost::fronts::device_plugin::kubelet::Endpoints::start(
+    let endpoints = Arc::new(devhost::fronts::device_plugin::kubelet::Endpoints::start(
         manifest.kubelet_dir.clone(),
         registry.services.clone(),
-    );
-    endpoints.sync(&registry.resources()).await;
-    let mut dra = devhost::fronts::dra::Fronts::new(&manifest, registry.services.metrics.clone());
-    dra.sync(&registry.resources()).await;
+    ));
+    let dra = devhost::fronts::dra::Fronts::new(&manifest, registry.services.metrics.clone());
+    // The fronts follow the registry: each resource is served as soon as its
+    // own driver is up, at start and on every reload.
+    let (stop_fronts, plugins, fronts) = follow_registry(registry.clone(), endpoints.clone(), dra);
+    registry.apply(&manifest).await;
     let nfd = manifest.nfd_features_dir.clone().map(|dir| devhost::ops::nfd::spawn(dir, registry.clone()));
-    // A ConfigMap update replaces the file (through a symlink swap): watch
-    // its folder and reload when the text really changed and then stayed
-    // the same for MANIFEST_SETTLE (a file written in pieces is never
-    // applied half-written). SIGHUP applies at once: the operator asked.
-    let (_watcher, mut edits) = watch_manifest(config);
-    let mut last_text = std::fs::read_to_string(config).unwrap_or_default();
     // While an edit settles: when it may be applied, and the text then seen.
     let mut settling: Option<(tokio::time::Instant, String)> = None;
     loop {
@@ -343,17 +347,66 @@ async fn run(config: &Path, kubelet_dir: Option<&Path>) -> ExitCode {
             unchanged = %names(&changes.kept),
             "reload applied"
         );
-        endpoints.sync(&registry.resources()).await;
-        dra.sync(&registry.resources()).await;
     }
+    let _ = stop_fronts.send(true);
+    let _ = plugins.await;
+    let mut dra = fronts.await.ok();
     endpoints.shutdown().await;
-    dra.shutdown().await;
+    if let Some(dra) = &mut dra {
+        dra.shutdown().await;
+    }
     if let Some(task) = nfd {
         task.abort();
     }
     let _ = stop_probes.send(true);
     registry.shutdown();
     ExitCode::SUCCESS
+}
+
+/// Keeps the device-plugin endpoints and the DRA fronts in step with the
+/// registry's resources until told to stop. The endpoints follow every
+/// install, so that each resource is served as soon as its own driver is up;
+/// the DRA fronts sync once per apply, when every driver of it is settled (a
+/// front that cannot start is tried again at the next reload). Each has a
+/// task of its own, so a slow DRA start (an API server that does not answer)
+/// never holds back a device plugin. The DRA task returns the fronts for
+/// their shutdown.
+fn follow_registry(
+    registry: Arc<Registry>,
+    endpoints: Arc<devhost::fronts::device_plugin::kubelet::Endpoints>,
+    mut dra: devhost::fronts::dra::Fronts,
+) -> (
+    tokio::sync::watch::Sender<bool>,
+    tokio::task::JoinHandle<()>,
+    tokio::task::JoinHandle<devhost::fronts::dra::Fronts>,
+) {
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let (mut installs, mut stop_rx) = (registry.installs(), stopped.clone());
+    let reg = registry.clone();
+    let plugins = tokio::spawn(async move {
+        loop {
+            installs.borrow_and_update();
+            endpoints.sync(&reg.resources()).await;
+            tokio::select! {
+                changed = installs.changed() => if changed.is_err() { break },
+                _ = stop_rx.changed() => break,
+            }
+        }
+    });
+    let (mut installs, mut stop_rx) = (registry.installs(), stopped);
+    let fronts = tokio::spawn(async move {
+        loop {
+            if installs.borrow_and_update().complete {
+                dra.sync(&registry.resources()).await;
+            }
+            tokio::select! {
+                changed = installs.changed() => if changed.is_err() { break },
+                _ = stop_rx.changed() => break,
+            }
+        }
+        dra
+    });
+    (stop, plugins, fronts)
 }
 
 /// Notifies on any change in the manifest's folder that may concern it

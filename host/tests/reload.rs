@@ -196,3 +196,39 @@ async fn a_module_replaced_on_disk_is_loaded_by_the_next_reload() {
     }
     assert_eq!(d.logs().matches("the module file changed on disk").count(), 1, "{}", d.logs());
 }
+
+/// A reload that changes one resource and adds a driver whose create hangs
+/// for 5 s: the changed resource is served again at once, and the resource
+/// it replaces served until then; the new driver's resource follows when its
+/// create returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_serves_each_changed_resource_as_soon_as_its_own_driver_is_in() {
+    let node = Node::new();
+    let dir = module("example_c").parent().unwrap().to_path_buf();
+    let m = node.write_manifest(&body(&dir, A));
+    let kubelet = Kubelet::start(&node.kubelet_dir()).unwrap();
+    let d = Daemon::start(&m, &node.kubelet_dir());
+    kubelet.wait_devices("example.com/a", WAIT, |x| x.len() == 4).await.unwrap();
+    let fewer = "[[resource]]\nname = \"example.com/a\"\ndriver = \"example_c\"\nmatch = { index = \"0\" }\n";
+    let slow = format!(
+        "[driver.slow]\nmodule = \"{}\"\noptions = {{ count = 1, hang_in = \"create\", hang_ms = 5000 }}\n\
+         [[resource]]\nname = \"example.com/slow\"\ndriver = \"slow\"\n",
+        module("testdrv").display()
+    );
+    std::fs::write(&m, body(&dir, &format!("{fewer}{slow}"))).unwrap();
+    let t = std::time::Instant::now();
+    hup(&d);
+    kubelet.wait_devices("example.com/a", WAIT, |x| x.len() == 1).await.unwrap();
+    let took = t.elapsed();
+    assert!(
+        took < Duration::from_secs(3),
+        "the changed resource came back {took:?} after the reload, held back by another driver's create; log:\n{}",
+        d.logs()
+    );
+    assert_eq!(kubelet.registration_count("example.com/slow"), 0, "the slow driver is still in create");
+    assert_eq!(kubelet.registration_count("example.com/a"), 2, "the changed resource registers again, once");
+    kubelet.wait_devices("example.com/slow", WAIT, |x| x.len() == 1).await.unwrap();
+    assert!(t.elapsed() >= Duration::from_secs(5), "the slow resource came before its create returned");
+    d.wait_log("reload applied", WAIT).await;
+    assert_eq!(kubelet.registration_count("example.com/a"), 2);
+}

@@ -134,3 +134,90 @@ async fn one_drivers_watch_start_overlaps_another_drivers_create_in_process() {
 async fn one_drivers_watch_start_overlaps_another_drivers_create_isolated() {
     start_steps_overlap("process").await;
 }
+
+/// A fast driver beside one whose create hangs for 5 s (within its call
+/// deadline, so the create is not yet failed): as with a hanging NVML
+/// init, the other driver's resources must not wait for it.
+fn slow_create_manifest(node: &Node, isolation: &str, metrics: std::net::SocketAddr) -> std::path::PathBuf {
+    node.write_manifest(&format!(
+        r#"
+metrics_addr = "{metrics}"
+
+[driver.fast]
+module = "{c}"
+isolation = "{isolation}"
+options = {{ count = 2 }}
+
+[driver.slow]
+module = "{t}"
+isolation = "{isolation}"
+options = {{ count = 2, hang_in = "create", hang_ms = 5000 }}
+
+[[resource]]
+name = "example.com/fast"
+driver = "fast"
+
+[[resource]]
+name = "example.com/slow"
+driver = "slow"
+"#,
+        c = module("example_c").display(),
+        t = module("testdrv").display(),
+    ))
+}
+
+/// Before, every resource waited until every driver's create had returned
+/// (or reached its call deadline, 10 s by default).
+async fn slow_create_does_not_hold_back(isolation: &str) {
+    let node = Node::new();
+    let kubelet = Kubelet::start(&node.kubelet_dir()).unwrap();
+    let started = Instant::now();
+    let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let d = Daemon::start(&slow_create_manifest(&node, isolation, addr), &node.kubelet_dir());
+    let fast = kubelet.wait_devices("example.com/fast", WAIT, |l| l.len() == 2).await.unwrap();
+    let took = started.elapsed();
+    assert!(fast.iter().all(|d| d.health == "Healthy"), "{fast:?}");
+    assert_eq!(kubelet.registration_count("example.com/slow"), 0, "the slow driver is still in create");
+    assert!(
+        took < START_GRACE,
+        "the fast driver's devices reached the kubelet {took:?} after start, while the other driver was still \
+         in create; log:\n{}",
+        d.logs()
+    );
+    // Not ready while a resource still waits for its driver, though every resource served so far is registered.
+    // (Marked registered once the Register call has returned to us; the kubelet may list first.)
+    let ready = loop {
+        let r = devhost::ops::metrics::get(addr, "/readyz", &[]).await.unwrap();
+        if !r.body.contains("example.com/fast") || started.elapsed() > START_GRACE {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(!ready.body.contains("example.com/fast"), "{}", ready.body);
+    assert_eq!(ready.status, 503, "{}", ready.body);
+    assert!(ready.body.contains("example.com/slow"), "{}", ready.body);
+    assert_eq!(kubelet.registration_count("example.com/slow"), 0, "the slow driver is still in create");
+    // The slow one is served once its create returns.
+    let slow = kubelet.wait_devices("example.com/slow", WAIT, |l| l.len() == 2).await.unwrap();
+    assert!(slow.iter().all(|d| d.health == "Healthy"), "{slow:?}");
+    assert!(started.elapsed() >= Duration::from_secs(5), "the slow resource came before its create returned");
+    let deadline = Instant::now() + WAIT;
+    let ready = loop {
+        let r = devhost::ops::metrics::get(addr, "/readyz", &[]).await.unwrap();
+        if r.status == 200 || Instant::now() > deadline {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(ready.status, 200, "{}", ready.body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_create_does_not_delay_another_drivers_registration_in_process() {
+    slow_create_does_not_hold_back("in-process").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_create_does_not_delay_another_drivers_registration_isolated() {
+    slow_create_does_not_hold_back("process").await;
+}

@@ -82,6 +82,11 @@ pub struct Registry {
     pub services: Arc<Services>,
     drivers: RwLock<BTreeMap<String, DriverEntry>>,
     resources: RwLock<Vec<Arc<Resource>>>,
+    /// Resources of the manifest being applied whose driver is not settled
+    /// yet (no running resource of that name serves meanwhile).
+    pending: RwLock<Vec<String>>,
+    /// Bumped whenever `resources` changes; see [`Install`].
+    installs: watch::Sender<Install>,
     /// Whether instances get watch_start and a rescan task (the daemon), or
     /// are only scanned once (list, check).
     watching: bool,
@@ -93,6 +98,28 @@ pub struct Registry {
 
 /// How long a (re)load waits for first scans before serving without them.
 const START_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// A change of the registry's resources.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Install {
+    /// Counts the changes.
+    pub generation: u64,
+    /// True when an `apply` ended with it: every driver of its manifest is settled.
+    pub complete: bool,
+}
+
+/// One `apply` while its drivers settle one by one.
+struct Settling {
+    /// The resources served when the apply began.
+    old_resources: Vec<Arc<Resource>>,
+    changes: Changes,
+    /// Settled resources, by name.
+    new: HashMap<String, Arc<Resource>>,
+    /// Each settled driver's first-scan waiter (awaited by `list` and `check`).
+    waiters: Vec<tokio::task::JoinHandle<()>>,
+    /// Each new instance's start task, whose result is its first scan.
+    first_scans: HashMap<String, tokio::task::JoinHandle<Option<Scanned>>>,
+}
 
 /// What one scan gave: the devices, or why there are none.
 type Scanned = Result<Vec<Device>, String>;
@@ -148,6 +175,16 @@ impl Registry {
     /// watch_start and a rescan task. Failures are kept per driver; they
     /// never stop the others.
     pub async fn open(manifest: &Manifest, mode: Mode) -> Arc<Registry> {
+        let reg = Self::new(manifest, mode);
+        reg.apply(manifest).await;
+        reg
+    }
+
+    /// An empty registry with `manifest`'s services; [`Registry::apply`]
+    /// brings in its drivers and resources. The daemon starts its fronts in
+    /// between, so that each resource is served as soon as its own driver is
+    /// up (see [`Registry::installs`]).
+    pub fn new(manifest: &Manifest, mode: Mode) -> Arc<Registry> {
         let watching = mode != Mode::Inspect;
         let cdi = manifest.cdi_dir.as_ref().map(CdiWriter::new);
         let follower = (mode == Mode::Serve)
@@ -161,6 +198,9 @@ impl Registry {
             services: Arc::new(Services { metrics: Arc::new(Metrics::new()), cdi, follower }),
             drivers: RwLock::new(BTreeMap::new()),
             resources: RwLock::new(Vec::new()),
+            // Not ready before the first apply has settled them.
+            pending: RwLock::new(manifest.resources.iter().map(|r| r.name.clone()).collect()),
+            installs: watch::channel(Install::default()).0,
             watching,
             logged: Mutex::new(HashSet::new()),
             release_state,
@@ -175,24 +215,41 @@ impl Registry {
                 Err(e) => tracing::warn!(dir = %cdi.dir().display(), "cannot clean stale CDI spec files: {e}"),
             }
         }
-        reg.apply(manifest).await;
         reg
+    }
+
+    /// Changes whenever [`Registry::resources`] does: a front that serves
+    /// every resource syncs on it. `apply` installs each driver's resources
+    /// as soon as that driver's create is in, so a driver slow to start (an
+    /// NVML init that hangs until its call deadline) holds back only its own.
+    pub fn installs(&self) -> watch::Receiver<Install> {
+        self.installs.subscribe()
     }
 
     /// Brings the registry to `manifest`, touching only what changed: a
     /// driver whose table is unchanged keeps its instance, and a resource
     /// whose entry and driver are unchanged keeps its `Resource` (and so its
     /// socket and streams). Failed drivers are retried.
+    ///
+    /// Each driver is settled on its own, as soon as its create is in (at
+    /// once for a kept one): its resources are built and installed, then the
+    /// instance it replaces is retired. Until then a resource it replaces
+    /// keeps serving, and a new one is listed by [`Registry::unregistered`].
     pub async fn apply(self: &Arc<Self>, manifest: &Manifest) -> Changes {
         let cache = ModuleCache::default();
         let mut old = std::mem::take(&mut *write(&self.drivers));
-        let mut next = BTreeMap::new();
+        let mut start = Settling {
+            old_resources: self.resources(),
+            changes: Changes::default(),
+            new: HashMap::new(),
+            waiters: Vec::new(),
+            first_scans: HashMap::new(),
+        };
         let mut kept_drivers = Vec::new();
         let mut replacing = HashMap::new();
         // New instances are created concurrently: one slow driver must not
         // hold back the others (each create has its own deadline).
         let (created_tx, mut created_rx) = tokio::sync::mpsc::unbounded_channel();
-        let mut first_scans: HashMap<String, tokio::task::JoinHandle<Option<Scanned>>> = HashMap::new();
         for (name, cfg) in &manifest.drivers {
             match old.remove(name) {
                 // A driver disabled by a panic comes back on reload, and so
@@ -205,7 +262,7 @@ impl Registry {
                     if let Slot::Ready(i) = &e.slot {
                         kept_drivers.push(i.clone());
                     }
-                    next.insert(name.clone(), e);
+                    write(&self.drivers).insert(name.clone(), e);
                     continue;
                 }
                 // Replaced only once its successor is up (below).
@@ -280,10 +337,27 @@ impl Registry {
                 }
                 reg.scan(&inst).await
             });
-            first_scans.insert(name_key, task);
+            start.first_scans.insert(name_key, task);
         }
         drop(created_tx);
-        let mut fresh = Vec::new();
+        // Settled at once: the kept drivers, and resources naming a driver
+        // the manifest does not configure.
+        for inst in kept_drivers {
+            self.settle(manifest, &inst.name.clone(), &mut start);
+            self.start_first_scan(&inst, false, &mut start);
+        }
+        let unconfigured: Vec<String> = manifest
+            .resources
+            .iter()
+            .filter(|r| !manifest.drivers.contains_key(&r.driver))
+            .map(|r| r.driver.clone())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        for name in &unconfigured {
+            self.settle(manifest, name, &mut start);
+        }
+        self.publish_installed(manifest, &start);
         // Every task sends its slot once; a task that panicked sends none
         // and its sender is gone with it.
         while let Some((name, cfg, slot)) = created_rx.recv().await {
@@ -293,29 +367,24 @@ impl Registry {
                 ready => ready,
             };
             let previous = replacing.remove(&name);
-            match (&slot, previous) {
+            let (entry, retired, fresh) = match (&slot, previous) {
                 // A changed driver that cannot start keeps the running one: a
                 // reload never trades working devices for an error.
                 (Slot::Failed(e), Some(prev)) if serving(&prev.slot) => {
                     self.services.metrics.module_load_failure(&name);
                     tracing::error!(driver = %name, "new settings cannot be applied, the previous instance keeps serving: {e}");
-                    if let Slot::Ready(i) = &prev.slot {
-                        kept_drivers.push(i.clone());
-                    }
-                    next.insert(name, prev);
-                    continue;
+                    let kept = match &prev.slot {
+                        Slot::Ready(i) => Some(i.clone()),
+                        Slot::Failed(_) => None,
+                    };
+                    (prev, None, kept.map(|k| (k, false)))
                 }
                 (Slot::Failed(e), prev) => {
-                    if let Some(p) = prev {
-                        retire(p);
-                    }
                     self.services.metrics.module_load_failure(&name);
-                    tracing::error!(driver = %name, "driver not loaded, its resources are not served: {e}")
+                    tracing::error!(driver = %name, "driver not loaded, its resources are not served: {e}");
+                    (DriverEntry { config: cfg, slot: slot.clone(), stop: watch::channel(false).0 }, prev, None)
                 }
                 (Slot::Ready(i), prev) => {
-                    if let Some(p) = prev {
-                        retire(p);
-                    }
                     // A create that failed and is retried: say once where what it names is written.
                     if let Some(r) = i.create_retry()
                         && let explained = manifest.explain_driver_failure(&name, &r.last_error)
@@ -333,16 +402,56 @@ impl Registry {
                         m.abi_major,
                         m.abi_minor
                     );
-                    fresh.push(i.clone())
+                    let fresh = Some((i.clone(), true));
+                    (DriverEntry { config: cfg, slot: slot.clone(), stop: watch::channel(false).0 }, prev, fresh)
                 }
+            };
+            write(&self.drivers).insert(name.clone(), entry);
+            self.settle(manifest, &name, &mut start);
+            self.publish_installed(manifest, &start);
+            // The instance it replaced goes only once its successor's resources are in place.
+            if let Some(p) = retired {
+                retire(p);
             }
-            next.insert(name, DriverEntry { config: cfg, slot, stop: watch::channel(false).0 });
+            if let Some((inst, is_new)) = fresh {
+                self.start_first_scan(&inst, is_new, &mut start);
+            }
+        }
+        // A create task that ended without a word (it panicked): its driver
+        // counts as failed, and a replaced instance it did not succeed goes.
+        for (name, prev) in replacing {
+            if serving(&prev.slot) {
+                tracing::error!(driver = %name, "the new settings' start ended without a result; the previous instance keeps serving");
+                let kept = match &prev.slot {
+                    Slot::Ready(i) => Some(i.clone()),
+                    Slot::Failed(_) => None,
+                };
+                write(&self.drivers).insert(name.clone(), prev);
+                self.settle(manifest, &name, &mut start);
+                if let Some(k) = kept {
+                    self.start_first_scan(&k, false, &mut start);
+                }
+                continue;
+            }
+            // Marked failed with its new settings just below.
+            retire(prev);
+        }
+        for cfg in manifest.drivers.values() {
+            if !read(&self.drivers).contains_key(&cfg.name) {
+                tracing::error!(driver = %cfg.name, "driver start ended without a result; its resources are not served");
+                let failed = Slot::Failed("the driver's start ended without a result".into());
+                write(&self.drivers).insert(
+                    cfg.name.clone(),
+                    DriverEntry { config: cfg.clone(), slot: failed, stop: watch::channel(false).0 },
+                );
+                self.settle(manifest, &cfg.name, &mut start);
+            }
         }
         for (name, e) in old {
             self.services.metrics.forget_driver(&name);
             retire(e);
         }
-        for (name, e) in &next {
+        for (name, e) in read(&self.drivers).iter() {
             let (retry, module) = match &e.slot {
                 Slot::Ready(i) => (i.create_retry(), Some(&i.module)),
                 Slot::Failed(_) => (None, None),
@@ -351,61 +460,9 @@ impl Registry {
             self.services.metrics.driver_configured(name, module);
         }
 
-        let old_resources = std::mem::take(&mut *write(&self.resources));
-        let mut changes = Changes::default();
-        let mut resources = Vec::with_capacity(manifest.resources.len());
-        for cfg in &manifest.resources {
-            self.services.metrics.resource_configured(&cfg.name);
-            let (driver, error) = match next.get(&cfg.driver).map(|e| &e.slot) {
-                Some(Slot::Ready(i)) => (Some(i.clone()), None),
-                Some(Slot::Failed(e)) => (None, Some(e.clone())),
-                None => (None, Some(format!("driver {} is not configured", cfg.driver))),
-            };
-            let same = old_resources.iter().find(|r| {
-                r.config.same_settings(cfg)
-                    && match (&r.driver, &driver) {
-                        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-                        _ => false,
-                    }
-            });
-            match same {
-                Some(r) => {
-                    changes.kept.push(r.clone());
-                    resources.push(r.clone());
-                }
-                None => {
-                    // The runner this one replaces must not call the driver
-                    // any more; the new one goes on from the kept state.
-                    for old in old_resources.iter().filter(|o| o.config.name == cfg.name) {
-                        if let Some(runner) = &old.release {
-                            runner.stop();
-                        }
-                    }
-                    let r = Arc::new(Resource {
-                        config: cfg.clone(),
-                        view: watch::channel(Arc::new(View::default())).0,
-                        registered: AtomicBool::new(false),
-                        status: Tracker::new(),
-                        release: match (&self.services.follower, &driver) {
-                            (Some(f), Some(d)) if self.watching => Some(ReleaseRunner::start_kept(
-                                &cfg.name,
-                                d.clone(),
-                                f.subscribe(),
-                                Backoff::default(),
-                                self.release_state.clone(),
-                            )),
-                            _ => None,
-                        },
-                        raw: Mutex::new((Vec::new(), String::new())),
-                        ready: watch::channel(false).0,
-                        driver,
-                        error,
-                    });
-                    changes.started.push(r.clone());
-                    resources.push(r);
-                }
-            }
-        }
+        let Settling { old_resources, mut changes, new, waiters, .. } = start;
+        let resources: Vec<Arc<Resource>> =
+            manifest.resources.iter().filter_map(|cfg| new.get(&cfg.name).cloned()).collect();
         changes.stopped = old_resources.into_iter().filter(|o| !resources.iter().any(|r| Arc::ptr_eq(r, o))).collect();
         for gone in &changes.stopped {
             // A resource restarted under the same name keeps its CDI file.
@@ -422,79 +479,135 @@ impl Registry {
             store.retain(&manifest.resources.iter().map(|r| r.name.as_str()).collect::<Vec<_>>());
         }
         *write(&self.resources) = resources;
-        *write(&self.drivers) = next;
-        for r in &changes.started {
-            self.follow_releases(r);
-        }
-
-        // First scans (and watch_start) run concurrently: a new instance's
-        // began right after its create, a kept one's starts here. Each
-        // driver's new resources are ready as soon as its own scan is in: a slow
-        // driver holds back only its own resources' registration. A driver
-        // still scanning after the grace period finishes in the background
-        // and its resources start with an empty list until then.
-        for r in changes.started.iter().filter(|r| r.driver.is_none()) {
-            r.set_ready();
-        }
-        let mut scans = tokio::task::JoinSet::new();
-        // Per driver: whether its first scan is in, and its new resources.
-        let mut scanning = Vec::new();
-        for inst in fresh.iter().chain(kept_drivers.iter()) {
-            let (reg, inst, is_new) = (self.clone(), inst.clone(), fresh.iter().any(|f| Arc::ptr_eq(f, inst)));
-            let mine: Vec<Arc<Resource>> = changes
-                .started
-                .iter()
-                .filter(|r| r.driver.as_ref().is_some_and(|d| Arc::ptr_eq(d, &inst)))
-                .cloned()
-                .collect();
-            let scanned = Arc::new(AtomicBool::new(false));
-            scanning.push((scanned.clone(), mine.clone()));
-            // A new instance's first scan was started with its create.
-            let first = first_scans.remove(&inst.name).filter(|_| is_new);
-            scans.spawn(async move {
-                match first {
-                    Some(task) => {
-                        if let Ok(Some(devices)) = task.await {
-                            reg.publish(&inst, devices);
-                        }
-                    }
-                    None => reg.rescan(&inst).await,
-                }
-                scanned.store(true, Ordering::Release);
-                if is_new && reg.watching {
-                    reg.spawn_watcher(&inst);
-                }
-                // The release settling has its own deadline, beyond the grace.
-                reg.settle_releases(&mine).await;
-                mine.iter().for_each(|r| r.set_ready());
-            });
-        }
-        let first_scans = async move {
-            let grace = tokio::time::sleep(START_GRACE);
-            tokio::pin!(grace);
-            while !scans.is_empty() {
-                tokio::select! {
-                    _ = scans.join_next() => {}
-                    _ = &mut grace => {
-                        scans.detach_all();
-                        let late: Vec<_> = scanning.iter().filter(|(scanned, _)| !scanned.load(Ordering::Acquire)).collect();
-                        if !late.is_empty() {
-                            tracing::warn!("{} driver(s) still scanning after {START_GRACE:?}; their resources start empty", late.len());
-                        }
-                        late.iter().flat_map(|(_, mine)| mine).for_each(|r| r.set_ready());
-                        break;
-                    }
-                }
-            }
-        };
+        write(&self.pending).clear();
+        self.installs.send_modify(|i| *i = Install { generation: i.generation + 1, complete: true });
         // The daemon's endpoints wait for each resource's own first scan
         // (`Resource::first_scan`); `list` and `check` report every scan.
-        if self.watching {
-            tokio::spawn(first_scans);
-        } else {
-            first_scans.await;
+        if !self.watching {
+            for w in waiters {
+                let _ = w.await;
+            }
         }
         changes
+    }
+
+    /// Builds the resources of driver `name` (now in `self.drivers`, or not
+    /// configured at all) into `start`: kept when entry and instance are
+    /// unchanged, new otherwise.
+    fn settle(self: &Arc<Self>, manifest: &Manifest, name: &str, start: &mut Settling) {
+        let slot = read(&self.drivers).get(name).map(|e| e.slot.clone());
+        for cfg in manifest.resources.iter().filter(|r| r.driver == name) {
+            self.services.metrics.resource_configured(&cfg.name);
+            let (driver, error) = match &slot {
+                Some(Slot::Ready(i)) => (Some(i.clone()), None),
+                Some(Slot::Failed(e)) => (None, Some(e.clone())),
+                None => (None, Some(format!("driver {} is not configured", cfg.driver))),
+            };
+            let same = start.old_resources.iter().find(|r| {
+                r.config.same_settings(cfg)
+                    && match (&r.driver, &driver) {
+                        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                        _ => false,
+                    }
+            });
+            if let Some(r) = same {
+                start.changes.kept.push(r.clone());
+                start.new.insert(cfg.name.clone(), r.clone());
+                continue;
+            }
+            // The runner this one replaces must not call the driver
+            // any more; the new one goes on from the kept state.
+            for old in start.old_resources.iter().filter(|o| o.config.name == cfg.name) {
+                if let Some(runner) = &old.release {
+                    runner.stop();
+                }
+            }
+            let r = Arc::new(Resource {
+                config: cfg.clone(),
+                view: watch::channel(Arc::new(View::default())).0,
+                registered: AtomicBool::new(false),
+                status: Tracker::new(),
+                release: match (&self.services.follower, &driver) {
+                    (Some(f), Some(d)) if self.watching => Some(ReleaseRunner::start_kept(
+                        &cfg.name,
+                        d.clone(),
+                        f.subscribe(),
+                        Backoff::default(),
+                        self.release_state.clone(),
+                    )),
+                    _ => None,
+                },
+                raw: Mutex::new((Vec::new(), String::new())),
+                ready: watch::channel(false).0,
+                driver,
+                error,
+            });
+            self.follow_releases(&r);
+            // Nothing to scan: served (empty, with its error) at once.
+            if r.driver.is_none() {
+                r.set_ready();
+            }
+            start.changes.started.push(r.clone());
+            start.new.insert(cfg.name.clone(), r);
+        }
+    }
+
+    /// Makes what is settled so far the registry's resources, in manifest
+    /// order: a settled resource, else the running one it will replace
+    /// (serving until then); a new one not settled yet is pending.
+    fn publish_installed(&self, manifest: &Manifest, start: &Settling) {
+        let mut resources = Vec::with_capacity(manifest.resources.len());
+        let mut pending = Vec::new();
+        for cfg in &manifest.resources {
+            match start.new.get(&cfg.name).or_else(|| start.old_resources.iter().find(|o| o.config.name == cfg.name)) {
+                Some(r) => resources.push(r.clone()),
+                None => pending.push(cfg.name.clone()),
+            }
+        }
+        *write(&self.resources) = resources;
+        *write(&self.pending) = pending;
+        self.installs.send_modify(|i| *i = Install { generation: i.generation + 1, complete: false });
+    }
+
+    /// A settled driver's first scan (a new instance's began right after its
+    /// create; a kept one's starts here), published to its new resources,
+    /// which are ready once it is in. One still scanning after the grace
+    /// period finishes in the background, its resources served empty until then.
+    fn start_first_scan(self: &Arc<Self>, inst: &Arc<Instance>, is_new: bool, start: &mut Settling) {
+        let mine: Vec<Arc<Resource>> = start
+            .changes
+            .started
+            .iter()
+            .filter(|r| r.driver.as_ref().is_some_and(|d| Arc::ptr_eq(d, inst)))
+            .cloned()
+            .collect();
+        let first = start.first_scans.remove(&inst.name).filter(|_| is_new);
+        let scanned = Arc::new(AtomicBool::new(false));
+        let driver = inst.name.clone();
+        let (reg, inst, done, ready) = (self.clone(), inst.clone(), scanned.clone(), mine.clone());
+        let work = tokio::spawn(async move {
+            match first {
+                Some(task) => {
+                    if let Ok(Some(devices)) = task.await {
+                        reg.publish(&inst, devices);
+                    }
+                }
+                None => reg.rescan(&inst).await,
+            }
+            done.store(true, Ordering::Release);
+            if is_new && reg.watching {
+                reg.spawn_watcher(&inst);
+            }
+            // The release settling has its own deadline, beyond the grace.
+            reg.settle_releases(&ready).await;
+            ready.iter().for_each(|r| r.set_ready());
+        });
+        start.waiters.push(tokio::spawn(async move {
+            if tokio::time::timeout(START_GRACE, work).await.is_err() && !scanned.load(Ordering::Acquire) {
+                tracing::warn!(driver = %driver, "still scanning after {START_GRACE:?}; its resources start empty");
+                mine.iter().for_each(|r| r.set_ready());
+            }
+        }));
     }
 
     /// Before new resources are served: each runner that went on from a kept
@@ -765,11 +878,13 @@ impl Registry {
 
     /// Resources that should be registered with the kubelet and are not.
     pub fn unregistered(&self) -> Vec<String> {
-        read(&self.resources)
+        let mut names: Vec<String> = read(&self.resources)
             .iter()
             .filter(|r| r.driver.is_some() && !r.registered.load(Ordering::Acquire))
             .map(|r| r.config.name.clone())
-            .collect()
+            .collect();
+        names.extend(read(&self.pending).iter().cloned());
+        names
     }
 }
 
