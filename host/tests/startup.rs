@@ -197,10 +197,22 @@ async fn slow_create_does_not_hold_back(isolation: &str) {
     assert_eq!(ready.status, 503, "{}", ready.body);
     assert!(ready.body.contains("example.com/slow"), "{}", ready.body);
     assert_eq!(kubelet.registration_count("example.com/slow"), 0, "the slow driver is still in create");
+    // /status lists it as starting, beside the served one.
+    let status: serde_json::Value =
+        serde_json::from_str(&devhost::ops::metrics::get(addr, "/status", &[]).await.unwrap().body).unwrap();
+    let by_name = |n: &str| status["resources"].as_array().unwrap().iter().find(|r| r["resource"] == n).cloned();
+    let slow = by_name("example.com/slow").unwrap_or_else(|| panic!("no example.com/slow in {status}"));
+    assert_eq!(slow["create"]["state"], "starting", "{slow}");
+    assert_eq!(slow["registered"], false, "{slow}");
+    assert_eq!(by_name("example.com/fast").map(|f| f["registered"].clone()), Some(serde_json::json!(true)), "{status}");
     // The slow one is served once its create returns.
     let slow = kubelet.wait_devices("example.com/slow", WAIT, |l| l.len() == 2).await.unwrap();
     assert!(slow.iter().all(|d| d.health == "Healthy"), "{slow:?}");
     assert!(started.elapsed() >= Duration::from_secs(5), "the slow resource came before its create returned");
+    let status: serde_json::Value =
+        serde_json::from_str(&devhost::ops::metrics::get(addr, "/status", &[]).await.unwrap().body).unwrap();
+    let slow = status["resources"].as_array().unwrap().iter().find(|r| r["resource"] == "example.com/slow").cloned();
+    assert!(slow.as_ref().is_some_and(|s| s.get("create").is_none()), "{status}");
     let deadline = Instant::now() + WAIT;
     let ready = loop {
         let r = devhost::ops::metrics::get(addr, "/readyz", &[]).await.unwrap();

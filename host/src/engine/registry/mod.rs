@@ -84,7 +84,7 @@ pub struct Registry {
     resources: RwLock<Vec<Arc<Resource>>>,
     /// Resources of the manifest being applied whose driver is not settled
     /// yet (no running resource of that name serves meanwhile).
-    pending: RwLock<Vec<String>>,
+    pending: RwLock<Vec<ResourceConfig>>,
     /// Bumped whenever `resources` changes; see [`Install`].
     installs: watch::Sender<Install>,
     /// Whether instances get watch_start and a rescan task (the daemon), or
@@ -199,7 +199,7 @@ impl Registry {
             drivers: RwLock::new(BTreeMap::new()),
             resources: RwLock::new(Vec::new()),
             // Not ready before the first apply has settled them.
-            pending: RwLock::new(manifest.resources.iter().map(|r| r.name.clone()).collect()),
+            pending: RwLock::new(manifest.resources.clone()),
             installs: watch::channel(Install::default()).0,
             watching,
             logged: Mutex::new(HashSet::new()),
@@ -561,7 +561,7 @@ impl Registry {
         for cfg in &manifest.resources {
             match start.new.get(&cfg.name).or_else(|| start.old_resources.iter().find(|o| o.config.name == cfg.name)) {
                 Some(r) => resources.push(r.clone()),
-                None => pending.push(cfg.name.clone()),
+                None => pending.push(cfg.clone()),
             }
         }
         *write(&self.resources) = resources;
@@ -846,6 +846,20 @@ impl Registry {
                 }
                 v
             })
+            .chain(read(&self.pending).iter().map(|cfg| {
+                // Its driver's first create is still running: nothing served yet.
+                let info = status::ResourceInfo {
+                    name: &cfg.name,
+                    driver: &cfg.driver,
+                    registered: false,
+                    error: None,
+                    replicas: cfg.replicas,
+                    device_list_strategy: cfg.device_list_strategy.as_str(),
+                };
+                let mut v = status::resource_json(info, &[], None);
+                v["create"] = serde_json::json!({ "state": "starting" });
+                v
+            }))
             .collect()
     }
 
@@ -883,7 +897,7 @@ impl Registry {
             .filter(|r| r.driver.is_some() && !r.registered.load(Ordering::Acquire))
             .map(|r| r.config.name.clone())
             .collect();
-        names.extend(read(&self.pending).iter().cloned());
+        names.extend(read(&self.pending).iter().map(|r| r.name.clone()));
         names
     }
 }
