@@ -32,6 +32,25 @@ options = {{ count = 2 }}
 
 const A: &str = "[[resource]]\nname = \"example.com/a\"\ndriver = \"example_c\"\nmatch = { model = \"example-*\" }\n";
 
+/// A daemon serving `A` (the example_c driver's 4 devices), once the kubelet lists them.
+struct Serving {
+    node: Node,
+    dir: std::path::PathBuf,
+    m: std::path::PathBuf,
+    kubelet: Kubelet,
+    d: Daemon,
+}
+
+async fn serving_a() -> Serving {
+    let node = Node::new();
+    let dir = module("example_c").parent().unwrap().to_path_buf();
+    let m = node.write_manifest(&body(&dir, A));
+    let kubelet = Kubelet::start(&node.kubelet_dir()).unwrap();
+    let d = Daemon::start(&m, &node.kubelet_dir());
+    kubelet.wait_devices("example.com/a", WAIT, |x| x.len() == 4).await.unwrap();
+    Serving { node, dir, m, kubelet, d }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_applies_only_the_difference() {
     let node = Node::new();
@@ -93,12 +112,7 @@ async fn a_newly_dropped_module_is_enabled_by_sighup() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_invalid_new_manifest_is_rejected_and_the_old_one_keeps_serving() {
-    let node = Node::new();
-    let dir = module("example_c").parent().unwrap().to_path_buf();
-    let m = node.write_manifest(&body(&dir, A));
-    let kubelet = Kubelet::start(&node.kubelet_dir()).unwrap();
-    let d = Daemon::start(&m, &node.kubelet_dir());
-    kubelet.wait_devices("example.com/a", WAIT, |x| x.len() == 4).await.unwrap();
+    let Serving { node: _node, dir: _, m, kubelet, d } = serving_a().await;
     std::fs::write(&m, "[[resource]]\nname = \"no-slash\"\ndriver = \"example_c\"\n").unwrap();
     hup(&d);
     let log = d.wait_log("new manifest rejected", WAIT).await;
@@ -112,12 +126,7 @@ async fn an_invalid_new_manifest_is_rejected_and_the_old_one_keeps_serving() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn editing_the_file_reloads_it_without_a_signal() {
-    let node = Node::new();
-    let dir = module("example_c").parent().unwrap().to_path_buf();
-    let m = node.write_manifest(&body(&dir, A));
-    let kubelet = Kubelet::start(&node.kubelet_dir()).unwrap();
-    let d = Daemon::start(&m, &node.kubelet_dir());
-    kubelet.wait_devices("example.com/a", WAIT, |x| x.len() == 4).await.unwrap();
+    let Serving { node, dir, m, kubelet, d } = serving_a().await;
     // As a ConfigMap volume does: the new text lands under a new name, then replaces the file.
     let late = "[[resource]]\nname = \"example.com/late\"\ndriver = \"example_rust\"\n";
     let tmp = node.path().join("..data_tmp");
@@ -130,12 +139,7 @@ async fn editing_the_file_reloads_it_without_a_signal() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn moving_an_entry_in_the_file_restarts_nothing() {
-    let node = Node::new();
-    let dir = module("example_c").parent().unwrap().to_path_buf();
-    let m = node.write_manifest(&body(&dir, A));
-    let kubelet = Kubelet::start(&node.kubelet_dir()).unwrap();
-    let d = Daemon::start(&m, &node.kubelet_dir());
-    kubelet.wait_devices("example.com/a", WAIT, |x| x.len() == 4).await.unwrap();
+    let Serving { node: _node, dir, m, kubelet, d } = serving_a().await;
     std::fs::write(&m, format!("# a comment moves every line down\n\n{}", body(&dir, A))).unwrap();
     let log = d.wait_log("reload applied", WAIT).await;
     assert!(log.contains("unchanged=example.com/a"), "{log}");
@@ -203,12 +207,7 @@ async fn a_module_replaced_on_disk_is_loaded_by_the_next_reload() {
 /// create returns.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_serves_each_changed_resource_as_soon_as_its_own_driver_is_in() {
-    let node = Node::new();
-    let dir = module("example_c").parent().unwrap().to_path_buf();
-    let m = node.write_manifest(&body(&dir, A));
-    let kubelet = Kubelet::start(&node.kubelet_dir()).unwrap();
-    let d = Daemon::start(&m, &node.kubelet_dir());
-    kubelet.wait_devices("example.com/a", WAIT, |x| x.len() == 4).await.unwrap();
+    let Serving { node: _node, dir, m, kubelet, d } = serving_a().await;
     let fewer = "[[resource]]\nname = \"example.com/a\"\ndriver = \"example_c\"\nmatch = { index = \"0\" }\n";
     let slow = format!(
         "[driver.slow]\nmodule = \"{}\"\noptions = {{ count = 1, hang_in = \"create\", hang_ms = 5000 }}\n\

@@ -10,10 +10,13 @@ use std::time::{Duration, Instant};
 const START_GRACE: Duration = Duration::from_secs(2);
 
 /// A fast driver (the C example) beside the test driver hanging 5 s in
-/// watch_start, which comes before its first scan.
-fn manifest(node: &Node, isolation: &str) -> std::path::PathBuf {
+/// `hang_in` (watch_start, which comes before its first scan, or create);
+/// `top` goes before the tables.
+fn manifest(node: &Node, isolation: &str, hang_in: &str, top: &str) -> std::path::PathBuf {
     node.write_manifest(&format!(
         r#"
+{top}
+
 [driver.fast]
 module = "{c}"
 isolation = "{isolation}"
@@ -22,7 +25,7 @@ options = {{ count = 2 }}
 [driver.slow]
 module = "{t}"
 isolation = "{isolation}"
-options = {{ count = 2, hang_in = "watch_start", hang_ms = 5000 }}
+options = {{ count = 2, hang_in = "{hang_in}", hang_ms = 5000 }}
 
 [[resource]]
 name = "example.com/fast"
@@ -44,7 +47,7 @@ async fn slow_driver_does_not_hold_back(isolation: &str) {
     let node = Node::new();
     let kubelet = Kubelet::start(&node.kubelet_dir()).unwrap();
     let started = Instant::now();
-    let d = Daemon::start(&manifest(&node, isolation), &node.kubelet_dir());
+    let d = Daemon::start(&manifest(&node, isolation, "watch_start", ""), &node.kubelet_dir());
     kubelet.wait_registered("example.com/fast", WAIT).await.unwrap();
     let took = started.elapsed();
     assert_eq!(kubelet.registration_count("example.com/slow"), 0, "the slow driver is still in watch_start");
@@ -135,37 +138,6 @@ async fn one_drivers_watch_start_overlaps_another_drivers_create_isolated() {
     start_steps_overlap("process").await;
 }
 
-/// A fast driver beside one whose create hangs for 5 s (within its call
-/// deadline, so the create is not yet failed): as with a hanging NVML
-/// init, the other driver's resources must not wait for it.
-fn slow_create_manifest(node: &Node, isolation: &str, metrics: std::net::SocketAddr) -> std::path::PathBuf {
-    node.write_manifest(&format!(
-        r#"
-metrics_addr = "{metrics}"
-
-[driver.fast]
-module = "{c}"
-isolation = "{isolation}"
-options = {{ count = 2 }}
-
-[driver.slow]
-module = "{t}"
-isolation = "{isolation}"
-options = {{ count = 2, hang_in = "create", hang_ms = 5000 }}
-
-[[resource]]
-name = "example.com/fast"
-driver = "fast"
-
-[[resource]]
-name = "example.com/slow"
-driver = "slow"
-"#,
-        c = module("example_c").display(),
-        t = module("testdrv").display(),
-    ))
-}
-
 /// Before, every resource waited until every driver's create had returned
 /// (or reached its call deadline, 10 s by default).
 async fn slow_create_does_not_hold_back(isolation: &str) {
@@ -173,7 +145,9 @@ async fn slow_create_does_not_hold_back(isolation: &str) {
     let kubelet = Kubelet::start(&node.kubelet_dir()).unwrap();
     let started = Instant::now();
     let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-    let d = Daemon::start(&slow_create_manifest(&node, isolation, addr), &node.kubelet_dir());
+    // As with a hanging NVML init: the other driver's resources must not wait for it.
+    let m = manifest(&node, isolation, "create", &format!("metrics_addr = \"{addr}\""));
+    let d = Daemon::start(&m, &node.kubelet_dir());
     let fast = kubelet.wait_devices("example.com/fast", WAIT, |l| l.len() == 2).await.unwrap();
     let took = started.elapsed();
     assert!(fast.iter().all(|d| d.health == "Healthy"), "{fast:?}");
