@@ -364,13 +364,12 @@ async fn run(config: &Path, kubelet_dir: Option<&Path>) -> ExitCode {
 }
 
 /// Keeps the device-plugin endpoints and the DRA fronts in step with the
-/// registry's resources until told to stop. The endpoints follow every
-/// install, so that each resource is served as soon as its own driver is up;
-/// the DRA fronts sync once per apply, when every driver of it is settled (a
-/// front that cannot start is tried again at the next reload). Each has a
-/// task of its own, so a slow DRA start (an API server that does not answer)
-/// never holds back a device plugin. The DRA task returns the fronts for
-/// their shutdown.
+/// registry's resources until told to stop. Both follow every install, so
+/// that each resource is served as soon as its own driver is up; a DRA front
+/// that cannot start is tried once per apply (at start, and again at each
+/// reload). Each front has a task of its own, so a slow DRA start (an API
+/// server that does not answer) never holds back a device plugin. The DRA
+/// task returns the fronts for their shutdown.
 fn follow_registry(
     registry: Arc<Registry>,
     endpoints: Arc<devhost::fronts::device_plugin::kubelet::Endpoints>,
@@ -395,10 +394,14 @@ fn follow_registry(
     });
     let (mut installs, mut stop_rx) = (registry.installs(), stopped);
     let fronts = tokio::spawn(async move {
+        let mut round = 0;
         loop {
-            if installs.borrow_and_update().complete {
-                dra.sync(&registry.resources()).await;
+            let apply = installs.borrow_and_update().apply;
+            if apply != round {
+                round = apply;
+                dra.new_round();
             }
+            dra.sync(&registry.resources()).await;
             tokio::select! {
                 changed = installs.changed() => if changed.is_err() { break },
                 _ = stop_rx.changed() => break,

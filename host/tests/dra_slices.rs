@@ -342,3 +342,50 @@ api = "dra"
     let capacity = device.capacity.as_ref().unwrap();
     assert_eq!(capacity["memory"].value.0, "81559Mi");
 }
+
+/// A DRA resource beside a driver whose create hangs for 5 s: its slices are
+/// published without waiting for that create (as its device-plugin twin is
+/// served, `startup.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_driver_slow_to_create_does_not_hold_back_the_slices_of_another() {
+    let node = "node-slow-neighbour";
+    let s = setup(node).await;
+    let dir = Node::new();
+    let manifest = dir.write_manifest(&format!(
+        r#"
+kubelet_root_dir = "{root}"
+kubeconfig = "{kubeconfig}"
+node_name = "{node}"
+
+[driver.cdrv]
+module = "{c}"
+options = {{ count = 2 }}
+
+[driver.slow]
+module = "{t}"
+options = {{ count = 1, hang_in = "create", hang_ms = 5000 }}
+
+[[resource]]
+name = "example.com/accel"
+driver = "cdrv"
+api = "dra"
+
+[[resource]]
+name = "example.com/slow"
+driver = "slow"
+"#,
+        root = dir.path().join("kubelet-root").display(),
+        kubeconfig = s.harness.kubeconfig().display(),
+        c = module("example_c").display(),
+        t = module("testdrv").display(),
+    ));
+    let started = Instant::now();
+    let d = Daemon::start(&manifest, &dir.kubelet_dir());
+    let (got, _) = wait_slices(&s.client, node, &d, "both devices published", |sl| device_names(sl).len() == 2).await;
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(4),
+        "the slices came {took:?} after start, after the other driver's 5 s create; {got:?}\nlog:\n{}",
+        d.logs()
+    );
+}

@@ -231,3 +231,36 @@ async fn a_reload_serves_each_changed_resource_as_soon_as_its_own_driver_is_in()
     d.wait_log("reload applied", WAIT).await;
     assert_eq!(kubelet.registration_count("example.com/a"), 2);
 }
+
+/// A DRA front that cannot start (its kubeconfig is missing) is tried once
+/// per apply, however many installs the apply makes (two drivers here), and
+/// again at the next reload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dra_front_that_cannot_start_is_tried_once_per_apply() {
+    let node = Node::new();
+    let dir = module("example_c").parent().unwrap().to_path_buf();
+    let dra = format!(
+        "kubeconfig = \"{}\"\nkubelet_root_dir = \"{}\"\n",
+        node.path().join("no-such-kubeconfig").display(),
+        node.path().join("kubelet-root").display()
+    );
+    let resources = "[[resource]]\nname = \"example.com/accel\"\ndriver = \"example_c\"\napi = \"dra\"\n\
+                     [[resource]]\nname = \"example.com/b\"\ndriver = \"example_rust\"\n";
+    let m = node.write_manifest(&format!("{dra}{}", body(&dir, resources)));
+    let kubelet = Kubelet::start(&node.kubelet_dir()).unwrap();
+    let d = Daemon::start(&m, &node.kubelet_dir());
+    kubelet.wait_devices("example.com/b", WAIT, |x| x.len() == 2).await.unwrap();
+    let tries = |log: &str| log.lines().filter(|l| l.contains("not served") && l.contains("dra_driver")).count();
+    d.wait_log("not served", WAIT).await;
+    // Both drivers are in: every install of the start has been synced.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(tries(&d.logs()), 1, "{}", d.logs());
+    hup(&d);
+    d.wait_log("reload applied", WAIT).await;
+    let deadline = std::time::Instant::now() + WAIT;
+    while tries(&d.logs()) < 2 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(tries(&d.logs()), 2, "tried again once by the reload: {}", d.logs());
+}

@@ -104,12 +104,16 @@ const START_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 pub struct Install {
     /// Counts the changes.
     pub generation: u64,
+    /// Counts the applies: every install of one `apply` carries its number.
+    pub apply: u64,
     /// True when an `apply` ended with it: every driver of its manifest is settled.
     pub complete: bool,
 }
 
 /// One `apply` while its drivers settle one by one.
 struct Settling {
+    /// This apply's number ([`Install::apply`]).
+    apply: u64,
     /// The resources served when the apply began.
     old_resources: Vec<Arc<Resource>>,
     changes: Changes,
@@ -238,7 +242,9 @@ impl Registry {
     pub async fn apply(self: &Arc<Self>, manifest: &Manifest) -> Changes {
         let cache = ModuleCache::default();
         let mut old = std::mem::take(&mut *write(&self.drivers));
+        let apply = self.installs.borrow().apply + 1;
         let mut start = Settling {
+            apply,
             old_resources: self.resources(),
             changes: Changes::default(),
             new: HashMap::new(),
@@ -480,7 +486,7 @@ impl Registry {
         }
         *write(&self.resources) = resources;
         write(&self.pending).clear();
-        self.installs.send_modify(|i| *i = Install { generation: i.generation + 1, complete: true });
+        self.installs.send_modify(|i| *i = Install { generation: i.generation + 1, apply, complete: true });
         // The daemon's endpoints wait for each resource's own first scan
         // (`Resource::first_scan`); `list` and `check` report every scan.
         if !self.watching {
@@ -566,7 +572,8 @@ impl Registry {
         }
         *write(&self.resources) = resources;
         *write(&self.pending) = pending;
-        self.installs.send_modify(|i| *i = Install { generation: i.generation + 1, complete: false });
+        let apply = start.apply;
+        self.installs.send_modify(|i| *i = Install { generation: i.generation + 1, apply, complete: false });
     }
 
     /// A settled driver's first scan (a new instance's began right after its

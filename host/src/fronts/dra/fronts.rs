@@ -21,6 +21,8 @@ pub struct Fronts {
     /// Where the fronts keep claims' CDI specs and their checkpoints.
     settings: Settings,
     served: Vec<(Arc<Resource>, DraFront)>,
+    /// Resources whose front could not start in this round (see [`Fronts::new_round`]).
+    failed: Vec<std::sync::Weak<Resource>>,
 }
 
 impl Fronts {
@@ -36,6 +38,7 @@ impl Fronts {
             api: None,
             settings: Settings { cdi_dir, state_dir: manifest.state_dir.clone(), metrics },
             served: Vec::new(),
+            failed: Vec::new(),
         }
     }
 
@@ -64,8 +67,14 @@ impl Fronts {
         for (_, front) in gone {
             front.stop().await;
         }
+        self.failed.retain(|f| f.strong_count() > 0);
         for r in wanted {
             if self.served.iter().any(|(s, _)| Arc::ptr_eq(s, r)) {
+                continue;
+            }
+            // Once per round: the daemon syncs again as each driver of a reload settles.
+            let weak = Arc::downgrade(r);
+            if self.failed.iter().any(|f| f.ptr_eq(&weak)) {
                 continue;
             }
             let Some(driver) = r.config.api.dra_driver() else { continue };
@@ -73,6 +82,7 @@ impl Fronts {
                 Ok(api) => api,
                 Err(e) => {
                     tracing::error!(resource = %r.config.name, dra_driver = driver, "not served: {e}");
+                    self.failed.push(weak);
                     continue;
                 }
             };
@@ -87,9 +97,18 @@ impl Fronts {
                     );
                     self.served.push((r.clone(), front));
                 }
-                Err(e) => tracing::error!(resource = %r.config.name, "not served: {e}"),
+                Err(e) => {
+                    tracing::error!(resource = %r.config.name, "not served: {e}");
+                    self.failed.push(weak);
+                }
             }
         }
+    }
+
+    /// Starts a round: the next [`Fronts::sync`] tries again the fronts that could not start.
+    /// The daemon starts one per `apply` (each reload), and syncs at each of its installs.
+    pub fn new_round(&mut self) {
+        self.failed.clear();
     }
 
     /// Stops every front and removes its sockets.
