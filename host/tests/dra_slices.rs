@@ -39,11 +39,11 @@ async fn setup(node: &str) -> Setup {
 
 /// A devhost serving `count` example devices as DRA resource `example.com/accel` for `node`.
 fn start_devhost(node_dir: &Node, s: &Setup, node: &str, count: usize) -> Daemon {
-    start_devhost_with(node_dir, s, node, count, "")
+    start_devhost_with(node_dir, s, node, count, "", "")
 }
 
-/// `start_devhost`, with `top` (top-level manifest lines) added.
-fn start_devhost_with(node_dir: &Node, s: &Setup, node: &str, count: usize, top: &str) -> Daemon {
+/// `start_devhost`, with `top` (top-level manifest lines) and `tail` (more tables, at the end) added.
+fn start_devhost_with(node_dir: &Node, s: &Setup, node: &str, count: usize, top: &str, tail: &str) -> Daemon {
     let manifest = node_dir.write_manifest(&format!(
         r#"{top}
 kubelet_root_dir = "{root}"
@@ -58,6 +58,7 @@ options = {{ count = {count}, numa_nodes = 2, health_file = "{health}", model = 
 name = "example.com/accel"
 driver = "cdrv"
 api = "dra"
+{tail}
 "#,
         root = node_dir.path().join("kubelet-root").display(),
         kubeconfig = s.harness.kubeconfig().display(),
@@ -123,7 +124,7 @@ async fn slices_carry_the_healthy_devices_with_typed_attributes_and_follow_healt
     };
     let s = setup(node).await;
     let dir = Node::new();
-    let mut d = start_devhost_with(&dir, &s, node, 4, &format!("metrics_addr = \"{addr}\""));
+    let mut d = start_devhost_with(&dir, &s, node, 4, &format!("metrics_addr = \"{addr}\""), "");
     let (got, _) = wait_slices(&s.client, node, &d, "the first slice", |x| device_names(x).len() == 4).await;
     assert_eq!(got.len(), 1);
     let slice = &got[0];
@@ -351,36 +352,13 @@ async fn a_driver_slow_to_create_does_not_hold_back_the_slices_of_another() {
     let node = "node-slow-neighbour";
     let s = setup(node).await;
     let dir = Node::new();
-    let manifest = dir.write_manifest(&format!(
-        r#"
-kubelet_root_dir = "{root}"
-kubeconfig = "{kubeconfig}"
-node_name = "{node}"
-
-[driver.cdrv]
-module = "{c}"
-options = {{ count = 2 }}
-
-[driver.slow]
-module = "{t}"
-options = {{ count = 1, hang_in = "create", hang_ms = 5000 }}
-
-[[resource]]
-name = "example.com/accel"
-driver = "cdrv"
-api = "dra"
-
-[[resource]]
-name = "example.com/slow"
-driver = "slow"
-"#,
-        root = dir.path().join("kubelet-root").display(),
-        kubeconfig = s.harness.kubeconfig().display(),
-        c = module("example_c").display(),
-        t = module("testdrv").display(),
-    ));
+    let slow = format!(
+        "[driver.slow]\nmodule = \"{}\"\noptions = {{ count = 1, hang_in = \"create\", hang_ms = 5000 }}\n\
+         [[resource]]\nname = \"example.com/slow\"\ndriver = \"slow\"\n",
+        module("testdrv").display()
+    );
     let started = Instant::now();
-    let d = Daemon::start(&manifest, &dir.kubelet_dir());
+    let d = start_devhost_with(&dir, &s, node, 2, "", &slow);
     let (got, _) = wait_slices(&s.client, node, &d, "both devices published", |sl| device_names(sl).len() == 2).await;
     let took = started.elapsed();
     assert!(
