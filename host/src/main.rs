@@ -386,9 +386,8 @@ fn follow_registry(
         loop {
             installs.borrow_and_update();
             endpoints.sync(&reg.resources()).await;
-            tokio::select! {
-                changed = installs.changed() => if changed.is_err() { break },
-                _ = stop_rx.changed() => break,
+            if !next_install(&mut installs, &mut stop_rx).await {
+                break;
             }
         }
     });
@@ -396,20 +395,30 @@ fn follow_registry(
     let fronts = tokio::spawn(async move {
         let mut round = 0;
         loop {
-            let apply = installs.borrow_and_update().apply;
+            let apply = *installs.borrow_and_update();
             if apply != round {
                 round = apply;
                 dra.new_round();
             }
             dra.sync(&registry.resources()).await;
-            tokio::select! {
-                changed = installs.changed() => if changed.is_err() { break },
-                _ = stop_rx.changed() => break,
+            if !next_install(&mut installs, &mut stop_rx).await {
+                break;
             }
         }
         dra
     });
     (stop, plugins, fronts)
+}
+
+/// Waits for the registry's next install; false once told to stop (or the registry is gone).
+async fn next_install(
+    installs: &mut tokio::sync::watch::Receiver<u64>,
+    stop: &mut tokio::sync::watch::Receiver<bool>,
+) -> bool {
+    tokio::select! {
+        changed = installs.changed() => changed.is_ok(),
+        _ = stop.changed() => false,
+    }
 }
 
 /// Notifies on any change in the manifest's folder that may concern it

@@ -63,11 +63,26 @@ pub enum Slot {
     Failed(String),
 }
 
+impl Slot {
+    fn instance(&self) -> Option<&Arc<Instance>> {
+        match self {
+            Slot::Ready(i) => Some(i),
+            Slot::Failed(_) => None,
+        }
+    }
+}
+
 struct DriverEntry {
     config: DriverConfig,
     slot: Slot,
     /// Stops the instance's rescan task.
     stop: watch::Sender<bool>,
+}
+
+impl DriverEntry {
+    fn new(config: DriverConfig, slot: Slot) -> DriverEntry {
+        DriverEntry { config, slot, stop: watch::channel(false).0 }
+    }
 }
 
 /// What a manifest (re)load changed.
@@ -85,8 +100,9 @@ pub struct Registry {
     /// Resources of the manifest being applied whose driver is not settled
     /// yet (no running resource of that name serves meanwhile).
     pending: RwLock<Vec<ResourceConfig>>,
-    /// Bumped whenever `resources` changes; see [`Install`].
-    installs: watch::Sender<Install>,
+    /// Sent whenever `resources` changes: the number of the `apply` that
+    /// changed it (counting from 1), the same for each of its installs.
+    installs: watch::Sender<u64>,
     /// Whether instances get watch_start and a rescan task (the daemon), or
     /// are only scanned once (list, check).
     watching: bool,
@@ -99,20 +115,9 @@ pub struct Registry {
 /// How long a (re)load waits for first scans before serving without them.
 const START_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// A change of the registry's resources.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Install {
-    /// Counts the changes.
-    pub generation: u64,
-    /// Counts the applies: every install of one `apply` carries its number.
-    pub apply: u64,
-    /// True when an `apply` ended with it: every driver of its manifest is settled.
-    pub complete: bool,
-}
-
 /// One `apply` while its drivers settle one by one.
 struct Settling {
-    /// This apply's number ([`Install::apply`]).
+    /// This apply's number (what `installs` carries).
     apply: u64,
     /// The resources served when the apply began.
     old_resources: Vec<Arc<Resource>>,
@@ -204,7 +209,7 @@ impl Registry {
             resources: RwLock::new(Vec::new()),
             // Not ready before the first apply has settled them.
             pending: RwLock::new(manifest.resources.clone()),
-            installs: watch::channel(Install::default()).0,
+            installs: watch::channel(0).0,
             watching,
             logged: Mutex::new(HashSet::new()),
             release_state,
@@ -226,7 +231,7 @@ impl Registry {
     /// every resource syncs on it. `apply` installs each driver's resources
     /// as soon as that driver's create is in, so a driver slow to start (an
     /// NVML init that hangs until its call deadline) holds back only its own.
-    pub fn installs(&self) -> watch::Receiver<Install> {
+    pub fn installs(&self) -> watch::Receiver<u64> {
         self.installs.subscribe()
     }
 
@@ -242,7 +247,7 @@ impl Registry {
     pub async fn apply(self: &Arc<Self>, manifest: &Manifest) -> Changes {
         let cache = ModuleCache::default();
         let mut old = std::mem::take(&mut *write(&self.drivers));
-        let apply = self.installs.borrow().apply + 1;
+        let apply = *self.installs.borrow() + 1;
         let mut start = Settling {
             apply,
             old_resources: self.resources(),
@@ -349,126 +354,48 @@ impl Registry {
         // Settled at once: the kept drivers, and resources naming a driver
         // the manifest does not configure.
         for inst in kept_drivers {
-            self.settle(manifest, &inst.name.clone(), &mut start);
+            self.settle(manifest, &inst.name, &mut start);
             self.start_first_scan(&inst, false, &mut start);
         }
-        let unconfigured: Vec<String> = manifest
+        let unconfigured: std::collections::BTreeSet<&str> = manifest
             .resources
             .iter()
             .filter(|r| !manifest.drivers.contains_key(&r.driver))
-            .map(|r| r.driver.clone())
-            .collect::<std::collections::BTreeSet<_>>()
-            .into_iter()
+            .map(|r| r.driver.as_str())
             .collect();
-        for name in &unconfigured {
+        for name in unconfigured {
             self.settle(manifest, name, &mut start);
         }
         self.publish_installed(manifest, &start);
         // Every task sends its slot once; a task that panicked sends none
-        // and its sender is gone with it.
+        // and its sender is gone with it: that driver counts as failed.
         while let Some((name, cfg, slot)) = created_rx.recv().await {
-            // Where the options the driver complains about are written, or the driver meant.
-            let slot = match slot {
-                Slot::Failed(e) => Slot::Failed(manifest.explain_driver_failure(&name, &e).into_owned()),
-                ready => ready,
-            };
-            let previous = replacing.remove(&name);
-            let (entry, retired, fresh) = match (&slot, previous) {
-                // A changed driver that cannot start keeps the running one: a
-                // reload never trades working devices for an error.
-                (Slot::Failed(e), Some(prev)) if serving(&prev.slot) => {
-                    self.services.metrics.module_load_failure(&name);
-                    tracing::error!(driver = %name, "new settings cannot be applied, the previous instance keeps serving: {e}");
-                    let kept = match &prev.slot {
-                        Slot::Ready(i) => Some(i.clone()),
-                        Slot::Failed(_) => None,
-                    };
-                    (prev, None, kept.map(|k| (k, false)))
-                }
-                (Slot::Failed(e), prev) => {
-                    self.services.metrics.module_load_failure(&name);
-                    tracing::error!(driver = %name, "driver not loaded, its resources are not served: {e}");
-                    (DriverEntry { config: cfg, slot: slot.clone(), stop: watch::channel(false).0 }, prev, None)
-                }
-                (Slot::Ready(i), prev) => {
-                    // A create that failed and is retried: say once where what it names is written.
-                    if let Some(r) = i.create_retry()
-                        && let explained = manifest.explain_driver_failure(&name, &r.last_error)
-                        && explained != r.last_error
-                    {
-                        tracing::error!(driver = %name, "create failed (retried with backoff): {explained}");
-                    }
-                    let m = &i.module;
-                    tracing::info!(
-                        driver = %name,
-                        isolated = i.isolated(),
-                        "driver ready: {} {} (ABI {}.{})",
-                        m.name,
-                        m.version,
-                        m.abi_major,
-                        m.abi_minor
-                    );
-                    let fresh = Some((i.clone(), true));
-                    (DriverEntry { config: cfg, slot: slot.clone(), stop: watch::channel(false).0 }, prev, fresh)
-                }
-            };
-            write(&self.drivers).insert(name.clone(), entry);
-            self.settle(manifest, &name, &mut start);
-            self.publish_installed(manifest, &start);
-            // The instance it replaced goes only once its successor's resources are in place.
-            if let Some(p) = retired {
-                retire(p);
-            }
-            if let Some((inst, is_new)) = fresh {
-                self.start_first_scan(&inst, is_new, &mut start);
-            }
+            self.decide(manifest, name, cfg, slot, &mut replacing, &mut start);
         }
-        // A create task that ended without a word (it panicked): its driver
-        // counts as failed, and a replaced instance it did not succeed goes.
-        for (name, prev) in replacing {
-            if serving(&prev.slot) {
-                tracing::error!(driver = %name, "the new settings' start ended without a result; the previous instance keeps serving");
-                let kept = match &prev.slot {
-                    Slot::Ready(i) => Some(i.clone()),
-                    Slot::Failed(_) => None,
-                };
-                write(&self.drivers).insert(name.clone(), prev);
-                self.settle(manifest, &name, &mut start);
-                if let Some(k) = kept {
-                    self.start_first_scan(&k, false, &mut start);
-                }
-                continue;
-            }
-            // Marked failed with its new settings just below.
-            retire(prev);
-        }
-        for cfg in manifest.drivers.values() {
-            if !read(&self.drivers).contains_key(&cfg.name) {
-                tracing::error!(driver = %cfg.name, "driver start ended without a result; its resources are not served");
-                let failed = Slot::Failed("the driver's start ended without a result".into());
-                write(&self.drivers).insert(
-                    cfg.name.clone(),
-                    DriverEntry { config: cfg.clone(), slot: failed, stop: watch::channel(false).0 },
-                );
-                self.settle(manifest, &cfg.name, &mut start);
-            }
+        let lost: Vec<(String, DriverConfig)> = manifest
+            .drivers
+            .iter()
+            .filter(|(name, _)| !read(&self.drivers).contains_key(*name))
+            .map(|(name, cfg)| (name.clone(), cfg.clone()))
+            .collect();
+        for (name, cfg) in lost {
+            let failed = Slot::Failed("the driver's start ended without a result".into());
+            self.decide(manifest, name, cfg, failed, &mut replacing, &mut start);
         }
         for (name, e) in old {
             self.services.metrics.forget_driver(&name);
             retire(e);
         }
         for (name, e) in read(&self.drivers).iter() {
-            let (retry, module) = match &e.slot {
-                Slot::Ready(i) => (i.create_retry(), Some(&i.module)),
-                Slot::Failed(_) => (None, None),
-            };
+            let inst = e.slot.instance();
+            let (retry, module) = (inst.and_then(|i| i.create_retry()), inst.map(|i| &i.module));
             self.services.metrics.set_create_retry(name, retry.as_ref());
             self.services.metrics.driver_configured(name, module);
         }
 
-        let Settling { old_resources, mut changes, new, waiters, .. } = start;
-        let resources: Vec<Arc<Resource>> =
-            manifest.resources.iter().filter_map(|cfg| new.get(&cfg.name).cloned()).collect();
+        // Every driver is settled, so the last install was the whole manifest.
+        let Settling { old_resources, mut changes, waiters, .. } = start;
+        let resources = self.resources();
         changes.stopped = old_resources.into_iter().filter(|o| !resources.iter().any(|r| Arc::ptr_eq(r, o))).collect();
         for gone in &changes.stopped {
             // A resource restarted under the same name keeps its CDI file.
@@ -484,9 +411,6 @@ impl Registry {
         if let Some(store) = &self.release_state {
             store.retain(&manifest.resources.iter().map(|r| r.name.as_str()).collect::<Vec<_>>());
         }
-        *write(&self.resources) = resources;
-        write(&self.pending).clear();
-        self.installs.send_modify(|i| *i = Install { generation: i.generation + 1, apply, complete: true });
         // The daemon's endpoints wait for each resource's own first scan
         // (`Resource::first_scan`); `list` and `check` report every scan.
         if !self.watching {
@@ -495,6 +419,73 @@ impl Registry {
             }
         }
         changes
+    }
+
+    /// Settles one driver of `manifest` whose start gave `slot`: logs it,
+    /// puts it (or the running instance it would replace, when that one
+    /// serves and `slot` failed) in `self.drivers`, installs its resources,
+    /// then retires what it replaces and starts its first scan.
+    fn decide(
+        self: &Arc<Self>,
+        manifest: &Manifest,
+        name: String,
+        cfg: DriverConfig,
+        slot: Slot,
+        replacing: &mut HashMap<String, DriverEntry>,
+        start: &mut Settling,
+    ) {
+        // Where the options the driver complains about are written, or the driver meant.
+        let slot = match slot {
+            Slot::Failed(e) => Slot::Failed(manifest.explain_driver_failure(&name, &e).into_owned()),
+            ready => ready,
+        };
+        let previous = replacing.remove(&name);
+        let (entry, retired, scan) = match (&slot, previous) {
+            // A changed driver that cannot start keeps the running one: a
+            // reload never trades working devices for an error.
+            (Slot::Failed(e), Some(prev)) if serving(&prev.slot) => {
+                self.services.metrics.module_load_failure(&name);
+                tracing::error!(driver = %name, "new settings cannot be applied, the previous instance keeps serving: {e}");
+                let kept = prev.slot.instance().map(|k| (k.clone(), false));
+                (prev, None, kept)
+            }
+            (Slot::Failed(e), prev) => {
+                self.services.metrics.module_load_failure(&name);
+                tracing::error!(driver = %name, "driver not loaded, its resources are not served: {e}");
+                (DriverEntry::new(cfg, slot.clone()), prev, None)
+            }
+            (Slot::Ready(i), prev) => {
+                // A create that failed and is retried: say once where what it names is written.
+                if let Some(r) = i.create_retry()
+                    && let explained = manifest.explain_driver_failure(&name, &r.last_error)
+                    && explained != r.last_error
+                {
+                    tracing::error!(driver = %name, "create failed (retried with backoff): {explained}");
+                }
+                let m = &i.module;
+                tracing::info!(
+                    driver = %name,
+                    isolated = i.isolated(),
+                    "driver ready: {} {} (ABI {}.{})",
+                    m.name,
+                    m.version,
+                    m.abi_major,
+                    m.abi_minor
+                );
+                let fresh = Some((i.clone(), true));
+                (DriverEntry::new(cfg, slot.clone()), prev, fresh)
+            }
+        };
+        write(&self.drivers).insert(name.clone(), entry);
+        self.settle(manifest, &name, start);
+        self.publish_installed(manifest, start);
+        // The instance it replaced goes only once its successor's resources are in place.
+        if let Some(p) = retired {
+            retire(p);
+        }
+        if let Some((inst, is_new)) = scan {
+            self.start_first_scan(&inst, is_new, start);
+        }
     }
 
     /// Builds the resources of driver `name` (now in `self.drivers`, or not
@@ -549,9 +540,12 @@ impl Registry {
                 error,
             });
             self.follow_releases(&r);
-            // Nothing to scan: served (empty, with its error) at once.
+            // Nothing to scan: ready (empty, with its error) at once, and said once.
             if r.driver.is_none() {
                 r.set_ready();
+                if self.watching {
+                    tracing::error!(resource = %r.config.name, "not served: {}", r.error.as_deref().unwrap_or("driver unavailable"));
+                }
             }
             start.changes.started.push(r.clone());
             start.new.insert(cfg.name.clone(), r);
@@ -572,8 +566,8 @@ impl Registry {
         }
         *write(&self.resources) = resources;
         *write(&self.pending) = pending;
-        let apply = start.apply;
-        self.installs.send_modify(|i| *i = Install { generation: i.generation + 1, apply, complete: false });
+        // Every send wakes the fronts, even with the same number.
+        self.installs.send_replace(start.apply);
     }
 
     /// A settled driver's first scan (a new instance's began right after its

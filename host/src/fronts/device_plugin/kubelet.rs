@@ -150,8 +150,6 @@ pub struct Endpoints {
     services: Arc<Services>,
     signals: Arc<Signals>,
     served: Mutex<Vec<Served>>,
-    /// Resources without a driver whose error was logged.
-    not_served: Mutex<Vec<std::sync::Weak<Resource>>>,
     watch: Option<tokio::task::JoinHandle<()>>,
     checker: tokio::task::JoinHandle<()>,
 }
@@ -172,15 +170,7 @@ impl Endpoints {
         let watched = std::path::absolute(&dir).unwrap_or_else(|_| dir.clone());
         let watch = folder::FolderWatch::new(&watched, &dir, signals.clone()).map(|w| tokio::spawn(w.run()));
         let checker = tokio::spawn(folder::recheck(dir.clone(), signals.clone()));
-        Endpoints {
-            dir,
-            services,
-            signals,
-            served: Mutex::new(Vec::new()),
-            not_served: Mutex::new(Vec::new()),
-            watch,
-            checker,
-        }
+        Endpoints { dir, services, signals, served: Mutex::new(Vec::new()), watch, checker }
     }
 
     /// Serves exactly `resources` (those with a driver): starts the new ones
@@ -190,18 +180,6 @@ impl Endpoints {
         // A DRA resource is served by the DRA front (crate::fronts::dra), never also as a device plugin.
         let wanted: Vec<&Arc<Resource>> =
             resources.iter().filter(|r| r.driver.is_some() && r.config.api.dra_driver().is_none()).collect();
-        {
-            // Said once per resource: `sync` runs again as each driver of a reload settles.
-            let mut said = self.not_served.lock().unwrap_or_else(|p| p.into_inner());
-            said.retain(|w| w.strong_count() > 0);
-            for r in resources.iter().filter(|r| r.driver.is_none()) {
-                let weak = Arc::downgrade(r);
-                if !said.iter().any(|w| w.ptr_eq(&weak)) {
-                    tracing::error!(resource = %r.config.name, "not served: {}", r.error.as_deref().unwrap_or("driver unavailable"));
-                    said.push(weak);
-                }
-            }
-        }
         let gone: Vec<Served> = {
             let mut served = self.served.lock().unwrap_or_else(|p| p.into_inner());
             let (keep, gone): (Vec<Served>, Vec<Served>) = std::mem::take(&mut *served)
