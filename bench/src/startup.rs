@@ -163,46 +163,69 @@ fn worker_exec_once(art: &Artifacts) -> Result<std::time::Duration> {
 }
 
 /// What the table leaves out: where the time goes.
-const STARTUP_NOTES: &str = "\nEach driver goes from module load through create, watch_start and its first scan on its own \
-(`Registry::apply`), and each resource registers as soon as its own driver's first scan is in \
-(`Resource::first_scan`), so a slow step of one driver overlaps the others' and holds back only its own \
-resources; \"every resource registered\" is still the slowest driver's start. Where the rest goes, \
-traced by hand on the C example node (timestamps at each step, release build, quiet machine): process \
-start → `main` takes as long for the null plugin's binary; from `main`, devhost's own start (arguments, \
-log filter, runtime, manifest, lock) is about 1 ms, the module, `create` and first scan about 0.7 ms, and \
-the registrations take as long as the null plugin's (the emulated kubelet dials back and asks for the \
-options). An isolated driver adds the start of its worker: `posix_spawn` about 0.2 ms, the exec of \
-`devhost-worker` (1.3 MB) to its `main` 0.6 to 0.8 ms of CPU (from the 20 MB `devhost` binary, as before, \
-1.0 to 1.2 ms: its dynamic loader's 35,000 relocations and 250 page faults, against 900 and 75), then the \
-module load, the greeting and one round trip each for `create`, `watch_start` and the first scan; on 2 \
-CPUs the demo node's 4 workers start partly in turn. On the demo node in process (traced the same way in a later round): its four modules start loading \
-together about 1 ms after `main` and are all in 2.6 to 4.8 ms later, though each alone loads in 0.1 \
-to 0.5 ms (its sealed copy and `dlopen`; glibc's loader lock and the 2 CPUs make them queue); the \
-endpoints started only once every driver was created, so the slowest (NVIDIA, whose create opens the \
-fake NVML) decided, and the registrations took about 2 ms more while the other drivers' first scans \
-still held the CPUs. Now each driver's resources are served as soon as its own create is in \
-(`Registry::installs`), so the other drivers' endpoints bind and register while NVIDIA's create still \
-runs: a one-off alternating A/B of the binaries before and after (40 starts each, clock to the emulator \
-holding every device list) measured the isolated demo node at 20.8 ms against 23.7 ms p50 and the \
-in-process one unchanged (14.3 against 14.4 ms), within this table's run-to-run noise. Its purpose is \
-fault isolation: a driver whose create hangs no longer holds back another vendor's resources. \
-Start-up here is CPU-bound: starting every worker \
-before the host's own start (so that its exec overlaps the runtime, registry and module copies) was tried \
-and measured no gain on these 2 CPUs (the C example's isolated ratio moved by less than run-to-run noise, \
-the demo node's got worse), so it is not in. Cut in \
-earlier rounds: every `watch_start` and first scan waited for every driver's `create`; modules were \
-read, hashed (SHA-256, about 1.5 ms for the demo node's four) and loaded one after the other on the main \
-thread; a worker was started by `fork` of the whole host; the demo node's control files were in `/tmp`, where the \
-first inotify watch walks every cached entry of the folder (about 3 ms on this machine). Cut since: workers run \
-`devhost-worker` instead of `devhost`; an endpoint no longer waits for the timer's next millisecond after \
-its bind before it registers; each driver's resources are served once its own create is in, not once \
-every driver's is. What the demo node's ratios are made of, by the CPU table above: the null plugin's start \
-spends about 4 ms of CPU and is bound by its round trips, not the CPUs; devhost's own threads spend about \
-10 ms (the module copies and loads, seven endpoints and their registrations, the manifest, and the page \
-faults of a larger program), its drivers about 3 ms more on their creates and first scans (the fake NVML's \
-init, sysfs walks), and isolated, the four workers about 8 to 9 ms, each of which starts with a process \
-start of about 1.5 ms (the `devhost-worker` figure above the table). On 2 CPUs the isolated demo node's workers and the null \
-plugin's own work alone come close to the whole 1.5× budget; the in-process figure is the host's CPU.\n";
+const STARTUP_NOTES: &str = "
+**How a start proceeds.** Each driver goes from module load through create, watch_start and its first \
+scan on its own (`Registry::apply`), and each resource registers as soon as its own driver's first scan is \
+in (`Resource::first_scan`): a slow driver holds back only its own resources, and \"every resource \
+registered\" is the slowest driver's start.
+
+**The C example node, traced by hand** (timestamps at each step, quiet machine). Process start → `main` \
+takes as long as for the null plugin's binary. From `main`, devhost's own start (arguments, log filter, \
+runtime, manifest, lock) is about 1 ms, the module, `create` and first scan about 0.7 ms, and the \
+registrations take as long as the null plugin's (the emulated kubelet dials back and asks for the options). \
+An isolated driver adds its worker's start: `posix_spawn` about 0.2 ms, then the exec of `devhost-worker` to \
+its `main`, then the module load, the greeting and one round trip each for `create`, `watch_start` and the \
+first scan.
+
+**The release build is one optimisation unit** (`lto = \"fat\"`, `codegen-units = 1`, since 2026-12-02). \
+devhost went from 20 MB to 15.5 MB (35,500 relative relocations for its dynamic loader to 21,000) and \
+`devhost-worker` from 1.3 MB to 0.45 MB (875 to 414). `perf stat -r 50 devhost --version`: 1.38 ms of CPU \
+and 221 page faults, against 1.68 ms and 293. The bench binary, and so the null plugin, is built the same \
+way: its start got shorter too (p50 3.3–3.7 ms against 4.2–4.4 ms in the same hour), so the ratios above did \
+not improve. devhost's own p50s, six runs of this bench each way with the old and new devhost beside one \
+null plugin (medians of the six): C example in process 5.7 against 5.9 ms; demo node 10.8 against 11.3 ms \
+in process, 13.7 against 13.9 ms isolated.
+
+**Where the demo node's CPU goes.** By the CPU table above: the null plugin spends about 4 ms and is bound \
+by its round trips, not the CPUs; devhost's own threads about 10 ms; its drivers about 3 ms more on their \
+creates and first scans (the fake NVML's init, sysfs walks); isolated, the four workers about 7 to 9 ms, \
+each starting with a process start (the `devhost-worker` figure above the table). A `perf record` of 150 \
+in-process demo starts (the build before that change; kernel stacks; the devhost process only, from its \
+exec to its exit on SIGTERM once the emulator has every list) finds no single large part:
+- 28 % user code (the drivers' own about 2 %, glibc's malloc about 4 %);
+- 16 % page faults: the dynamic loader relocating devhost, malloc's new per-thread arenas, first touches \
+of code;
+- 7 % copying the four modules into their sealed copies (`sendfile` into a memfd, 2 MB in all);
+- 4 % `mprotect`: glibc grows each thread's arena a page at a time, and each thread stack gets a guard page;
+- 3 % creating its 17 threads, the rest in many small system calls (`openat`, `statx` and `getdents64` of \
+the drivers' sysfs walks; `bind`, `close`, `futex`, `epoll`).
+
+On 2 CPUs the isolated demo node's workers and the null plugin's own work alone come close to the whole \
+1.5× budget; the in-process figure is the host's CPU.
+
+**Tried and measured, not in:**
+- Starting every worker before the host's own start, so that its exec overlaps the runtime, registry and \
+module copies: no gain on 2 CPUs (the C example's isolated ratio moved less than run-to-run noise, the demo \
+node's got worse).
+- Loading every in-process module on the main thread before the runtime starts: slower, since the loads \
+then run one after another.
+- Packed relative relocations (`-z pack-relative-relocs`): a much smaller relocation table, the same exec time.
+- One or two malloc arenas (`MALLOC_ARENA_MAX=1` or `2`, 30 alternating starts each): 13.2 and 12.8 ms \
+against 13.2 ms p50, no measurable change.
+- Not tried: a fork server (one `devhost-worker` started early, forking each worker). It would spare each \
+worker its exec, but every worker would share one address-space layout, and either the fork server would be \
+every worker's parent (its death would take them all down) or each worker would be made with a raw \
+`clone(CLONE_PARENT)`, behind glibc's back.
+
+**Cut in earlier rounds:** every `watch_start` and first scan waited for every driver's `create`; modules \
+were read, hashed (SHA-256, about 1.5 ms for the demo node's four) and loaded one after the other on the \
+main thread; a worker was started by `fork` of the whole host, later by an exec of `devhost`; the demo \
+node's control files were in `/tmp`, where the first inotify watch walks every cached entry of the folder \
+(about 3 ms here); an endpoint waited for the timer's next millisecond after its bind before it \
+registered; the endpoints started only once every driver was created (a one-off alternating A/B then \
+measured the isolated demo node at 20.8 ms against 23.7 ms p50; its purpose is fault isolation: a driver \
+whose create hangs no longer holds back another vendor's resources).
+";
 
 /// `starts` rounds per node (null plugin, in process, isolated, in turn);
 /// returns the markdown section.
