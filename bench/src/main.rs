@@ -414,6 +414,8 @@ fn bench(out: &Path, idle: Duration, no_build: bool, no_micro: bool) -> Result<(
     }
     report.micro = Some(micro::section(&art, ran_micro));
     let md = report.render(&command_line(), &report::machine(), &report::now_utc(), started.elapsed());
+    // Sections this run does not make (kept by hand, or recorded by a subcommand it skipped) stay.
+    let md = report::keep_sections(&std::fs::read_to_string(out).unwrap_or_default(), &md);
     std::fs::write(out, &md).with_context(|| format!("cannot write {}", out.display()))?;
     for r in report.rows.iter().filter(|r| r.met == Some(false)) {
         eprintln!("devhost-bench: target missed: {}: {} (target {})", r.figure, r.result, r.target);

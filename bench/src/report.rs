@@ -140,6 +140,47 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
     (yoe + era * 400 + i64::from(m <= 2), m, d)
 }
 
+/// The `## ` sections of a markdown text, in order: each heading and the
+/// section's whole text, its heading line included.
+fn sections(md: &str) -> Vec<(&str, &str)> {
+    let mut starts: Vec<usize> = md.match_indices("\n## ").map(|(i, _)| i + 1).collect();
+    if md.starts_with("## ") {
+        starts.insert(0, 0);
+    }
+    starts
+        .iter()
+        .enumerate()
+        .map(|(k, &at)| {
+            let text = &md[at..starts.get(k + 1).copied().unwrap_or(md.len())];
+            (text[3..].lines().next().unwrap_or_default().trim(), text.trim_end())
+        })
+        .collect()
+}
+
+/// `new` with every section of `old` that `new` has no section of its own
+/// for: those kept by hand (such as "Idle wake-ups") survive a full run.
+/// Each goes after the section it followed in `old`, or at the end.
+pub fn keep_sections(old: &str, new: &str) -> String {
+    let made: Vec<&str> = sections(new).into_iter().map(|(h, _)| h).collect();
+    let mut md = new.trim_end().to_string();
+    let mut after: Option<&str> = None;
+    for (heading, text) in sections(old) {
+        if !made.contains(&heading) {
+            let at = after
+                .and_then(|a| {
+                    let start = md.find(&format!("\n## {a}\n"))? + 1;
+                    let end = md[start + 3..].find("\n## ").map_or(md.len(), |e| start + 3 + e);
+                    Some(md[..end].trim_end().len())
+                })
+                .unwrap_or(md.len());
+            md.insert_str(at, &format!("\n\n{text}"));
+        }
+        after = Some(heading);
+    }
+    md.push('\n');
+    md
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -157,5 +198,23 @@ mod tests {
         r.row("x", "1".into(), "2".into(), "0.50×".into(), "≤ 1", Some(false));
         let md = r.render("cmd", "m", "d", Duration::from_secs(1));
         assert!(md.contains("| x | 1 | 2 | 0.50× | ≤ 1 | **no** |"), "{md}");
+    }
+
+    #[test]
+    fn a_full_run_keeps_the_sections_kept_by_hand_in_their_place() {
+        let old = "# t\n\n## A\n\nold a\n\n## By hand\n\nkept\n\n## B\n\nold b\n\n## Last by hand\n\nalso kept\n";
+        let new = "# t\n\n## A\n\nnew a\n\n## B\n\nnew b\n\n## C\n\nnew c\n";
+        assert_eq!(
+            keep_sections(old, new),
+            "# t\n\n## A\n\nnew a\n\n## By hand\n\nkept\n\n## B\n\nnew b\n\n## Last by hand\n\nalso kept\n\n## C\n\nnew c\n"
+        );
+    }
+
+    #[test]
+    fn sections_the_run_makes_are_not_kept_twice() {
+        let old = "# t\n\n## A\n\nold a\n";
+        let new = "# t\n\n## A\n\nnew a\n";
+        assert_eq!(keep_sections(old, new), new);
+        assert_eq!(keep_sections("", new), new);
     }
 }
