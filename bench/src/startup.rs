@@ -80,7 +80,8 @@ struct CpuSplit {
     /// the watchers' (named `devhost`, `tokio-rt-worker`, `sup-*`, `notify-rs*`).
     host: Samples,
     /// Every other thread of the host process: a `drv-<driver>` thread
-    /// and the threads drivers start (in-process drivers only).
+    /// (which also reads and loads its module) and the threads drivers
+    /// start (in-process drivers only).
     drivers: Samples,
     /// The worker processes, whole (isolated drivers only).
     workers: Samples,
@@ -301,8 +302,8 @@ pub async fn run(art: &Artifacts, starts: usize) -> Result<String> {
         "\nCPU time up to the last registration (p50 of the same starts; every thread's schedstat, read when the \
          emulator has the last registration, so each figure is a share of that start): the null plugin's whole \
          process; devhost's own threads (`main`, the runtime's, supervisors, file watchers); the other threads of \
-         the host process, which run driver code (a `drv-<driver>` thread and the threads drivers start: in \
-         process only); and the worker processes, whole (isolated only). These machines have 2 CPUs: a start \
+         the host process, which run driver code (a `drv-<driver>` thread, which also reads and loads its \
+         module, and the threads drivers start: in process only); and the worker processes, whole (isolated only). These machines have 2 CPUs: a start \
          cannot take less wall time than half its CPU time. Beside them, one start and end of `devhost-worker` \
          that does nothing (no host channel: it says so and exits), in the same rounds: p50 {} (min {}), the \
          floor of each isolated driver before it loads anything.\n\n\

@@ -207,3 +207,59 @@ async fn slow_create_does_not_delay_another_drivers_registration_in_process() {
 async fn slow_create_does_not_delay_another_drivers_registration_isolated() {
     slow_create_does_not_hold_back("process").await;
 }
+
+/// The names of `pid`'s threads, counted.
+fn thread_names(pid: u32) -> std::collections::BTreeMap<String, usize> {
+    let mut names = std::collections::BTreeMap::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+        if let Ok(comm) = std::fs::read_to_string(t.path().join("comm")) {
+            *names.entry(comm.trim().to_string()).or_default() += 1;
+        }
+    }
+    names
+}
+
+/// Three drivers start at once. Before, each one's module was read and
+/// loaded (isolated: read and checked for its worker) on a thread of the
+/// runtime's blocking pool, which started one thread per driver for it;
+/// now that work runs on the thread each driver has anyway (`drv-<driver>`
+/// in process, `sup-<driver>` isolated), and the runtime keeps its two
+/// workers (`tokio-rt-worker`, as its blocking threads are named too).
+async fn start_creates_no_loader_threads(isolation: &str) {
+    let node = Node::new();
+    let kubelet = Kubelet::start(&node.kubelet_dir()).unwrap();
+    let mut m = String::new();
+    for d in ["a", "b", "c"] {
+        m.push_str(&format!(
+            "[driver.{d}]\nmodule = \"{t}\"\nisolation = \"{isolation}\"\noptions = {{ count = 1, prefix = \"{d}\" }}\n\n\
+             [[resource]]\nname = \"example.com/{d}\"\ndriver = \"{d}\"\n\n",
+            t = module("testdrv").display(),
+        ));
+    }
+    let d = Daemon::start(&node.write_manifest(&m), &node.kubelet_dir());
+    for r in ["example.com/a", "example.com/b", "example.com/c"] {
+        kubelet.wait_devices(r, WAIT, |l| l.len() == 1).await.unwrap();
+    }
+    let names = thread_names(d.child.id());
+    let own = if isolation == "process" { "sup" } else { "drv" };
+    for drv in ["a", "b", "c"] {
+        assert_eq!(names.get(&format!("{own}-{drv}")), Some(&1), "{names:?}");
+    }
+    // Blocking-pool threads stay 10 s after their work: they would still be here.
+    assert_eq!(
+        names.get("tokio-rt-worker"),
+        Some(&2),
+        "the host has more runtime threads than its two workers after a start of 3 drivers: {names:?}; log:\n{}",
+        d.logs()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn modules_load_on_each_drivers_own_thread_in_process() {
+    start_creates_no_loader_threads("in-process").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn modules_are_read_on_each_drivers_supervisor_thread_isolated() {
+    start_creates_no_loader_threads("process").await;
+}

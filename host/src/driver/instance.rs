@@ -37,6 +37,15 @@ pub enum CallError {
     Unavailable { driver: String, reason: String },
 }
 
+/// Why [`Instance::load_and_create`] gave no instance.
+#[derive(Debug)]
+pub enum StartError {
+    /// The module could not be read, trusted or loaded (the loader's words).
+    Load(String),
+    /// The driver's thread could not start, or its `create` failed.
+    Create(CallError),
+}
+
 impl CallError {
     /// Whether the driver's `create` itself failed (an error, a deadline,
     /// a worker that died in it), as opposed to its module not loading:
@@ -261,41 +270,67 @@ impl Instance {
         timeout: Duration,
         retry: bool,
     ) -> Result<Arc<Instance>, CallError> {
+        Self::load_and_create(name, move || Ok(module), options, timeout, retry).await.map_err(|e| match e {
+            StartError::Create(e) => e,
+            StartError::Load(reason) => CallError::Unavailable { driver: name.to_string(), reason },
+        })
+    }
+
+    /// As [`Instance::create_with`], the module given by `load` (reading,
+    /// checking and `dlopen`, which block) on the instance's own thread,
+    /// before `create`: no other thread is started for it.
+    pub async fn load_and_create(
+        name: &str,
+        load: impl FnOnce() -> Result<Module, String> + Send + 'static,
+        options: &[(String, String)],
+        timeout: Duration,
+        retry: bool,
+    ) -> Result<Arc<Instance>, StartError> {
         let (tx, rx) = mpsc::channel::<Job>();
         let jobs: Jobs = Arc::new(Mutex::new(Some(tx)));
         let changed = Arc::new(Notify::new());
         let ptr = Arc::new(AtomicPtr::new(std::ptr::null_mut()));
         let poisoned = Arc::new(AtomicBool::new(false));
         let busy = Arc::new(Mutex::new(Busy::default()));
-        let notice = Arc::new(NoticeScan {
-            queued: AtomicBool::new(false),
-            answer: Mutex::new(None),
-            jobs: jobs.clone(),
-            ptr: ptr.clone(),
-            poisoned: poisoned.clone(),
-            busy: busy.clone(),
-            scan: module.desc.scan,
-        });
-        let on_notice = notice.clone();
-        let host = Box::new(HostSide {
-            ctx: HostCtx {
-                driver: name.to_string(),
-                changed: changed.clone(),
-                notice: Some(Arc::new(move || on_notice.notice())),
-            },
-            api: callbacks::host_api(std::ptr::null_mut()),
-        });
-        let worker_ptr = ptr.clone();
-        let worker_busy = busy.clone();
-        let worker_changed = changed.clone();
+        let (loaded_tx, loaded_rx) = oneshot::channel::<Result<(Module, Arc<NoticeScan>), String>>();
+        let (worker_jobs, worker_ptr, worker_poisoned) = (jobs.clone(), ptr.clone(), poisoned.clone());
+        let (worker_busy, worker_changed, driver) = (busy.clone(), changed.clone(), name.to_string());
         std::thread::Builder::new()
             .name(format!("drv-{name}"))
             .spawn(move || {
+                let module = match load() {
+                    Ok(m) => m,
+                    Err(e) => {
+                        let _ = loaded_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let notice = Arc::new(NoticeScan {
+                    queued: AtomicBool::new(false),
+                    answer: Mutex::new(None),
+                    jobs: worker_jobs,
+                    ptr: worker_ptr.clone(),
+                    poisoned: worker_poisoned,
+                    busy: worker_busy.clone(),
+                    scan: module.desc.scan,
+                });
+                let on_notice = notice.clone();
                 // The host side lives as long as the worker, which outlives
                 // every call into the driver, destroy included.
-                let mut host = host;
+                let mut host = Box::new(HostSide {
+                    ctx: HostCtx {
+                        driver,
+                        changed: worker_changed.clone(),
+                        notice: Some(Arc::new(move || on_notice.notice())),
+                    },
+                    api: callbacks::host_api(std::ptr::null_mut()),
+                });
                 let host_ctx: *mut HostCtx = &mut host.ctx;
                 host.api.host_ctx = host_ctx.cast();
+                if loaded_tx.send(Ok((module, notice))).is_err() {
+                    // Nobody waits for the instance: nothing was created.
+                    return;
+                }
                 WORKER_API.with(|c| c.set(&host.api));
                 while let Ok(job) = rx.recv() {
                     job(worker_ptr.load(Ordering::Acquire));
@@ -312,13 +347,22 @@ impl Instance {
                 WORKER_API.with(|c| c.set(std::ptr::null()));
                 drop(host);
             })
-            .map_err(|e| CallError::Status {
-                driver: name.to_string(),
-                call: "create",
-                code: abi::DEVHOST_ERR_INTERNAL,
-                status: "INTERNAL",
-                message: format!("cannot start worker thread: {e}"),
+            .map_err(|e| {
+                StartError::Create(CallError::Status {
+                    driver: name.to_string(),
+                    call: "create",
+                    code: abi::DEVHOST_ERR_INTERNAL,
+                    status: "INTERNAL",
+                    message: format!("cannot start worker thread: {e}"),
+                })
             })?;
+        let (module, notice) = match loaded_rx.await {
+            Ok(Ok(loaded)) => loaded,
+            Ok(Err(e)) => return Err(StartError::Load(e)),
+            Err(_) => {
+                return Err(StartError::Load(format!("driver {name}: loading its module failed: its thread ended")));
+            }
+        };
         let inst = Arc::new(Instance {
             name: name.to_string(),
             module: module.info(),
@@ -339,7 +383,7 @@ impl Instance {
                 tokio::spawn(retry_create(weak, module, opts, ptr, backoff));
                 Ok(inst)
             }
-            Err(e) => Err(e),
+            Err(e) => Err(StartError::Create(e)),
         }
     }
 
@@ -408,30 +452,23 @@ impl Instance {
         allow_untrusted: bool,
         retry: bool,
     ) -> Result<Arc<Instance>, CallError> {
-        // Reading and hashing the file blocks: off the async runtime's threads.
-        let (path, pin, name) = (module.to_path_buf(), cfg.sha256.clone(), cfg.name.clone());
-        let image = tokio::task::spawn_blocking(move || {
-            crate::driver::loader::open_trusted(&path, pin.as_deref(), allow_untrusted, &name)
-        })
-        .await
-        .unwrap_or_else(|e| Err(format!("reading the module failed: {e}")))
-        .map_err(|reason| CallError::Unavailable { driver: cfg.name.clone(), reason })?;
         let keep = match &cfg.isolation {
             Isolation::Process { keep_capabilities } => keep_capabilities.as_slice(),
             Isolation::InProcess => &[],
         };
         let changed = Arc::new(Notify::new());
-        let spec = Spec {
-            name: cfg.name.clone(),
-            module: module.to_path_buf(),
-            options: cfg.options.clone(),
-            timeout: cfg.call_timeout,
-            // The manifest already refused unknown names.
-            keep_caps: keep.iter().filter_map(|c| crate::manifest::capabilities::capability_number(c)).collect(),
-            program: crate::driver::isolation::worker_program(),
-            image,
+        // The manifest already refused unknown names.
+        let keep_caps = keep.iter().filter_map(|c| crate::manifest::capabilities::capability_number(c)).collect();
+        let (name, path, pin, options) =
+            (cfg.name.clone(), module.to_path_buf(), cfg.sha256.clone(), cfg.options.clone());
+        let timeout = cfg.call_timeout;
+        // Reading and hashing the file blocks: on the supervisor's thread.
+        let spec = move || {
+            let image = crate::driver::loader::open_trusted(&path, pin.as_deref(), allow_untrusted, &name)?;
+            let program = crate::driver::isolation::worker_program();
+            Ok(Spec { name, module: path, options, timeout, keep_caps, program, image })
         };
-        let (worker, info) = Worker::start(spec, changed.clone(), retry).await?;
+        let (worker, info) = Worker::start(&cfg.name, timeout, spec, changed.clone(), retry).await?;
         Ok(Arc::new(Instance {
             name: cfg.name.clone(),
             module: info,

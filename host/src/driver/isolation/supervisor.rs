@@ -147,15 +147,23 @@ impl Shared {
 pub(super) use crate::driver::callbacks::emit_log;
 
 impl Worker {
-    /// Starts the supervisor thread and waits until the first worker has
+    /// Starts the supervisor thread, which first makes the worker's spec
+    /// with `spec` (reading and checking the module blocks: it runs there,
+    /// not on the async runtime), and waits until the first worker has
     /// loaded the module and `create` succeeded in it. With `retry`, a
     /// first worker that loaded the module but failed in create is enough:
     /// the supervisor keeps starting workers until one's create succeeds.
-    pub async fn start(spec: Spec, changed: Arc<Notify>, retry: bool) -> Result<(Worker, ModuleInfo), CallError> {
+    pub async fn start(
+        name: &str,
+        timeout: Duration,
+        spec: impl FnOnce() -> Result<Spec, String> + Send + 'static,
+        changed: Arc<Notify>,
+        retry: bool,
+    ) -> Result<(Worker, ModuleInfo), CallError> {
         let (tx, rx) = mpsc::channel();
         let shared = Arc::new(Shared {
-            name: spec.name.clone(),
-            timeout: spec.timeout,
+            name: name.to_string(),
+            timeout,
             changed,
             runtime: tokio::runtime::Handle::current(),
             link: Mutex::new(Link::Down("its worker process is starting".into())),
@@ -166,15 +174,20 @@ impl Worker {
         });
         let (first_tx, first_rx) = oneshot::channel();
         let sup = shared.clone();
-        let source = spec.image.source.clone();
         // The worker's parent-death signal follows this thread, which lives
         // as long as the instance.
         std::thread::Builder::new()
-            .name(format!("sup-{}", spec.name))
-            .spawn(move || supervise(sup, spec, rx, first_tx, retry))
+            .name(format!("sup-{name}"))
+            .spawn(move || match spec() {
+                Ok(spec) => supervise(sup, spec, rx, first_tx, retry),
+                Err(reason) => {
+                    *lock(&sup.link) = Link::Stopped;
+                    let _ = first_tx.send(Err(CallError::Unavailable { driver: sup.name.clone(), reason }));
+                }
+            })
             .map_err(|e| shared.unavailable(format!("cannot start its supervisor thread: {e}")))?;
         match first_rx.await {
-            Ok(Ok(info)) => Ok((Worker { shared, source }, info)),
+            Ok(Ok((info, source))) => Ok((Worker { shared, source }, info)),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(shared.unavailable("its supervisor thread ended")),
         }
@@ -285,7 +298,7 @@ fn supervise(
     s: Arc<Shared>,
     spec: Spec,
     events: mpsc::Receiver<Event>,
-    first: oneshot::Sender<Result<ModuleInfo, CallError>>,
+    first: oneshot::Sender<Result<(ModuleInfo, Source), CallError>>,
     retry: bool,
 ) {
     let mut first = Some(first);
@@ -298,7 +311,7 @@ fn supervise(
                 s.misses.store(0, Ordering::Relaxed);
                 let retried = lock(&s.creating).take();
                 match (first.take(), retried) {
-                    (Some(tx), _) => drop(tx.send(Ok(info))),
+                    (Some(tx), _) => drop(tx.send(Ok((info, spec.image.source.clone())))),
                     (None, Some(r)) => {
                         tracing::info!(driver = %s.name, pid = conn.pid, attempts = r.attempts,
                             "driver {}: create succeeded after {} failed attempt(s)", s.name, r.attempts);
@@ -346,7 +359,7 @@ fn supervise(
                 match (first.take(), info) {
                     (Some(tx), Some(info)) if retry => {
                         s.set_link(Link::Down(note_failed_create(&s, &e, backoff)));
-                        let _ = tx.send(Ok(info));
+                        let _ = tx.send(Ok((info, spec.image.source.clone())));
                     }
                     (Some(tx), _) => {
                         *lock(&s.link) = Link::Stopped;

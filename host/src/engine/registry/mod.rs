@@ -4,7 +4,7 @@
 //! through a latest-value channel that feeds every ListAndWatch stream.
 
 use crate::driver::device::Device;
-use crate::driver::instance::Instance;
+use crate::driver::instance::{Instance, StartError};
 use crate::driver::loader::{self, Module};
 use crate::engine::cdi::CdiWriter;
 use crate::engine::podresources::Follower;
@@ -140,7 +140,7 @@ type ModuleCache = Arc<Mutex<HashMap<PathBuf, Arc<std::sync::OnceLock<Result<Mod
 
 /// Finds a driver's module, reads it into a private copy, checks that those
 /// bytes can be trusted, and loads them; the same bytes are loaded once.
-/// Blocking (file reads, hashing, `dlopen`): run it off the async runtime.
+/// Blocking (file reads, hashing, `dlopen`): run on the instance's own thread.
 fn resolve(cfg: &DriverConfig, allow_untrusted: bool, cache: &ModuleCache) -> Result<Module, String> {
     let path = module_path(cfg)?;
     let cell = cache.lock().unwrap_or_else(|p| p.into_inner()).entry(path.clone()).or_default().clone();
@@ -319,16 +319,20 @@ impl Registry {
                         Err(e) => Err(e),
                     }
                 } else {
+                    // Read, checked and loaded on the instance's own thread (it blocks).
                     let c = cfg.clone();
-                    let module = tokio::task::spawn_blocking(move || resolve(&c, allow_untrusted, &cache))
-                        .await
-                        .unwrap_or_else(|e| Err(format!("driver {}: loading its module failed: {e}", cfg.name)));
-                    match module {
-                        Ok(module) => Instance::create_with(&name, module, &cfg.options, cfg.call_timeout, retry)
-                            .await
-                            .map_err(explain),
-                        Err(e) => Err(e),
-                    }
+                    Instance::load_and_create(
+                        &name,
+                        move || resolve(&c, allow_untrusted, &cache),
+                        &cfg.options,
+                        cfg.call_timeout,
+                        retry,
+                    )
+                    .await
+                    .map_err(|e| match e {
+                        StartError::Load(e) => e,
+                        StartError::Create(e) => explain(e),
+                    })
                 };
                 let inst = match created {
                     Ok(inst) => inst,
