@@ -188,8 +188,10 @@ null plugin (medians of the six): C example in process 5.7 against 5.9 ms; demo 
 in process, 13.7 against 13.9 ms isolated.
 
 **Where the demo node's CPU goes.** By the CPU table above: the null plugin spends about 4 ms and is bound \
-by its round trips, not the CPUs; devhost's own threads about 10 ms; its drivers about 3 ms more on their \
-creates and first scans (the fake NVML's init, sysfs walks); isolated, the four workers about 7 to 9 ms, \
+by its round trips, not the CPUs; devhost's own threads 6 to 9 ms; its driver threads 4.5 to 6 ms more \
+on reading and loading their modules, their creates and first scans (the fake NVML's init, sysfs walks; before \
+2026-12-02 the modules were loaded on devhost's own threads, which then counted about 10 ms against 3 ms for \
+the drivers); isolated, the four workers about 7 to 9 ms, \
 each starting with a process start (the `devhost-worker` figure above the table). A `perf record` of 150 \
 in-process demo starts (the build before that change; kernel stacks; the devhost process only, from its \
 exec to its exit on SIGTERM once the emulator has every list) finds no single large part:
@@ -204,6 +206,17 @@ the drivers' sysfs walks; `bind`, `close`, `futex`, `epoll`).
 On 2 CPUs the isolated demo node's workers and the null plugin's own work alone come close to the whole \
 1.5× budget; the in-process figure is the host's CPU.
 
+**What a thread and a process cost on these machines** (2026-12-02, measured outside devhost). A C program \
+that starts threads one at a time (each runs, touches its stack, mallocs once and sleeps) spends 150 to 200 µs \
+of CPU per thread (medians of 15 runs of 6 threads). The null plugin has 3 threads; the C example node's host \
+has 6 (`main`, the runtime's 2 workers, `drv-c`, and one inotify thread each for the manifest's folder and the \
+device-plugins folder), the demo node's more, as its drivers start threads of their own. Every process start \
+also pays for its CPU-feature probes: in a `perf record` of 200 starts of `devhost-worker`, 22 % of its CPU is \
+glibc's dynamic loader asking the CPU for its features and cache sizes (`init_cpu_features`, `handle_amd`) and \
+6 % libgcc's `__cpu_indicator_init`, each a run of `cpuid` instructions, which always exit to the hypervisor \
+in a virtual machine (these are Firecracker VMs) and take nanoseconds on bare metal: about 0.2 to 0.3 ms of \
+CPU per process here. The null plugin pays it once, an isolated node once more per worker.
+
 **Tried and measured, not in:**
 - Starting every worker before the host's own start, so that its exec overlaps the runtime, registry and \
 module copies: no gain on 2 CPUs (the C example's isolated ratio moved less than run-to-run noise, the demo \
@@ -213,10 +226,24 @@ then run one after another.
 - Packed relative relocations (`-z pack-relative-relocs`): a much smaller relocation table, the same exec time.
 - One or two malloc arenas (`MALLOC_ARENA_MAX=1` or `2`, 30 alternating starts each): 13.2 and 12.8 ms \
 against 13.2 ms p50, no measurable change.
+- One inotify thread for both file watchers instead of one each (a thread's cost above). Not done: both \
+would share one `notify` watcher, which keeps one watch per folder, and the manifest's folder can be the very \
+folder the device-plugins watch falls back to while that folder does not exist (its parent), so each unwatch \
+would have to be counted against the other user; a missed kubelet restart costs far more than 0.2 ms.
 - Not tried: a fork server (one `devhost-worker` started early, forking each worker). It would spare each \
 worker its exec, but every worker would share one address-space layout, and either the fork server would be \
 every worker's parent (its death would take them all down) or each worker would be made with a raw \
 `clone(CLONE_PARENT)`, behind glibc's back.
+
+**Cut on 2026-12-02:** each module was read, checked and loaded (isolated: read and checked for its \
+worker) on a thread of the runtime's blocking pool, which started a thread for each driver starting at once; \
+now it runs on the thread each driver has anyway (`drv-<driver>` in process, `sup-<driver>` isolated), and \
+`host/tests/startup.rs` counts the runtime's threads after a start of three drivers: 5 before, 2 now. \
+Alternating A/B, five runs of this bench each way (a build without LTO, both binaries beside one null \
+plugin; medians of the five): CPU of the host process up to the last registration (devhost's threads and \
+its driver threads), C example in process 6.90 → 6.53 ms, demo node in process 16.1 → 15.4 ms, isolated \
+(host and workers) 8.88 → 8.35 ms and 22.0 → 21.5 ms; wall p50s moved by less than their run-to-run \
+spread (C example in process 6.56 → 6.41 ms, demo node 12.9 → 12.2 ms).
 
 **Cut in earlier rounds:** every `watch_start` and first scan waited for every driver's `create`; modules \
 were read, hashed (SHA-256, about 1.5 ms for the demo node's four) and loaded one after the other on the \
