@@ -7,9 +7,8 @@ use std::time::Duration;
 
 /// The thread of `pid` named `name`, and its voluntary context switches.
 fn switches_of(pid: u32, name: &str) -> Option<u64> {
-    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
-        let dir = task.ok()?.path();
-        if std::fs::read_to_string(dir.join("comm")).ok()?.trim() != name {
+    for (dir, comm) in threads(pid) {
+        if comm != name {
             continue;
         }
         let status = std::fs::read_to_string(dir.join("status")).ok()?;

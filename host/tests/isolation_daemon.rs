@@ -297,15 +297,14 @@ async fn without_an_isolation_key_every_driver_runs_in_a_worker_process() {
 /// Context switches of the daemon's threads whose name starts with `prefix`
 /// (each one a wake-up of a sleeping thread, or a preemption).
 fn switches_of_threads(pid: u32, prefix: &str) -> (usize, u64) {
-    let mut threads = 0;
+    let mut count = 0;
     let mut total = 0;
-    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
-        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+    for (dir, comm) in threads(pid) {
         if !comm.starts_with(prefix) {
             continue;
         }
-        threads += 1;
-        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        count += 1;
+        let status = std::fs::read_to_string(dir.join("status")).unwrap_or_default();
         for line in status.lines() {
             if let Some(v) = line
                 .strip_prefix("voluntary_ctxt_switches:")
@@ -315,7 +314,7 @@ fn switches_of_threads(pid: u32, prefix: &str) -> (usize, u64) {
             }
         }
     }
-    (threads, total)
+    (count, total)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

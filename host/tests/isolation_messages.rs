@@ -31,8 +31,8 @@ fn lines_with<'a>(logs: &'a str, needle: &str) -> Vec<&'a str> {
 /// The worker processes of the daemon `pid` (its direct children).
 fn children(pid: u32) -> Vec<i32> {
     let mut out = Vec::new();
-    for task in std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten() {
-        let text = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+    for (dir, _) in threads(pid) {
+        let text = std::fs::read_to_string(dir.join("children")).unwrap_or_default();
         out.extend(text.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
     }
     out

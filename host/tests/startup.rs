@@ -211,10 +211,8 @@ async fn slow_create_does_not_delay_another_drivers_registration_isolated() {
 /// The names of `pid`'s threads, counted.
 fn thread_names(pid: u32) -> std::collections::BTreeMap<String, usize> {
     let mut names = std::collections::BTreeMap::new();
-    for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
-        if let Ok(comm) = std::fs::read_to_string(t.path().join("comm")) {
-            *names.entry(comm.trim().to_string()).or_default() += 1;
-        }
+    for (_, name) in threads(pid) {
+        *names.entry(name).or_default() += 1;
     }
     names
 }

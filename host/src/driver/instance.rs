@@ -473,7 +473,7 @@ impl Instance {
             name: cfg.name.clone(),
             module: info,
             changed,
-            timeout: cfg.call_timeout,
+            timeout,
             backend: Backend::Process(worker),
             last_scan_problems: Mutex::new(Vec::new()),
             creating: Arc::default(),

@@ -31,6 +31,19 @@ pub fn module(name: &str) -> PathBuf {
     path
 }
 
+/// The threads of process `pid`: each one's `/proc` task folder and its
+/// name (`comm`); none once the process is gone.
+pub fn threads(pid: u32) -> Vec<(PathBuf, String)> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten();
+    tasks
+        .filter_map(|t| {
+            let dir = t.path();
+            let comm = std::fs::read_to_string(dir.join("comm")).ok()?;
+            Some((dir, comm.trim().to_string()))
+        })
+        .collect()
+}
+
 /// Compiles a C driver with the strict flags vendors use.
 pub fn compile_c(src: &Path, out: &Path, include: &Path) {
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
