@@ -12,9 +12,10 @@ use crate::driver::isolation::supervisor::{Spec, Worker};
 use crate::driver::loader::{Module, ModuleInfo, Source};
 use crate::manifest::{DriverConfig, Isolation};
 use devhost_abi as abi;
+use std::collections::VecDeque;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::sync::{Notify, oneshot};
 
@@ -172,8 +173,96 @@ struct Local {
     notice: Arc<NoticeScan>,
 }
 
-/// The worker thread's queue; `None` once the instance is shut down.
-type Jobs = Arc<Mutex<Option<mpsc::Sender<Job>>>>;
+type Jobs = Arc<JobQueue>;
+
+/// The worker thread's queue of calls. A caller pushes under a short lock,
+/// then unparks the thread if it sleeps: the thread is woken once per call
+/// and blocks once, when it has nothing left to do. (Fed through
+/// `std::sync::mpsc`, it blocked 1.5 to 2 times per call: woken, it often
+/// waited for a lock its waker still held, to be woken a second time. Each
+/// cross-CPU wake-up costs tens of microseconds on a virtual machine;
+/// `tests/handoff.rs` counts them.)
+struct JobQueue {
+    state: Mutex<QueueState>,
+    /// The worker thread, once it runs.
+    thread: OnceLock<std::thread::Thread>,
+}
+
+struct QueueState {
+    jobs: VecDeque<Job>,
+    /// False once the instance is shut down or its thread has ended: no job
+    /// is taken any more.
+    open: bool,
+}
+
+impl JobQueue {
+    fn new() -> JobQueue {
+        JobQueue { state: Mutex::new(QueueState { jobs: VecDeque::new(), open: true }), thread: OnceLock::new() }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, QueueState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues `job`; false (and the job dropped, so its caller hears that
+    /// the thread is gone) once the queue is closed.
+    fn send(&self, job: Job) -> bool {
+        {
+            let mut state = self.state();
+            if !state.open {
+                return false;
+            }
+            state.jobs.push_back(job);
+        }
+        if let Some(thread) = self.thread.get() {
+            thread.unpark();
+        }
+        true
+    }
+
+    /// Takes no more jobs; those queued still run, then the thread ends.
+    fn close(&self) {
+        self.state().open = false;
+        if let Some(thread) = self.thread.get() {
+            thread.unpark();
+        }
+    }
+
+    /// On the worker thread: the next job, sleeping until there is one;
+    /// `None` once the queue is closed and empty.
+    fn next(&self) -> Option<Job> {
+        loop {
+            {
+                let mut state = self.state();
+                if let Some(job) = state.jobs.pop_front() {
+                    return Some(job);
+                }
+                if !state.open {
+                    return None;
+                }
+            }
+            // A job queued since the look above has unparked us already: this returns at once.
+            std::thread::park();
+        }
+    }
+}
+
+/// Held by the worker thread: however it ends (a module that did not load,
+/// the queue closed, a panic), the queue is closed and what it still holds
+/// is dropped, so that every caller waiting on it hears at once that the
+/// thread is gone instead of waiting for its deadline.
+struct EndsQueue(Jobs);
+
+impl Drop for EndsQueue {
+    fn drop(&mut self) {
+        let left = {
+            let mut state = self.0.state();
+            state.open = false;
+            std::mem::take(&mut state.jobs)
+        };
+        drop(left);
+    }
+}
 
 /// What a driver call returns on the worker thread: its status and what it emitted.
 type Answer = (abi::devhost_status, CallState);
@@ -226,8 +315,7 @@ impl NoticeScan {
         });
         // Before the registry hears of the notice: its rescan takes this.
         *self.answer.lock().unwrap_or_else(|p| p.into_inner()) = Some(rx);
-        let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
-        if jobs.as_ref().is_none_or(|j| j.send(job).is_err()) {
+        if !self.jobs.send(job) {
             self.answer.lock().unwrap_or_else(|p| p.into_inner()).take();
             self.queued.store(false, Ordering::Release);
         }
@@ -286,18 +374,20 @@ impl Instance {
         timeout: Duration,
         retry: bool,
     ) -> Result<Arc<Instance>, StartError> {
-        let (tx, rx) = mpsc::channel::<Job>();
-        let jobs: Jobs = Arc::new(Mutex::new(Some(tx)));
+        let jobs: Jobs = Arc::new(JobQueue::new());
         let changed = Arc::new(Notify::new());
         let ptr = Arc::new(AtomicPtr::new(std::ptr::null_mut()));
         let poisoned = Arc::new(AtomicBool::new(false));
         let busy = Arc::new(Mutex::new(Busy::default()));
         let (loaded_tx, loaded_rx) = oneshot::channel::<Result<(Module, Arc<NoticeScan>), String>>();
         let (worker_jobs, worker_ptr, worker_poisoned) = (jobs.clone(), ptr.clone(), poisoned.clone());
+        let queue = jobs.clone();
         let (worker_busy, worker_changed, driver) = (busy.clone(), changed.clone(), name.to_string());
         std::thread::Builder::new()
             .name(format!("drv-{name}"))
             .spawn(move || {
+                let _ends = EndsQueue(queue.clone());
+                let _ = queue.thread.set(std::thread::current());
                 let module = match load() {
                     Ok(m) => m,
                     Err(e) => {
@@ -332,7 +422,7 @@ impl Instance {
                     return;
                 }
                 WORKER_API.with(|c| c.set(&host.api));
-                while let Ok(job) = rx.recv() {
+                while let Some(job) = queue.next() {
                     job(worker_ptr.load(Ordering::Acquire));
                     let mut b = worker_busy.lock().unwrap_or_else(|p| p.into_inner());
                     b.call = None;
@@ -513,12 +603,8 @@ impl Instance {
             let api = worker_api();
             let _ = tx.send(f(inst, api));
         });
-        {
-            let jobs = local.jobs.lock().unwrap_or_else(|p| p.into_inner());
-            let sent = jobs.as_ref().map(|j| j.send(job).is_ok()).unwrap_or(false);
-            if !sent {
-                return Err(CallError::WorkerGone { driver: self.name.clone() });
-            }
+        if !local.jobs.send(job) {
+            return Err(CallError::WorkerGone { driver: self.name.clone() });
         }
         self.answer(local, call, rx).await
     }
@@ -591,13 +677,13 @@ impl Instance {
         }
     }
 
-    /// Whether the instance cannot serve calls: broken by a panic (in
-    /// process), or its worker process is down and restarting (isolated).
     /// Whether the driver runs in a worker process (`isolation = "process"`).
     pub fn isolated(&self) -> bool {
         matches!(self.backend, Backend::Process(_))
     }
 
+    /// Whether the instance cannot serve calls: broken by a panic (in
+    /// process), or its worker process is down and restarting (isolated).
     pub fn poisoned(&self) -> bool {
         match &self.backend {
             Backend::InProcess(l) => l.poisoned.load(Ordering::Acquire),
@@ -798,11 +884,7 @@ impl Instance {
     /// exit within the call deadline.
     pub fn shutdown(&self) {
         match &self.backend {
-            Backend::InProcess(local) => {
-                if let Ok(mut jobs) = local.jobs.lock() {
-                    jobs.take();
-                }
-            }
+            Backend::InProcess(local) => local.jobs.close(),
             Backend::Process(w) => w.stop(),
         }
     }
