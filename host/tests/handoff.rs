@@ -35,14 +35,17 @@ async fn blocked_in_allocates(inst: &Instance) -> i64 {
     blocked_so_far() - before
 }
 
+/// The C example driver (4 devices) in process, as driver `name`.
+async fn c_example_in_process(name: &str) -> std::sync::Arc<Instance> {
+    let so = module("example_c");
+    let opts = [("count".to_string(), "4".to_string())];
+    Instance::create(name, devhost::driver::loader::load(&so).unwrap(), &opts, Duration::from_secs(5)).await.unwrap()
+}
+
 // A current-thread runtime: the test's own thread is the runtime's only one.
 #[tokio::test]
 async fn a_fast_hook_answers_without_parking_the_calling_thread() {
-    let so = module("example_c");
-    let opts = [("count".to_string(), "4".to_string())];
-    let inst = Instance::create("d", devhost::driver::loader::load(&so).unwrap(), &opts, Duration::from_secs(5))
-        .await
-        .unwrap();
+    let inst = c_example_in_process("d").await;
     let blocked = blocked_in_allocates(&inst).await;
     eprintln!("the calling thread blocked {blocked} times in {CALLS} calls");
     // Parking for the answer blocks at least once per call. A loaded machine
@@ -89,11 +92,7 @@ fn thread_blocked(name: &str) -> i64 {
 // 586 to 787 times in 400 calls).
 #[tokio::test]
 async fn each_call_wakes_the_driver_thread_once() {
-    let so = module("example_c");
-    let opts = [("count".to_string(), "4".to_string())];
-    let inst = Instance::create("handoff", devhost::driver::loader::load(&so).unwrap(), &opts, Duration::from_secs(5))
-        .await
-        .unwrap();
+    let inst = c_example_in_process("handoff").await;
     for i in 0..20 {
         inst.allocate(vec![format!("example-{}", i % 4)]).await.unwrap();
     }

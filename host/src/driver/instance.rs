@@ -214,15 +214,19 @@ impl JobQueue {
             }
             state.jobs.push_back(job);
         }
-        if let Some(thread) = self.thread.get() {
-            thread.unpark();
-        }
+        self.wake();
         true
     }
 
     /// Takes no more jobs; those queued still run, then the thread ends.
     fn close(&self) {
         self.state().open = false;
+        self.wake();
+    }
+
+    /// Unparks the worker thread, if it runs yet (before that, it looks at
+    /// the queue before it first sleeps).
+    fn wake(&self) {
         if let Some(thread) = self.thread.get() {
             thread.unpark();
         }
@@ -380,14 +384,13 @@ impl Instance {
         let poisoned = Arc::new(AtomicBool::new(false));
         let busy = Arc::new(Mutex::new(Busy::default()));
         let (loaded_tx, loaded_rx) = oneshot::channel::<Result<(Module, Arc<NoticeScan>), String>>();
-        let (worker_jobs, worker_ptr, worker_poisoned) = (jobs.clone(), ptr.clone(), poisoned.clone());
-        let queue = jobs.clone();
+        let (queue, worker_ptr, worker_poisoned) = (jobs.clone(), ptr.clone(), poisoned.clone());
         let (worker_busy, worker_changed, driver) = (busy.clone(), changed.clone(), name.to_string());
         std::thread::Builder::new()
             .name(format!("drv-{name}"))
             .spawn(move || {
-                let _ends = EndsQueue(queue.clone());
                 let _ = queue.thread.set(std::thread::current());
+                let queue = EndsQueue(queue);
                 let module = match load() {
                     Ok(m) => m,
                     Err(e) => {
@@ -398,7 +401,7 @@ impl Instance {
                 let notice = Arc::new(NoticeScan {
                     queued: AtomicBool::new(false),
                     answer: Mutex::new(None),
-                    jobs: worker_jobs,
+                    jobs: queue.0.clone(),
                     ptr: worker_ptr.clone(),
                     poisoned: worker_poisoned,
                     busy: worker_busy.clone(),
@@ -422,7 +425,7 @@ impl Instance {
                     return;
                 }
                 WORKER_API.with(|c| c.set(&host.api));
-                while let Some(job) = queue.next() {
+                while let Some(job) = queue.0.next() {
                     job(worker_ptr.load(Ordering::Acquire));
                     let mut b = worker_busy.lock().unwrap_or_else(|p| p.into_inner());
                     b.call = None;
