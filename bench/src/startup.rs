@@ -77,7 +77,8 @@ fn variants(art: &Artifacts, node: &Node) -> Result<Vec<Variant>> {
 #[derive(Default)]
 struct CpuSplit {
     /// devhost's own threads: `main`, the runtime's, the supervisors' and
-    /// the watchers' (named `devhost`, `tokio-rt-worker`, `sup-*`, `notify-rs*`).
+    /// the file watches' (named `devhost`, `tokio-rt-worker`, `sup-*`; the
+    /// watches run on the runtime).
     host: Samples,
     /// Every other thread of the host process: a `drv-<driver>` thread
     /// (which also reads and loads its module) and the threads drivers
@@ -92,10 +93,7 @@ impl CpuSplit {
         let ns = |v: u64| std::time::Duration::from_nanos(v);
         let (mut host, mut drivers) = (0, 0);
         for (_, name, run) in node::threads(pid) {
-            let own = name == "devhost"
-                || name.starts_with("tokio-rt")
-                || name.starts_with("sup-")
-                || name.starts_with("notify-rs");
+            let own = name == "devhost" || name.starts_with("tokio-rt") || name.starts_with("sup-");
             if own { host += run } else { drivers += run }
         }
         let workers = node::workers_of(pid).into_iter().filter_map(|w| node::proc_stat(w).ok()).map(|s| s.run_ns).sum();
@@ -209,8 +207,8 @@ On 2 CPUs the isolated demo node's workers and the null plugin's own work alone 
 **What a thread and a process cost on these machines** (2026-12-02, measured outside devhost). A C program \
 that starts threads one at a time (each runs, touches its stack, mallocs once and sleeps) spends 150 to 200 µs \
 of CPU per thread (medians of 15 runs of 6 threads). The null plugin has 3 threads; the C example node's host \
-has 6 (`main`, the runtime's 2 workers, `drv-c`, and one inotify thread each for the manifest's folder and the \
-device-plugins folder), the demo node's more, as its drivers start threads of their own. Every process start \
+has 4 (`main`, the runtime's 2 workers and `drv-c`; the two file watches are read on the runtime, see below), \
+the demo node's more, as its drivers start threads of their own. Every process start \
 also pays for its CPU-feature probes: in a `perf record` of 200 starts of `devhost-worker`, 22 % of its CPU is \
 glibc's dynamic loader asking the CPU for its features and cache sizes (`init_cpu_features`, `handle_amd`) and \
 6 % libgcc's `__cpu_indicator_init`, each a run of `cpuid` instructions, which always exit to the hypervisor \
@@ -226,10 +224,6 @@ then run one after another.
 - Packed relative relocations (`-z pack-relative-relocs`): a much smaller relocation table, the same exec time.
 - One or two malloc arenas (`MALLOC_ARENA_MAX=1` or `2`, 30 alternating starts each): 13.2 and 12.8 ms \
 against 13.2 ms p50, no measurable change.
-- One inotify thread for both file watchers instead of one each (a thread's cost above). Not done: both \
-would share one `notify` watcher, which keeps one watch per folder, and the manifest's folder can be the very \
-folder the device-plugins watch falls back to while that folder does not exist (its parent), so each unwatch \
-would have to be counted against the other user; a missed kubelet restart costs far more than 0.2 ms.
 - Not tried: a fork server (one `devhost-worker` started early, forking each worker). It would spare each \
 worker its exec, but every worker would share one address-space layout, and either the fork server would be \
 every worker's parent (its death would take them all down) or each worker would be made with a raw \
@@ -244,6 +238,14 @@ plugin; medians of the five): CPU of the host process up to the last registratio
 its driver threads), C example in process 6.90 → 6.53 ms, demo node in process 16.1 → 15.4 ms, isolated \
 (host and workers) 8.88 → 8.35 ms and 22.0 → 21.5 ms; wall p50s moved by less than their run-to-run \
 spread (C example in process 6.56 → 6.41 ms, demo node 12.9 → 12.2 ms).
+
+**Cut on 2026-12-02, second:** the two file watches (the manifest's folder, the device-plugins folder) each \
+ran a thread of the `notify` crate; they are now inotify instances that the runtime's reactor polls \
+(`host/src/fs_events.rs`), and `host/tests/startup.rs` checks that an isolated host has no thread but `main`, \
+the runtime's two workers and one supervisor per driver. Alternating A/B on the LTO build, three runs of this \
+bench each way (each run beside its own null plugin; the C example node, ratios to the null plugin of the \
+same run): in process 1.61, 1.63, 1.63× before, 1.54, 1.48, 1.59× after; isolated 2.01, 2.05, 2.01× before, \
+1.89, 1.83, 2.08× after.
 
 **Cut in earlier rounds:** every `watch_start` and first scan waited for every driver's `create`; modules \
 were read, hashed (SHA-256, about 1.5 ms for the demo node's four) and loaded one after the other on the \

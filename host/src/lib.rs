@@ -13,10 +13,12 @@
 //! kubelet emulator run and the `conformance` battery). [`lock`] keeps one
 //! daemon per kubelet folder. docs/architecture.md has the allowed order and
 //! the exceptions to it.
+//! [`fs_events`] reads inotify events on the runtime for the two file watches.
 
 pub mod driver;
 pub mod engine;
 pub mod fronts;
+pub mod fs_events;
 pub mod lock;
 pub mod manifest;
 pub mod ops;

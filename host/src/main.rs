@@ -223,7 +223,7 @@ async fn run(config: &Path, kubelet_dir: Option<&Path>) -> ExitCode {
     // applied half-written). SIGHUP applies at once: the operator asked.
     // Watched before it is read: resources are served while the start goes
     // on, and an edit made meanwhile must not be missed.
-    let (_watcher, mut edits) = watch_manifest(config);
+    let mut edits = watch_manifest(config);
     let mut last_text = std::fs::read_to_string(config).unwrap_or_default();
     let Some(manifest) = load_manifest(config, kubelet_dir) else { return ExitCode::from(2) };
     // Before anything is loaded or served: a second daemon on one kubelet
@@ -422,34 +422,50 @@ async fn next_install(
 }
 
 /// Notifies on any change in the manifest's folder that may concern it
-/// (the file itself, or the `..data` link a ConfigMap volume swaps).
-fn watch_manifest(config: &Path) -> (Option<notify::RecommendedWatcher>, tokio::sync::mpsc::Receiver<()>) {
-    use notify::Watcher;
+/// (the file itself, or the `..data` link a ConfigMap volume swaps). The
+/// events are read on the runtime, by a task that ends with the receiver.
+fn watch_manifest(config: &Path) -> tokio::sync::mpsc::Receiver<()> {
+    use inotify::WatchMask;
+    use tokio_stream::StreamExt;
     let (tx, rx) = tokio::sync::mpsc::channel(16);
     let name = config.file_name().map(|n| n.to_os_string());
     let dir = config.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf();
-    let handler = move |ev: notify::Result<notify::Event>| {
-        let Ok(ev) = ev else { return };
-        if ev.kind.is_access() {
-            return;
+    // Written, replaced, renamed, removed or touched: not reads.
+    let mask = WatchMask::CREATE
+        | WatchMask::DELETE
+        | WatchMask::MOVE
+        | WatchMask::MODIFY
+        | WatchMask::CLOSE_WRITE
+        | WatchMask::ATTRIB
+        | WatchMask::ONLYDIR;
+    let mut events =
+        match devhost::fs_events::stream().and_then(|events| events.watches().add(&dir, mask).map(|_| events)) {
+            Ok(events) => events,
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), "cannot watch the manifest's folder ({e}); reload with SIGHUP");
+                return rx;
+            }
+        };
+    tokio::spawn(async move {
+        while let Some(event) = events.next().await {
+            let event = match event {
+                Ok(event) => event,
+                Err(e) => {
+                    tracing::warn!(dir = %dir.display(), "cannot read the manifest folder's events ({e}); reload with SIGHUP");
+                    return;
+                }
+            };
+            let relevant = event
+                .name
+                .as_deref()
+                .is_some_and(|f| Some(f) == name.as_deref() || f.to_string_lossy().starts_with("..data"))
+                || event.mask.contains(inotify::EventMask::Q_OVERFLOW);
+            if relevant && matches!(tx.try_send(()), Err(tokio::sync::mpsc::error::TrySendError::Closed(_))) {
+                return;
+            }
         }
-        let relevant = ev.paths.iter().any(|p| {
-            let f = p.file_name();
-            f == name.as_deref() || f.is_some_and(|f| f.to_string_lossy().starts_with("..data"))
-        });
-        if relevant {
-            let _ = tx.try_send(());
-        }
-    };
-    match notify::recommended_watcher(handler)
-        .and_then(|mut w| w.watch(&dir, notify::RecursiveMode::NonRecursive).map(|_| w))
-    {
-        Ok(w) => (Some(w), rx),
-        Err(e) => {
-            tracing::warn!(dir = %dir.display(), "cannot watch the manifest's folder ({e}); reload with SIGHUP");
-            (None, rx)
-        }
-    }
+    });
+    rx
 }
 
 enum Signal {

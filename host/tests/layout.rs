@@ -17,7 +17,7 @@ const EXCEPTIONS: &[(&str, &str)] = &[];
 fn area(segments: &[String]) -> Option<(String, u32)> {
     let first = segments.first()?.as_str();
     let rank = match first {
-        "lock" => 0,
+        "lock" | "fs_events" => 0,
         "manifest" => 1,
         "driver" => 2,
         "engine" => 3,

@@ -137,6 +137,38 @@ async fn editing_the_file_reloads_it_without_a_signal() {
     assert_eq!(kubelet.registration_count("example.com/a"), 1);
 }
 
+/// A ConfigMap volume as the kubelet lays it out: the file is a link through
+/// `..data` to a timestamped folder, and an update swaps `..data` (a new
+/// link renamed over it) and removes the old folder; the file's own link
+/// never changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configmap_volume_update_reloads_it_without_a_signal() {
+    use std::os::unix::fs::symlink;
+    let node = Node::new();
+    let dir = module("example_c").parent().unwrap().to_path_buf();
+    let volume = node.path().join("config");
+    let first = volume.join("..2026_12_02_10_00_00.000000001");
+    std::fs::create_dir_all(&first).unwrap();
+    std::fs::write(first.join("devhost.toml"), body(&dir, A)).unwrap();
+    symlink(first.file_name().unwrap(), volume.join("..data")).unwrap();
+    symlink("..data/devhost.toml", volume.join("devhost.toml")).unwrap();
+    let m = volume.join("devhost.toml");
+    let kubelet = Kubelet::start(&node.kubelet_dir()).unwrap();
+    let d = Daemon::start(&m, &node.kubelet_dir());
+    kubelet.wait_devices("example.com/a", WAIT, |x| x.len() == 4).await.unwrap();
+
+    let late = "[[resource]]\nname = \"example.com/late\"\ndriver = \"example_rust\"\n";
+    let second = volume.join("..2026_12_02_10_05_00.000000002");
+    std::fs::create_dir_all(&second).unwrap();
+    std::fs::write(second.join("devhost.toml"), body(&dir, &format!("{A}{late}"))).unwrap();
+    symlink(second.file_name().unwrap(), volume.join("..data_tmp")).unwrap();
+    std::fs::rename(volume.join("..data_tmp"), volume.join("..data")).unwrap();
+    std::fs::remove_dir_all(&first).unwrap();
+    kubelet.wait_devices("example.com/late", WAIT, |x| x.len() == 2).await.unwrap();
+    d.wait_log("the manifest file changed: reloading", WAIT).await;
+    assert_eq!(kubelet.registration_count("example.com/a"), 1, "the running resource was not touched");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn moving_an_entry_in_the_file_restarts_nothing() {
     let Serving { node: _node, dir, m, kubelet, d } = serving_a().await;

@@ -223,6 +223,7 @@ fn thread_names(pid: u32) -> std::collections::BTreeMap<String, usize> {
 /// now that work runs on the thread each driver has anyway (`drv-<driver>`
 /// in process, `sup-<driver>` isolated), and the runtime keeps its two
 /// workers (`tokio-rt-worker`, as its blocking threads are named too).
+/// Isolated, the host has no other thread at all.
 async fn start_creates_no_loader_threads(isolation: &str) {
     let node = Node::new();
     let kubelet = Kubelet::start(&node.kubelet_dir()).unwrap();
@@ -250,6 +251,17 @@ async fn start_creates_no_loader_threads(isolation: &str) {
         "the host has more runtime threads than its two workers after a start of 3 drivers: {names:?}; log:\n{}",
         d.logs()
     );
+    if isolation == "process" {
+        // No driver code runs in the host: its threads are devhost's own,
+        // and the two file watches (the manifest's folder, the kubelet's)
+        // are read on the runtime, not each on a thread of its own.
+        let expected: std::collections::BTreeMap<String, usize> =
+            [("devhost", 1), ("tokio-rt-worker", 2), ("sup-a", 1), ("sup-b", 1), ("sup-c", 1)]
+                .into_iter()
+                .map(|(n, c)| (n.to_string(), c))
+                .collect();
+        assert_eq!(names, expected, "the isolated host's threads");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,15 +5,29 @@
 //! our sockets there.
 
 use super::{Signals, inode};
-use notify::Watcher;
+use crate::fs_events::{self, Events};
+use inotify::{EventMask, WatchDescriptor, WatchMask};
+use std::ffi::OsStr;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
+use tokio_stream::StreamExt;
 
 /// Safety net behind inotify: how often socket files are checked by stat.
 pub(super) const RECHECK: Duration = Duration::from_secs(2);
+
+/// What the watch asks inotify for: entries created, removed or moved in
+/// the watched folder, and the folder itself removed or moved. Not file
+/// writes: the kubelet rewrites its checkpoint file in this folder on every
+/// allocation.
+const FOLDER_EVENTS: WatchMask = WatchMask::CREATE
+    .union(WatchMask::DELETE)
+    .union(WatchMask::MOVE)
+    .union(WatchMask::DELETE_SELF)
+    .union(WatchMask::MOVE_SELF)
+    .union(WatchMask::ONLYDIR);
 
 /// Which folder is at a path (device, inode); `None` when there is none.
 fn folder_id(path: &Path) -> Option<(u64, u64)> {
@@ -23,10 +37,13 @@ fn folder_id(path: &Path) -> Option<(u64, u64)> {
 /// The inotify watch and what it is on now.
 pub(super) struct FolderWatch {
     dir: PathBuf,
+    /// The same folder as the endpoints name it (their sockets' paths).
+    given: PathBuf,
     signals: Arc<Signals>,
-    watcher: notify::RecommendedWatcher,
-    /// The watched path and the folder it was when the watch was set.
-    armed: Option<(PathBuf, (u64, u64))>,
+    /// Our own inotify instance, with one watch at a time.
+    events: Events,
+    /// The watched path, the folder it was when the watch was set, and the watch.
+    armed: Option<(PathBuf, (u64, u64), WatchDescriptor)>,
     /// A watch error was logged; the next ones go to debug.
     warned: bool,
 }
@@ -34,11 +51,18 @@ pub(super) struct FolderWatch {
 impl FolderWatch {
     /// Sets up inotify for `dir` (absolute; `given` is the same folder as
     /// the endpoints name it); `None` (logged) when inotify is unavailable,
-    /// which leaves the stat check.
+    /// which leaves the stat check. Needs the runtime: its reactor reads
+    /// the events.
     pub(super) fn new(dir: &Path, given: &Path, signals: Arc<Signals>) -> Option<FolderWatch> {
-        let handler = event_handler(dir.to_path_buf(), given.to_path_buf(), signals.clone());
-        match notify::recommended_watcher(handler) {
-            Ok(watcher) => Some(FolderWatch { dir: dir.to_path_buf(), signals, watcher, armed: None, warned: false }),
+        match fs_events::stream() {
+            Ok(events) => Some(FolderWatch {
+                dir: dir.to_path_buf(),
+                given: given.to_path_buf(),
+                signals,
+                events,
+                armed: None,
+                warned: false,
+            }),
             Err(e) => {
                 tracing::warn!(dir = %dir.display(), "cannot watch the device-plugins folder ({e}); checking it every {RECHECK:?} instead");
                 None
@@ -46,18 +70,39 @@ impl FolderWatch {
         }
     }
 
-    /// Arms the watch, then re-arms it whenever the event handler or the
-    /// stat check asks.
+    /// Arms the watch, then handles its events, re-arming it whenever an
+    /// event or the stat check asks.
     pub(super) async fn run(mut self) {
+        let mut reading = true;
+        let mut rearm = true;
         loop {
-            if self.signals.watch_lost.swap(false, Ordering::AcqRel) {
-                // The watched folder itself went away: notify dropped its
-                // watch, even if a new folder (maybe with the same inode
-                // number) is there already.
-                self.armed = None;
+            if rearm {
+                if self.signals.watch_lost.swap(false, Ordering::AcqRel) {
+                    // The watched folder itself went away (or events were
+                    // lost): watch afresh, even if a new folder (maybe with
+                    // the same inode number) is there already. A folder
+                    // moved away keeps its watch until it is removed here.
+                    if let Some((_, _, wd)) = self.armed.take() {
+                        let _ = self.events.watches().remove(wd);
+                    }
+                }
+                self.arm();
             }
-            self.arm();
-            self.signals.rearm.notified().await;
+            rearm = tokio::select! {
+                _ = self.signals.rearm.notified() => true,
+                event = self.events.next(), if reading => match event {
+                    Some(Ok(event)) => self.handle(event),
+                    Some(Err(e)) => {
+                        tracing::warn!(dir = %self.dir.display(), "cannot read the device-plugins folder's events ({e}); checking it every {RECHECK:?} instead");
+                        reading = false;
+                        false
+                    }
+                    None => {
+                        reading = false;
+                        false
+                    }
+                },
+            };
         }
     }
 
@@ -70,22 +115,25 @@ impl FolderWatch {
                 return;
             };
             let Some(id) = folder_id(&target) else { continue };
-            if self.armed.as_ref().is_some_and(|(p, i)| *p == target && *i == id) {
+            if self.armed.as_ref().is_some_and(|(p, i, _)| *p == target && *i == id) {
                 return;
             }
-            if let Some((old, _)) = self.armed.take() {
-                // Already gone when notify saw the folder removed.
-                let _ = self.watcher.unwatch(&old);
+            if let Some((_, _, wd)) = self.armed.take() {
+                // Already gone when inotify saw the folder removed.
+                let _ = self.events.watches().remove(wd);
             }
-            if let Err(e) = self.watcher.watch(&target, notify::RecursiveMode::NonRecursive) {
-                if !std::mem::replace(&mut self.warned, true) {
-                    tracing::warn!(dir = %target.display(), "cannot watch the device-plugins folder ({e}); checking it every {RECHECK:?} instead");
-                } else {
-                    tracing::debug!(dir = %target.display(), "cannot watch ({e})");
+            let wd = match self.events.watches().add(&target, FOLDER_EVENTS) {
+                Ok(wd) => wd,
+                Err(e) => {
+                    if !std::mem::replace(&mut self.warned, true) {
+                        tracing::warn!(dir = %target.display(), "cannot watch the device-plugins folder ({e}); checking it every {RECHECK:?} instead");
+                    } else {
+                        tracing::debug!(dir = %target.display(), "cannot watch ({e})");
+                    }
+                    return;
                 }
-                return;
-            }
-            self.armed = Some((target.clone(), id));
+            };
+            self.armed = Some((target.clone(), id, wd));
             if target == self.dir {
                 tracing::debug!(dir = %target.display(), "watching the device-plugins folder");
                 self.signals.folder_ready(&self.dir);
@@ -98,59 +146,45 @@ impl FolderWatch {
             }
         }
     }
-}
 
-/// What inotify reports, on notify's thread: kubelet.sock created → restart
-/// signal; one of our sockets removed → that resource's signal; anything
-/// about the folder itself or its parents → re-arm.
-fn event_handler(
-    dir: PathBuf,
-    given: PathBuf,
-    signals: Arc<Signals>,
-) -> impl Fn(notify::Result<notify::Event>) + Send + 'static {
-    move |ev: notify::Result<notify::Event>| {
-        let Ok(ev) = ev else { return };
-        if ev.kind.is_access() {
-            return;
-        }
-        let mut rearm = false;
-        if ev.need_rescan() {
+    /// What one event means: kubelet.sock created (or moved in) → restart
+    /// signal (counted once per socket inode); one of our sockets removed
+    /// or moved away → that resource's signal; the watched folder
+    /// removed or moved, or anything in a parent watched in its place →
+    /// re-arm (true).
+    fn handle(&self, event: inotify::EventOwned) -> bool {
+        if event.mask.contains(EventMask::Q_OVERFLOW) {
             // Events were lost: arm afresh, which also checks the folder's content.
-            signals.watch_lost.store(true, Ordering::Release);
-            rearm = true;
+            self.signals.watch_lost.store(true, Ordering::Release);
+            return true;
         }
-        for p in &ev.paths {
-            if p.parent() == Some(dir.as_path()) {
-                let is_kubelet = p.file_name().is_some_and(|n| n == devhost_proto::KUBELET_SOCKET);
-                match ev.kind {
-                    notify::EventKind::Create(_) if is_kubelet => signals.kubelet_restarted(inode(p)),
-                    notify::EventKind::Remove(_) => {
-                        // Our sockets are known by the path the endpoints use.
-                        let ours = p.file_name().map(|n| given.join(n));
-                        let lost = signals.socket_lost.lock().unwrap_or_else(|p| p.into_inner());
-                        if let Some(n) = ours.and_then(|o| lost.get(&o)) {
-                            n.notify_one();
-                        }
-                    }
-                    _ => {}
-                }
-                continue;
+        let Some((target, _, wd)) = &self.armed else { return false };
+        if event.wd != *wd {
+            // A watch given up already (its removal's IGNORED, say).
+            return false;
+        }
+        if event.mask.intersects(EventMask::DELETE_SELF | EventMask::MOVE_SELF | EventMask::IGNORED) {
+            self.signals.watch_lost.store(true, Ordering::Release);
+            return true;
+        }
+        if *target != self.dir {
+            // A parent: the folder (or a parent of it) may have been created.
+            return true;
+        }
+        let Some(name) = event.name.as_deref() else { return false };
+        if event.mask.intersects(EventMask::CREATE | EventMask::MOVED_TO)
+            && name == OsStr::new(devhost_proto::KUBELET_SOCKET)
+        {
+            self.signals.kubelet_restarted(inode(&self.dir.join(name)));
+        } else if event.mask.intersects(EventMask::DELETE | EventMask::MOVED_FROM) {
+            // Our sockets are known by the path the endpoints use.
+            let ours = self.given.join(name);
+            let lost = self.signals.socket_lost.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(n) = lost.get(&ours) {
+                n.notify_one();
             }
-            // The folder itself or one of its parents: removed or renamed
-            // means notify dropped that watch; anything else may be the
-            // folder (or a parent) being created.
-            let gone = matches!(
-                ev.kind,
-                notify::EventKind::Remove(_) | notify::EventKind::Modify(notify::event::ModifyKind::Name(_))
-            );
-            if gone && dir.starts_with(p) {
-                signals.watch_lost.store(true, Ordering::Release);
-            }
-            rearm = true;
         }
-        if rearm {
-            signals.rearm.notify_one();
-        }
+        false
     }
 }
 
