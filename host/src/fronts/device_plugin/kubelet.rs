@@ -14,7 +14,7 @@ use devhost_proto::v1beta1 as pb;
 use std::collections::HashMap;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{Notify, watch};
@@ -52,8 +52,6 @@ struct Signals {
     last_kubelet: Mutex<Option<SocketId>>,
     /// Asks the folder watch to check what it watches.
     rearm: Notify,
-    /// The watched folder itself was removed or renamed: watch it afresh.
-    watch_lost: AtomicBool,
     /// The kind of the last bind error logged at warning level, so that
     /// every endpoint failing the same way is said once.
     bind_said: Mutex<Option<std::io::ErrorKind>>,
@@ -163,7 +161,6 @@ impl Endpoints {
             services: services.clone(),
             last_kubelet: Mutex::new(inode(&dir.join(devhost_proto::KUBELET_SOCKET))),
             rearm: Notify::new(),
-            watch_lost: AtomicBool::new(false),
             bind_said: Mutex::new(None),
         });
         // Absolute, so that the watch can climb to the parents.

@@ -11,7 +11,6 @@ use std::ffi::OsStr;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio_stream::StreamExt;
 
@@ -77,15 +76,6 @@ impl FolderWatch {
         let mut rearm = true;
         loop {
             if rearm {
-                if self.signals.watch_lost.swap(false, Ordering::AcqRel) {
-                    // The watched folder itself went away (or events were
-                    // lost): watch afresh, even if a new folder (maybe with
-                    // the same inode number) is there already. A folder
-                    // moved away keeps its watch until it is removed here.
-                    if let Some((_, _, wd)) = self.armed.take() {
-                        let _ = self.events.watches().remove(wd);
-                    }
-                }
                 self.arm();
             }
             rearm = tokio::select! {
@@ -147,15 +137,25 @@ impl FolderWatch {
         }
     }
 
+    /// The watched folder went away (or events were lost): the next arm
+    /// watches afresh, even if a new folder (maybe with the same inode
+    /// number) is there already. A folder moved away keeps its watch until
+    /// it is removed here.
+    fn drop_watch(&mut self) {
+        if let Some((_, _, wd)) = self.armed.take() {
+            let _ = self.events.watches().remove(wd);
+        }
+    }
+
     /// What one event means: kubelet.sock created (or moved in) → restart
     /// signal (counted once per socket inode); one of our sockets removed
     /// or moved away → that resource's signal; the watched folder
     /// removed or moved, or anything in a parent watched in its place →
     /// re-arm (true).
-    fn handle(&self, event: inotify::EventOwned) -> bool {
+    fn handle(&mut self, event: inotify::EventOwned) -> bool {
         if event.mask.contains(EventMask::Q_OVERFLOW) {
             // Events were lost: arm afresh, which also checks the folder's content.
-            self.signals.watch_lost.store(true, Ordering::Release);
+            self.drop_watch();
             return true;
         }
         let Some((target, _, wd)) = &self.armed else { return false };
@@ -164,7 +164,7 @@ impl FolderWatch {
             return false;
         }
         if event.mask.intersects(EventMask::DELETE_SELF | EventMask::MOVE_SELF | EventMask::IGNORED) {
-            self.signals.watch_lost.store(true, Ordering::Release);
+            self.drop_watch();
             return true;
         }
         if *target != self.dir {
