@@ -1,9 +1,11 @@
 //! The cost of handing an Allocate to the driver's own thread (in process)
 //! or worker process (isolated) and back, in one run: p50 of Allocate
 //! against the null plugin's and devhost's own GetDevicePluginOptions (no
-//! driver call), taken call by call in turn, and the context switches per
+//! driver call) and the null plugin's Allocate across a hop of the same
+//! kind (the contract's floor, [`crate::hop`]), taken call by call in turn, and the context switches per
 //! call of the devhost process (and its worker), which do not depend on load.
 
+use crate::hop;
 use crate::latency::{Client, allocate, options_call, sequential};
 use crate::node::{self, Artifacts, Node};
 use crate::stats::{Samples, fmt_dur, ratio};
@@ -38,27 +40,35 @@ fn all_switches(pid: u32) -> u64 {
     switches(pid) + node::workers_of(pid).into_iter().map(switches).sum::<u64>()
 }
 
-/// One line of the result: p50 of null, options, allocate; switches per call.
+/// One line of the result: p50 of null, the hop floor, options, allocate; switches per call.
 pub struct Line {
     pub isolation: &'static str,
     pub null_p50: std::time::Duration,
+    /// The null plugin's Allocate across a hop of the same kind ([`crate::hop`]).
+    pub floor_p50: std::time::Duration,
     pub opts_p50: std::time::Duration,
     pub alloc_p50: std::time::Duration,
     pub opts_switches: f64,
     pub alloc_switches: f64,
 }
 
-async fn one(art: &Artifacts, isolation: &'static str, null: &Client, n: usize) -> Result<Line> {
+async fn one(art: &Artifacts, isolation: &'static str, hop: hop::Kind, null: &Client, n: usize) -> Result<Line> {
     let keys = format!("isolation = \"{isolation}\"\noptions = {{ count = {DEVICES} }}");
-    let (_node, _kubelet, daemon, dh) = node::c_example_node(art, RESOURCE, DEVICES, &keys).await?;
+    let (node, _kubelet, daemon, dh) = node::c_example_node(art, RESOURCE, DEVICES, &keys).await?;
+    let hop_sock = node.path().join("hop.sock");
+    let _hop = crate::null::spawn_hop(art, &hop_sock, hop, &node.path().join("hop.log"))?;
+    let floor = crate::null::client(&hop_sock).await?;
     let alloc = |c: Client, i: usize| allocate(c, vec![format!("example-{}", i % DEVICES)]);
     sequential(&dh, WARMUP, alloc).await?;
     sequential(&dh, WARMUP, options_call).await?;
+    sequential(&floor, WARMUP, alloc).await?;
     let pid = daemon.pid();
-    let (mut base, mut a, mut o) = (Samples::default(), Samples::default(), Samples::default());
+    let (mut base, mut f, mut a, mut o) =
+        (Samples::default(), Samples::default(), Samples::default(), Samples::default());
     let (mut sw_a, mut sw_o) = (0, 0);
     for i in 0..n {
         base.extend(sequential(null, 1, options_call).await?);
+        f.extend(sequential(&floor, 1, |c, _| alloc(c, i)).await?);
         let s0 = all_switches(pid);
         a.extend(sequential(&dh, 1, |c, _| alloc(c, i)).await?);
         let s1 = all_switches(pid);
@@ -71,6 +81,7 @@ async fn one(art: &Artifacts, isolation: &'static str, null: &Client, n: usize) 
     Ok(Line {
         isolation,
         null_p50: s(&base)?.p50,
+        floor_p50: s(&f)?.p50,
         opts_p50: s(&o)?.p50,
         alloc_p50: s(&a)?.p50,
         opts_switches: sw_o as f64 / n as f64,
@@ -87,27 +98,35 @@ pub async fn run(art: &Artifacts, n: usize) -> Result<String> {
     sequential(&null, WARMUP, options_call).await?;
     let mut md = format!(
         "What handing an Allocate to the driver and back costs (`devhost-bench handoff`): the C example driver \
-         in process and in a worker process, {n} calls of each kind, in turn (null plugin, devhost Allocate, \
+         in process and in a worker process, {n} calls of each kind, in turn (null plugin, the floor below, devhost Allocate, \
          devhost GetDevicePluginOptions, which calls no driver). Context switches: every thread of devhost and \
          its worker process, from /proc before and after each call; unlike latencies they do not move with the \
          machine's load. A caller waits up to 50 µs for the answer, yielding its CPU between looks, before it \
          parks its task: in process for the driver thread's (`host/src/driver/instance.rs`), isolated reading \
-         the worker's reply from the channel itself (`host/src/driver/isolation/conn.rs`). Latencies taken on a loaded 2-CPU machine: \
-         the ratios and switch counts are the figures to quote.\n\n\
-         | isolation | null p50 | devhost options p50 | Allocate p50 | Allocate ÷ null | Allocate ÷ options | \
-         switches per options call | per Allocate |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n"
+         the worker's reply from the channel itself (`host/src/driver/isolation/conn.rs`). \
+         The floor: the null plugin answering Allocate across one hop of the same kind and nothing else \
+         (`bench/src/hop.rs`: a thread of its own, or a child process over a socket pair; the same wait \
+         for the answer; the C example hook's env var and annotation), in the same rounds: what any plugin \
+         pays that keeps the ABI's promise to run driver code off the async runtime. Latencies taken on a \
+         loaded 2-CPU machine: the ratios and switch counts are the figures to quote.\n\n\
+         | isolation | null p50 | floor: null Allocate across a hop, p50 | devhost options p50 | Allocate p50 | \
+         Allocate ÷ null | floor ÷ null | Allocate ÷ floor | switches per options call | per Allocate |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
     );
-    for iso in ["in-process", "process"] {
-        let l = one(art, iso, &null, n).await.with_context(|| format!("isolation = {iso}"))?;
+    for (iso, hop) in [("in-process", hop::Kind::Thread), ("process", hop::Kind::Process)] {
+        let l = one(art, iso, hop, &null, n).await.with_context(|| format!("isolation = {iso}"))?;
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {} | {:.2} | {:.2} |",
+            "| {} | {} | {} ({}) | {} | {} | {} | {} | {} | {:.2} | {:.2} |",
             l.isolation,
             fmt_dur(l.null_p50),
+            fmt_dur(l.floor_p50),
+            hop.arg(),
             fmt_dur(l.opts_p50),
             fmt_dur(l.alloc_p50),
             ratio(l.alloc_p50, l.null_p50),
-            ratio(l.alloc_p50, l.opts_p50),
+            ratio(l.floor_p50, l.null_p50),
+            ratio(l.alloc_p50, l.floor_p50),
             l.opts_switches,
             l.alloc_switches
         );

@@ -10,6 +10,7 @@ pub mod dra;
 pub mod events;
 pub mod footprint;
 pub mod handoff;
+pub mod hop;
 pub mod icount;
 pub mod latency;
 pub mod micro;

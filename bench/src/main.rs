@@ -44,7 +44,15 @@ enum Sub {
         /// How many resources to register.
         #[arg(long, default_value_t = 1)]
         resources: usize,
+        /// Answer Allocate across a thread or a process of its own (the
+        /// floor of devhost's driver contract; otherwise Allocate is refused).
+        #[arg(long, value_enum)]
+        hop: Option<devhost_bench::hop::Kind>,
     },
+    /// The null plugin's hop process (`null-server --hop process`): answers
+    /// frames on its standard input.
+    #[command(hide = true)]
+    NullHopWorker,
     /// DRA against a real etcd and kube-apiserver: NodePrepareResources and
     /// NodeUnprepareResources against a null DRA plugin, and a device change
     /// to the updated ResourceSlice; prints the "DRA" section.
@@ -119,9 +127,10 @@ enum Sub {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Some(Sub::NullServer { socket, register, resources }) => {
-            null::serve_main(null::ServerArgs { socket, register, resources })
+        Some(Sub::NullServer { socket, register, resources, hop }) => {
+            null::serve_main(null::ServerArgs { socket, register, resources, hop })
         }
+        Some(Sub::NullHopWorker) => devhost_bench::hop::worker_main(),
         Some(Sub::Handoff { calls, record }) => handoff_main(calls, record),
         Some(Sub::Peers { record }) => peers_main(record),
         Some(Sub::Startup { starts, record }) => startup_main(starts, record),

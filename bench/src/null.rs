@@ -15,7 +15,11 @@ use std::time::Duration;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
-struct NullPlugin;
+/// With a hop, Allocate is answered across it ([`crate::hop`]); without
+/// one it is refused.
+struct NullPlugin {
+    hop: Option<crate::hop::Hop>,
+}
 
 type ListStream = Pin<Box<dyn Stream<Item = Result<pb::ListAndWatchResponse, Status>> + Send>>;
 
@@ -43,8 +47,13 @@ impl DevicePlugin for NullPlugin {
         Err(Status::unimplemented("null plugin"))
     }
 
-    async fn allocate(&self, _: Request<pb::AllocateRequest>) -> Result<Response<pb::AllocateResponse>, Status> {
-        Err(Status::unimplemented("null plugin"))
+    async fn allocate(&self, req: Request<pb::AllocateRequest>) -> Result<Response<pb::AllocateResponse>, Status> {
+        let Some(hop) = &self.hop else { return Err(Status::unimplemented("null plugin")) };
+        let mut container_responses = Vec::new();
+        for c in req.into_inner().container_requests {
+            container_responses.push(hop.call(c.devices_ids).await?);
+        }
+        Ok(Response::new(pb::AllocateResponse { container_responses }))
     }
 
     async fn pre_start_container(
@@ -61,6 +70,8 @@ pub struct ServerArgs {
     /// Register `resources` names `null.bench/r<i>` with this kubelet socket.
     pub register: Option<PathBuf>,
     pub resources: usize,
+    /// Answer Allocate across this hop (otherwise it is refused).
+    pub hop: Option<crate::hop::Kind>,
 }
 
 /// The `null-server` subcommand: serve until killed.
@@ -70,9 +81,10 @@ pub fn serve_main(args: ServerArgs) -> Result<()> {
         let _ = std::fs::remove_file(&args.socket);
         let listener = tokio::net::UnixListener::bind(&args.socket)
             .with_context(|| format!("cannot listen on {}", args.socket.display()))?;
+        let hop = args.hop.map(crate::hop::Hop::start).transpose()?;
         let server = tokio::spawn(
             tonic::transport::Server::builder()
-                .add_service(DevicePluginServer::new(NullPlugin))
+                .add_service(DevicePluginServer::new(NullPlugin { hop }))
                 .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
         );
         if let Some(kubelet) = &args.register {
@@ -115,13 +127,25 @@ pub async fn register_all(kubelet_sock: &Path, endpoint: &str, names: &[String])
 
 /// Starts the null server as a child process (this same binary).
 pub fn spawn(art: &Artifacts, socket: &Path, register: Option<(&Path, usize)>, log: &Path) -> Result<Proc> {
-    let exe = std::env::current_exe().context("cannot find the bench's own executable")?;
-    let mut cmd = Command::new(exe);
-    cmd.arg("null-server").arg("--socket").arg(socket).current_dir(&art.repo);
+    let mut cmd = command(art, socket)?;
     if let Some((kubelet, n)) = register {
         cmd.arg("--register").arg(kubelet).arg("--resources").arg(n.to_string());
     }
     Proc::spawn(cmd, log)
+}
+
+/// Starts the null server with its Allocate answered across `hop`.
+pub fn spawn_hop(art: &Artifacts, socket: &Path, hop: crate::hop::Kind, log: &Path) -> Result<Proc> {
+    let mut cmd = command(art, socket)?;
+    cmd.arg("--hop").arg(hop.arg());
+    Proc::spawn(cmd, log)
+}
+
+fn command(art: &Artifacts, socket: &Path) -> Result<Command> {
+    let exe = std::env::current_exe().context("cannot find the bench's own executable")?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("null-server").arg("--socket").arg(socket).current_dir(&art.repo);
+    Ok(cmd)
 }
 
 /// A client on the null server once its socket accepts.

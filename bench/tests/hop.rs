@@ -1,0 +1,82 @@
+//! The hand-off floor (`null-server --hop`): the null plugin answers Allocate
+//! across a thread or a child process of its own, with what the C example's
+//! hook adds, and refuses it without a hop.
+
+use devhost_proto::v1beta1 as pb;
+use std::process::{Child, Command};
+
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn serve(socket: &std::path::Path, hop: Option<&str>) -> Server {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_devhost-bench"));
+    cmd.arg("null-server").arg("--socket").arg(socket);
+    if let Some(hop) = hop {
+        cmd.arg("--hop").arg(hop);
+    }
+    Server(cmd.spawn().expect("start the null server"))
+}
+
+fn allocate_request(ids: &[&str]) -> pb::AllocateRequest {
+    pb::AllocateRequest {
+        container_requests: vec![pb::ContainerAllocateRequest {
+            devices_ids: ids.iter().map(|s| s.to_string()).collect(),
+        }],
+    }
+}
+
+/// The processes whose parent is `pid`, by their command line.
+fn children(pid: u32) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("read /proc").flatten() {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+        // The parent is the second field after the parenthesised command name.
+        let Some(after) = stat.rsplit_once(')').map(|(_, rest)| rest) else { continue };
+        if after.split_whitespace().nth(1).and_then(|p| p.parse::<u32>().ok()) == Some(pid) {
+            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            found.push(String::from_utf8_lossy(&cmdline).replace('\0', " "));
+        }
+    }
+    found
+}
+
+#[tokio::test]
+async fn allocate_is_answered_across_a_thread_or_a_process() {
+    let dir = tempfile::tempdir().unwrap();
+    for hop in ["thread", "process"] {
+        let socket = dir.path().join(format!("{hop}.sock"));
+        let server = serve(&socket, Some(hop));
+        let mut client = devhost_bench::null::client(&socket).await.unwrap();
+        for ids in [&["example-0"][..], &["example-1", "example-5"]] {
+            let resp = client.allocate(allocate_request(ids)).await.unwrap().into_inner();
+            assert_eq!(resp.container_responses.len(), 1, "{hop}");
+            let c = &resp.container_responses[0];
+            assert_eq!(c.envs.get("EXAMPLE_ALLOCATED").map(String::as_str), Some(ids.join(",").as_str()), "{hop}");
+            assert_eq!(
+                c.annotations.get("example.com/allocated-count").map(String::as_str),
+                Some(ids.len().to_string().as_str()),
+                "{hop}"
+            );
+        }
+        let workers: Vec<String> =
+            children(server.0.id()).into_iter().filter(|c| c.contains("null-hop-worker")).collect();
+        assert_eq!(workers.len(), usize::from(hop == "process"), "{hop}: hop worker processes {workers:?}");
+    }
+}
+
+#[tokio::test]
+async fn without_a_hop_allocate_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("null.sock");
+    let _server = serve(&socket, None);
+    let mut client = devhost_bench::null::client(&socket).await.unwrap();
+    let err = client.allocate(allocate_request(&["example-0"])).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unimplemented);
+    client.get_device_plugin_options(pb::Empty {}).await.unwrap();
+}
