@@ -2,8 +2,9 @@
 //! or worker process (isolated) and back, in one run: p50 of Allocate
 //! against the null plugin's and devhost's own GetDevicePluginOptions (no
 //! driver call) and the null plugin's Allocate across a hop of the same
-//! kind (the contract's floor, [`crate::hop`]), taken call by call in turn, and the context switches per
-//! call of the devhost process (and its worker), which do not depend on load.
+//! kind (the contract's floor, [`crate::hop`]), taken call by call in turn,
+//! and the context switches per call of the devhost process (and its
+//! worker), which do not depend on load.
 
 use crate::hop;
 use crate::latency::{Client, allocate, options_call, sequential};
