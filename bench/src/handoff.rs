@@ -1,10 +1,12 @@
 //! The cost of handing an Allocate to the driver's own thread (in process)
 //! or worker process (isolated) and back, in one run: p50 of Allocate
-//! against the null plugin's and devhost's own GetDevicePluginOptions (no
-//! driver call) and the null plugin's Allocate across a hop of the same
-//! kind (the contract's floor, [`crate::hop`]), taken call by call in turn,
-//! and the context switches per call of the devhost process (and its
-//! worker), which do not depend on load.
+//! against the null plugin's GetDevicePluginOptions and its Allocate
+//! answered on the gRPC task (the null RPCs), devhost's own
+//! GetDevicePluginOptions (no driver call), and the null plugin's Allocate
+//! across a hop of the same kind (the contract's floor, [`crate::hop`]),
+//! taken call by call in turn with nothing else between the calls; then, in
+//! runs of their own, the context switches per call of the devhost process
+//! (and its worker), which do not depend on load.
 
 use crate::hop;
 use crate::latency::{Client, allocate, options_call, sequential};
@@ -45,6 +47,8 @@ fn all_switches(pid: u32) -> u64 {
 pub struct Line {
     pub isolation: &'static str,
     pub null_p50: std::time::Duration,
+    /// The null plugin's Allocate, answered on its gRPC task.
+    pub null_alloc_p50: std::time::Duration,
     /// The null plugin's Allocate across a hop of the same kind ([`crate::hop`]).
     pub floor_p50: std::time::Duration,
     pub opts_p50: std::time::Duration,
@@ -63,30 +67,37 @@ async fn one(art: &Artifacts, isolation: &'static str, hop: hop::Kind, null: &Cl
     sequential(&dh, WARMUP, alloc).await?;
     sequential(&dh, WARMUP, options_call).await?;
     sequential(&floor, WARMUP, alloc).await?;
-    let pid = daemon.pid();
-    let (mut base, mut f, mut a, mut o) =
-        (Samples::default(), Samples::default(), Samples::default(), Samples::default());
-    let (mut sw_a, mut sw_o) = (0, 0);
+    sequential(null, WARMUP, alloc).await?;
+    let (mut base, mut base_a, mut f, mut a, mut o) =
+        (Samples::default(), Samples::default(), Samples::default(), Samples::default(), Samples::default());
+    // Nothing between the calls: every call but devhost's options follows a call to another
+    // process, so that each finds the machine in the same state. (Reading /proc between calls,
+    // as this bench once did, took milliseconds of the bench's CPU right before the calls it
+    // preceded and slowed those alone.)
     for i in 0..n {
         base.extend(sequential(null, 1, options_call).await?);
         f.extend(sequential(&floor, 1, |c, _| alloc(c, i)).await?);
-        let s0 = all_switches(pid);
+        base_a.extend(sequential(null, 1, |c, _| alloc(c, i)).await?);
         a.extend(sequential(&dh, 1, |c, _| alloc(c, i)).await?);
-        let s1 = all_switches(pid);
         o.extend(sequential(&dh, 1, options_call).await?);
-        let s2 = all_switches(pid);
-        sw_a += s1 - s0;
-        sw_o += s2 - s1;
     }
+    // Context switches, in runs of their own: /proc is read before and after each run.
+    let pid = daemon.pid();
+    let s0 = all_switches(pid);
+    sequential(&dh, n, alloc).await?;
+    let s1 = all_switches(pid);
+    sequential(&dh, n, options_call).await?;
+    let s2 = all_switches(pid);
     let s = |x: &Samples| x.summary().context("no samples");
     Ok(Line {
         isolation,
         null_p50: s(&base)?.p50,
+        null_alloc_p50: s(&base_a)?.p50,
         floor_p50: s(&f)?.p50,
         opts_p50: s(&o)?.p50,
         alloc_p50: s(&a)?.p50,
-        opts_switches: sw_o as f64 / n as f64,
-        alloc_switches: sw_a as f64 / n as f64,
+        opts_switches: (s2 - s1) as f64 / n as f64,
+        alloc_switches: (s1 - s0) as f64 / n as f64,
     })
 }
 
@@ -94,39 +105,45 @@ async fn one(art: &Artifacts, isolation: &'static str, hop: hop::Kind, null: &Cl
 pub async fn run(art: &Artifacts, n: usize) -> Result<String> {
     let node = Node::new()?;
     let null_sock = node.path().join("null.sock");
-    let _null = crate::null::spawn(art, &null_sock, None, &node.path().join("null.log"))?;
+    let _null = crate::null::spawn_hop(art, &null_sock, hop::Kind::Inline, &node.path().join("null.log"))?;
     let null = crate::null::client(&null_sock).await?;
     sequential(&null, WARMUP, options_call).await?;
     let mut md = format!(
         "What handing an Allocate to the driver and back costs (`devhost-bench handoff`): the C example driver \
-         in process and in a worker process, {n} calls of each kind, in turn (null plugin, the floor below, devhost Allocate, \
-         devhost GetDevicePluginOptions, which calls no driver). Context switches: every thread of devhost and \
-         its worker process, from /proc before and after each call; unlike latencies they do not move with the \
-         machine's load. A caller waits up to 50 µs for the answer, yielding its CPU between looks, before it \
-         parks its task: in process for the driver thread's (`host/src/driver/instance.rs`), isolated reading \
-         the worker's reply from the channel itself (`host/src/driver/isolation/conn.rs`). \
-         The floor: the null plugin answering Allocate across one hop of the same kind and nothing else \
-         (`bench/src/hop.rs`: a thread of its own, or a child process over a socket pair; the same wait \
-         for the answer; the C example hook's env var and annotation), in the same rounds: what any plugin \
-         pays that keeps the ABI's promise to run driver code off the async runtime. Latencies taken on a \
-         loaded 2-CPU machine: the ratios and switch counts are the figures to quote.\n\n\
-         | isolation | null p50 | floor: null Allocate across a hop, p50 | devhost options p50 | Allocate p50 | \
-         Allocate ÷ null | floor ÷ null | Allocate ÷ floor | switches per options call | per Allocate |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
+         in process and in a worker process, {n} calls of each kind, in turn with nothing between them (the null \
+         plugin's GetDevicePluginOptions, the floor below, the null plugin's Allocate, devhost's Allocate, \
+         devhost's GetDevicePluginOptions, which calls no driver). The null plugin answers Allocate on its gRPC \
+         task with what the C example's hook adds (one env var, one annotation): the null RPC of Allocate, the \
+         same request and answer as devhost's. Context switches: every thread of devhost and its worker \
+         process, from /proc before and after a run of {n} calls of one kind, apart from the timed calls; \
+         unlike latencies they do not move with the machine's load. A caller waits up to 50 µs for the answer, \
+         yielding its CPU between looks, before it parks its task: in process for the driver thread's \
+         (`host/src/driver/instance.rs`), isolated reading the worker's reply from the channel itself \
+         (`host/src/driver/isolation/conn.rs`). The floor: the null plugin answering Allocate across one hop \
+         of the same kind and nothing else (`bench/src/hop.rs`: a thread of its own, or a child process over a \
+         socket pair; the same wait for the answer; the same answer), in the same rounds: what any plugin pays \
+         that keeps the ABI's promise to run driver code off the async runtime. Latencies taken on a loaded \
+         2-CPU machine: the ratios and switch counts are the figures to quote.\n\n\
+         | isolation | null p50 | null Allocate p50 | floor: null Allocate across a hop, p50 | devhost options p50 | \
+         Allocate p50 | Allocate ÷ null | Allocate ÷ null Allocate | floor ÷ null Allocate | Allocate ÷ floor | \
+         switches per options call | per Allocate |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
     );
     for (iso, hop) in [("in-process", hop::Kind::Thread), ("process", hop::Kind::Process)] {
         let l = one(art, iso, hop, &null, n).await.with_context(|| format!("isolation = {iso}"))?;
         let _ = writeln!(
             md,
-            "| {} | {} | {} ({}) | {} | {} | {} | {} | {} | {:.2} | {:.2} |",
+            "| {} | {} | {} | {} ({}) | {} | {} | {} | {} | {} | {} | {:.2} | {:.2} |",
             l.isolation,
             fmt_dur(l.null_p50),
+            fmt_dur(l.null_alloc_p50),
             fmt_dur(l.floor_p50),
             hop.arg(),
             fmt_dur(l.opts_p50),
             fmt_dur(l.alloc_p50),
             ratio(l.alloc_p50, l.null_p50),
-            ratio(l.floor_p50, l.null_p50),
+            ratio(l.alloc_p50, l.null_alloc_p50),
+            ratio(l.floor_p50, l.null_alloc_p50),
             ratio(l.alloc_p50, l.floor_p50),
             l.opts_switches,
             l.alloc_switches

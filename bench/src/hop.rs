@@ -9,7 +9,9 @@
 //! work done across the hop is what the C example driver's hook does: one
 //! environment variable naming the IDs and one annotation counting them.
 //! Nothing of devhost's own is used, so the gap between this and devhost's
-//! Allocate is devhost's; the gap between this and the null RPC is the hop's.
+//! Allocate is devhost's. With `--hop inline` the same answer is made on the
+//! gRPC task with no hop at all: the null RPC of Allocate, so that the gap
+//! between it and the floor is the hop's alone.
 
 use anyhow::{Context, Result, bail};
 use devhost_proto::v1beta1 as pb;
@@ -30,6 +32,9 @@ pub const SPIN: Duration = Duration::from_micros(50);
 /// Where the null plugin's Allocate is answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Kind {
+    /// On the gRPC task itself, with no hop: the null RPC of Allocate (the
+    /// same request and answer as the floor's, nothing handed over).
+    Inline,
     /// A thread of the null plugin's own, never the runtime's.
     Thread,
     /// A child process, over a unix socket pair.
@@ -39,6 +44,7 @@ pub enum Kind {
 impl Kind {
     pub fn arg(self) -> &'static str {
         match self {
+            Kind::Inline => "inline",
             Kind::Thread => "thread",
             Kind::Process => "process",
         }
@@ -56,6 +62,7 @@ pub fn answer(ids: &[String]) -> pb::ContainerAllocateResponse {
 
 /// The hop, started with the null plugin.
 pub enum Hop {
+    Inline,
     Thread(Arc<Queue>),
     Process { chan: tokio::sync::Mutex<tokio::net::UnixStream>, _child: Child },
 }
@@ -74,6 +81,7 @@ impl Hop {
     /// hop registers its socket with it).
     pub fn start(kind: Kind) -> Result<Hop> {
         match kind {
+            Kind::Inline => Ok(Hop::Inline),
             Kind::Thread => {
                 let queue = Arc::new(Queue { jobs: Mutex::new(VecDeque::new()), thread: OnceLock::new() });
                 let q = queue.clone();
@@ -111,6 +119,7 @@ impl Hop {
     /// One container's answer, computed across the hop.
     pub async fn call(&self, ids: Vec<String>) -> Result<pb::ContainerAllocateResponse, Status> {
         match self {
+            Hop::Inline => Ok(answer(&ids)),
             Hop::Thread(queue) => {
                 let (tx, mut rx) = oneshot::channel();
                 queue.jobs.lock().unwrap_or_else(|p| p.into_inner()).push_back(Box::new(move || {

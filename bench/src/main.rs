@@ -44,8 +44,9 @@ enum Sub {
         /// How many resources to register.
         #[arg(long, default_value_t = 1)]
         resources: usize,
-        /// Answer Allocate across a thread or a process of its own (the
-        /// floor of devhost's driver contract; otherwise Allocate is refused).
+        /// Answer Allocate on the gRPC task (`inline`: the null RPC of
+        /// Allocate) or across a thread or a process of its own (the floor of
+        /// devhost's driver contract); otherwise Allocate is refused.
         #[arg(long, value_enum)]
         hop: Option<devhost_bench::hop::Kind>,
     },

@@ -1,6 +1,6 @@
 //! The hand-off floor (`null-server --hop`): the null plugin answers Allocate
-//! across a thread or a child process of its own, with what the C example's
-//! hook adds, and refuses it without a hop.
+//! on its gRPC task (`inline`) or across a thread or a child process of its
+//! own, with what the C example's hook adds, and refuses it without `--hop`.
 
 use devhost_proto::v1beta1 as pb;
 use std::process::{Child, Command};
@@ -46,10 +46,20 @@ fn children(pid: u32) -> Vec<String> {
     found
 }
 
+/// The names of `pid`'s threads.
+fn thread_names(pid: u32) -> Vec<String> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("read the server's threads");
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
+        .map(|c| c.trim().to_string())
+        .collect()
+}
+
 #[tokio::test]
-async fn allocate_is_answered_across_a_thread_or_a_process() {
+async fn allocate_is_answered_inline_across_a_thread_or_a_process() {
     let dir = tempfile::tempdir().unwrap();
-    for hop in ["thread", "process"] {
+    for hop in ["inline", "thread", "process"] {
         let socket = dir.path().join(format!("{hop}.sock"));
         let server = serve(&socket, Some(hop));
         let mut client = devhost_bench::null::client(&socket).await.unwrap();
@@ -67,6 +77,9 @@ async fn allocate_is_answered_across_a_thread_or_a_process() {
         let workers: Vec<String> =
             children(server.0.id()).into_iter().filter(|c| c.contains("null-hop-worker")).collect();
         assert_eq!(workers.len(), usize::from(hop == "process"), "{hop}: hop worker processes {workers:?}");
+        let threads = thread_names(server.0.id());
+        let hop_threads = threads.iter().filter(|t| *t == "null-hop").count();
+        assert_eq!(hop_threads, usize::from(hop == "thread"), "{hop}: threads {threads:?}");
     }
 }
 
