@@ -96,8 +96,8 @@ async fn one(art: &Artifacts, isolation: &'static str, hop: hop::Kind, null: &Cl
         floor_p50: s(&f)?.p50,
         opts_p50: s(&o)?.p50,
         alloc_p50: s(&a)?.p50,
-        opts_switches: (s2 - s1) as f64 / n as f64,
-        alloc_switches: (s1 - s0) as f64 / n as f64,
+        opts_switches: s2.saturating_sub(s1) as f64 / n as f64,
+        alloc_switches: s1.saturating_sub(s0) as f64 / n as f64,
     })
 }
 
