@@ -15,8 +15,8 @@ use std::time::Duration;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
-/// With a hop, Allocate is answered across it ([`crate::hop`]); without
-/// one it is refused.
+/// With a hop, Allocate is answered through it ([`crate::hop`]: on the gRPC
+/// task itself, or across a thread or a process); without one it is refused.
 struct NullPlugin {
     hop: Option<crate::hop::Hop>,
 }
@@ -70,7 +70,7 @@ pub struct ServerArgs {
     /// Register `resources` names `null.bench/r<i>` with this kubelet socket.
     pub register: Option<PathBuf>,
     pub resources: usize,
-    /// Answer Allocate across this hop (otherwise it is refused).
+    /// Answer Allocate through this hop (otherwise it is refused).
     pub hop: Option<crate::hop::Kind>,
 }
 
