@@ -1,7 +1,8 @@
 //! The in-run baseline: a device plugin that does nothing, served by tonic on
 //! a unix socket from a process of its own with the same runtime as devhost
 //! (two worker threads). Its GetDevicePluginOptions round trip is the gRPC
-//! floor every devhost figure is compared with; it can also register itself
+//! floor every devhost figure is compared with (with `--hop`, its Allocate
+//! too: see [`crate::hop`]); it can also register itself
 //! with a kubelet, for the start-up and registration baselines.
 
 use crate::node::{Artifacts, Proc};
@@ -134,7 +135,7 @@ pub fn spawn(art: &Artifacts, socket: &Path, register: Option<(&Path, usize)>, l
     Proc::spawn(cmd, log)
 }
 
-/// Starts the null server with its Allocate answered across `hop`.
+/// Starts the null server with its Allocate answered through `hop` (inline, a thread or a process).
 pub fn spawn_hop(art: &Artifacts, socket: &Path, hop: crate::hop::Kind, log: &Path) -> Result<Proc> {
     let mut cmd = command(art, socket)?;
     cmd.arg("--hop").arg(hop.arg());
