@@ -36,8 +36,8 @@ struct AllocationLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CallLabels {
     driver: String,
-    call: String,
-    outcome: String,
+    call: &'static str,
+    outcome: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -251,8 +251,7 @@ impl Metrics {
             ("pre_start", m.pre_start),
         ] {
             for outcome in CALL_OUTCOMES.iter().filter(|_| offered) {
-                let labels =
-                    CallLabels { driver: driver.to_string(), call: call.to_string(), outcome: outcome.to_string() };
+                let labels = CallLabels { driver: driver.to_string(), call, outcome };
                 drop(self.driver_calls.get_or_create(&labels));
             }
         }
@@ -280,10 +279,9 @@ impl Metrics {
         self.create_retrying.remove(&labels);
         self.create_failed_attempts.remove(&labels);
         self.module_load_failures.remove(&labels);
-        for call in ["scan", "allocate", "preferred_allocation", "pre_start"] {
+        for call in ["scan", "allocate", "preferred_allocation", "pre_start", "release"] {
             for outcome in CALL_OUTCOMES {
-                let labels =
-                    CallLabels { driver: driver.to_string(), call: call.to_string(), outcome: outcome.to_string() };
+                let labels = CallLabels { driver: driver.to_string(), call, outcome };
                 self.driver_calls.remove(&labels);
             }
         }
@@ -328,8 +326,8 @@ impl Metrics {
 
     /// One call into a driver; `outcome` is one of `ok`, `error`, `timeout`, `panic`, `refused`
     /// (see [`call_outcome`]).
-    pub fn driver_call(&self, driver: &str, call: &str, outcome: &str) {
-        let labels = CallLabels { driver: driver.to_string(), call: call.to_string(), outcome: outcome.to_string() };
+    pub fn driver_call(&self, driver: &str, call: &'static str, outcome: &'static str) {
+        let labels = CallLabels { driver: driver.to_string(), call, outcome };
         self.driver_calls.get_or_create(&labels).inc();
     }
 

@@ -216,6 +216,8 @@ fn configured_resources_and_drivers_have_their_series_at_zero_until_something_ha
     let text = m.encode(false).unwrap();
     assert_eq!(sample(&text, "devhost_resource_registered", &[("resource", R)]), Some(1.0));
     assert_eq!(sample(&text, "devhost_module_load_failures_total", &[("driver", "broken")]), Some(1.0));
+    // A release hook's calls (counted as they happen, not created up front) go with the driver too.
+    m.driver_call("nv", "release", "ok");
     m.forget_driver("nv");
     m.forget_resource(R);
     let text = m.encode(false).unwrap();
