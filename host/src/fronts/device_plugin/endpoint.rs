@@ -284,7 +284,7 @@ impl Endpoint {
         let mut physical = Vec::with_capacity(req.container_requests.len());
         // Which container request named each ID first: an advertised ID goes to one container
         // per call (with replicas, distinct replicas of one device may go to several).
-        let mut seen: HashMap<&str, usize> = HashMap::new();
+        let mut seen = Seen::with_capacity(req.container_requests.iter().map(|c| c.devices_ids.len()).sum());
         for (i, c) in req.container_requests.iter().enumerate() {
             let refuse = |msg: String| {
                 status.allocation(i, &c.devices_ids, Err(msg.clone()), started.elapsed());
@@ -342,6 +342,36 @@ impl Endpoint {
     }
 }
 
+/// The device IDs of one Allocate seen so far, with the container request that named each first:
+/// a list looked through for the few IDs of a usual request (no hashing, no table), a map past
+/// [`Seen::LIST`].
+enum Seen<'a> {
+    List(Vec<(&'a str, usize)>),
+    Map(HashMap<&'a str, usize>),
+}
+
+impl<'a> Seen<'a> {
+    const LIST: usize = 16;
+
+    fn with_capacity(ids: usize) -> Seen<'a> {
+        if ids <= Self::LIST { Seen::List(Vec::with_capacity(ids)) } else { Seen::Map(HashMap::new()) }
+    }
+
+    /// Records `id` for container request `i`; the request that named it before, if any.
+    fn insert(&mut self, id: &'a str, i: usize) -> Option<usize> {
+        match self {
+            Seen::List(list) => match list.iter().find(|(seen, _)| *seen == id) {
+                Some(&(_, first)) => Some(first),
+                None => {
+                    list.push((id, i));
+                    None
+                }
+            },
+            Seen::Map(map) => map.insert(id, i),
+        }
+    }
+}
+
 /// A stream fed by a task through a small channel; the task stops when the
 /// client goes away (send fails).
 fn async_stream<F, Fut>(f: F) -> ListStream
@@ -352,4 +382,24 @@ where
     let (tx, rx) = tokio::sync::mpsc::channel(1);
     tokio::spawn(f(tx));
     Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Seen;
+
+    /// The list and the map agree on which request named an ID first, whatever the request's size.
+    #[test]
+    fn seen_ids_answer_alike_as_a_list_and_as_a_map() {
+        let ids: Vec<String> = (0..40).map(|i| format!("d{}", i % 25)).collect();
+        let (mut list, mut map) = (Seen::List(Vec::new()), Seen::Map(Default::default()));
+        for (n, id) in ids.iter().enumerate() {
+            let (a, b) = (list.insert(id, n / 10), map.insert(id, n / 10));
+            assert_eq!(a, b, "{id}");
+            // IDs 25..40 repeat d0..d14, first named by requests 0 and 1.
+            assert_eq!(a, (n >= 25).then(|| (n - 25) / 10), "{id}");
+        }
+        assert!(matches!(Seen::with_capacity(Seen::LIST), Seen::List(_)));
+        assert!(matches!(Seen::with_capacity(Seen::LIST + 1), Seen::Map(_)));
+    }
 }
