@@ -15,10 +15,12 @@ use crate::node::{Artifacts, Node, Proc};
 use anyhow::{Context, Result, bail};
 use devhost_proto::v1beta1 as pb;
 use kubelet_emu::Kubelet;
+use pb::device_plugin_client::DevicePluginClient;
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
+use tonic::transport::Channel;
 
 /// Calls per window, and windows per figure.
 const CALLS: u64 = 50;
@@ -53,19 +55,34 @@ struct Counted {
 }
 
 impl Counted {
+    /// devhost serving `manifest` under callgrind.
     fn start(art: &Artifacts, node: &Node, manifest: &Path) -> Result<Counted> {
+        let mut args: Vec<std::ffi::OsString> = vec!["run".into(), "--config".into(), manifest.into()];
+        args.extend(["--kubelet-dir".into(), node.kubelet_dir().into()]);
+        Self::spawn(art, node, &art.devhost(), &args, "devhost.log")
+    }
+
+    /// The null plugin (this bench's own `null-server`) under callgrind,
+    /// registering one resource, `null.bench/r0`, with Allocate answered on
+    /// its gRPC task.
+    fn start_null(art: &Artifacts, node: &Node, kubelet_sock: &Path) -> Result<Counted> {
+        let exe = std::env::current_exe().context("cannot find the bench's own executable")?;
+        let socket = node.kubelet_dir().join("null.sock");
+        let mut args: Vec<std::ffi::OsString> = vec!["null-server".into(), "--socket".into(), socket.into()];
+        args.extend(["--register".into(), kubelet_sock.into(), "--hop".into(), crate::hop::Kind::Inline.arg().into()]);
+        Self::spawn(art, node, &exe, &args, "null.log")
+    }
+
+    fn spawn(art: &Artifacts, node: &Node, program: &Path, args: &[std::ffi::OsString], log: &str) -> Result<Counted> {
         let out = node.path().join("cg");
         let mut cmd = Command::new("valgrind");
         cmd.arg("--tool=callgrind")
             .arg("--instr-atstart=no")
             .arg(format!("--callgrind-out-file={}", out.display()))
-            .arg(art.devhost())
-            .args(["run", "--config"])
-            .arg(manifest)
-            .arg("--kubelet-dir")
-            .arg(node.kubelet_dir())
+            .arg(program)
+            .args(args)
             .current_dir(&art.repo);
-        let proc = Proc::spawn(cmd, &node.path().join("devhost.log"))?;
+        let proc = Proc::spawn(cmd, &node.path().join(log))?;
         Ok(Counted { proc, out })
     }
 
@@ -106,6 +123,17 @@ impl Counted {
             .and_then(|v| v.parse::<u64>().ok())
             .with_context(|| format!("no instruction total in {}", file.display()))?;
         Ok(total)
+    }
+
+    /// Copies the dump files into `dir` (for `callgrind_annotate`), when asked to.
+    fn keep(&self, dir: Option<&Path>) -> Result<()> {
+        let Some(dir) = dir else { return Ok(()) };
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        for f in self.dumps()? {
+            let name = f.file_name().context("dump file has no name")?;
+            std::fs::copy(&f, dir.join(name)).with_context(|| format!("cannot copy {}", f.display()))?;
+        }
+        Ok(())
     }
 
     fn dumps(&self) -> Result<Vec<PathBuf>> {
@@ -151,7 +179,7 @@ async fn registered(kubelet: &Kubelet, resource: &str, counted: &Counted) -> Res
 }
 
 /// One Allocate of one device through the C example driver's hook (in process).
-async fn allocate(art: &Artifacts) -> Result<u64> {
+async fn allocate(art: &Artifacts, keep: Option<&Path>) -> Result<u64> {
     const RESOURCE: &str = "bench.example.com/c";
     let node = Node::new()?;
     let kubelet = Kubelet::start(&node.kubelet_dir()).context("cannot start the kubelet emulator")?;
@@ -167,6 +195,28 @@ async fn allocate(art: &Artifacts) -> Result<u64> {
     registered(&kubelet, RESOURCE, &counted).await?;
     kubelet.wait_devices(RESOURCE, START_WAIT, |d| d.len() == 8).await?;
     let client = crate::node::plugin_client(&kubelet, RESOURCE).await?;
+    let n = allocates(&counted, &client).await?;
+    counted.keep(keep)?;
+    Ok(n)
+}
+
+/// The same Allocate answered by the null plugin on its gRPC task (the
+/// answer the C example's hook gives, no driver, no hop): the gRPC floor
+/// that devhost's figure is read against.
+async fn null_allocate(art: &Artifacts, keep: Option<&Path>) -> Result<u64> {
+    const RESOURCE: &str = "null.bench/r0";
+    let node = Node::new()?;
+    let kubelet = Kubelet::start(&node.kubelet_dir()).context("cannot start the kubelet emulator")?;
+    let counted = Counted::start_null(art, &node, &kubelet.socket_path())?;
+    registered(&kubelet, RESOURCE, &counted).await?;
+    let client = crate::node::plugin_client(&kubelet, RESOURCE).await?;
+    let n = allocates(&counted, &client).await?;
+    counted.keep(keep)?;
+    Ok(n)
+}
+
+/// Allocates of one device each (`example-0` to `example-7` in turn), counted.
+async fn allocates(counted: &Counted, client: &DevicePluginClient<Channel>) -> Result<u64> {
     counted
         .per_call(|i| {
             let c = client.clone();
@@ -179,7 +229,7 @@ async fn allocate(art: &Artifacts) -> Result<u64> {
 }
 
 /// One GetPreferredAllocation of 8 out of 64 linked devices.
-async fn preferred(art: &Artifacts) -> Result<u64> {
+async fn preferred(art: &Artifacts, keep: Option<&Path>) -> Result<u64> {
     const RESOURCE: &str = "bench.example.com/links";
     let node = Node::new()?;
     let kubelet = Kubelet::start(&node.kubelet_dir()).context("cannot start the kubelet emulator")?;
@@ -197,7 +247,7 @@ async fn preferred(art: &Artifacts) -> Result<u64> {
     kubelet.wait_devices(RESOURCE, START_WAIT, |d| d.len() == 64).await?;
     let client = crate::node::plugin_client(&kubelet, RESOURCE).await?;
     let available: Vec<String> = (0..64).map(|i| format!("b-{i}")).collect();
-    counted
+    let n = counted
         .per_call(|_| {
             let mut c = client.clone();
             let req = pb::PreferredAllocationRequest {
@@ -216,11 +266,13 @@ async fn preferred(art: &Artifacts) -> Result<u64> {
                 Ok(())
             }
         })
-        .await
+        .await?;
+    counted.keep(keep)?;
+    Ok(n)
 }
 
 /// One ListAndWatch update: a driver's health change until the stream has it.
-async fn list_update(art: &Artifacts) -> Result<u64> {
+async fn list_update(art: &Artifacts, keep: Option<&Path>) -> Result<u64> {
     const RESOURCE: &str = "bench.example.com/health";
     const DEVICES: usize = 8;
     let node = Node::new()?;
@@ -243,7 +295,7 @@ async fn list_update(art: &Artifacts) -> Result<u64> {
     stream.message().await.context("ListAndWatch failed")?.context("ListAndWatch ended at once")?;
     let sender = UnixDatagram::unbound().context("cannot create a datagram socket")?;
     let stream = std::sync::Arc::new(tokio::sync::Mutex::new(stream));
-    counted
+    let n = counted
         .per_call(|i| {
             // Even calls mark one device bad, odd ones all good again.
             let bad = (i % 2 == 0).then_some(i / 2 % DEVICES);
@@ -271,26 +323,37 @@ async fn list_update(art: &Artifacts) -> Result<u64> {
                 }
             }
         })
-        .await
+        .await?;
+    counted.keep(keep)?;
+    Ok(n)
 }
 
 /// Measures every figure.
-pub async fn measure(art: &Artifacts) -> Result<Vec<Figure>> {
+/// With `keep`, each figure's callgrind dumps are copied into `keep/<key>`.
+pub async fn measure(art: &Artifacts, keep: Option<&Path>) -> Result<Vec<Figure>> {
+    let keep = |key: &str| keep.map(|k| k.join(key));
     Ok(vec![
         Figure {
             key: "allocate",
             what: "Allocate of 1 device through the C example driver's hook (in process)",
-            per_call: allocate(art).await.context("Allocate")?,
+            per_call: allocate(art, keep("allocate").as_deref()).await.context("Allocate")?,
+        },
+        Figure {
+            key: "null-allocate",
+            what: "the same Allocate answered by the null plugin on its gRPC task (the bench's `null-server --hop inline`, not devhost): the gRPC floor",
+            per_call: null_allocate(art, keep("null-allocate").as_deref())
+                .await
+                .context("the null plugin's Allocate")?,
         },
         Figure {
             key: "preferred-8-of-64",
             what: "GetPreferredAllocation, 8 of 64 devices with link scores (bench driver)",
-            per_call: preferred(art).await.context("GetPreferredAllocation")?,
+            per_call: preferred(art, keep("preferred-8-of-64").as_deref()).await.context("GetPreferredAllocation")?,
         },
         Figure {
             key: "list-update",
             what: "ListAndWatch update: one health change from the bench driver to the stream",
-            per_call: list_update(art).await.context("ListAndWatch update")?,
+            per_call: list_update(art, keep("list-update").as_deref()).await.context("ListAndWatch update")?,
         },
     ])
 }
@@ -309,6 +372,17 @@ pub fn section(figures: &[Figure]) -> String {
     );
     for f in figures {
         s.push_str(&format!("| `{}` | {} | {} |\n", f.key, f.what, f.per_call));
+    }
+    let count = |key: &str| figures.iter().find(|f| f.key == key).map(|f| f.per_call as f64);
+    if let (Some(ours), Some(null)) = (count("allocate"), count("null-allocate"))
+        && null > 0.0
+    {
+        s.push_str(&format!(
+            "\n`null-allocate` counts the null plugin's process, not devhost's: an Allocate costs devhost {:.2}× the \
+             instructions of the null plugin's (everything devhost adds, the hand-off to the driver's thread and the \
+             hook included).\n",
+            ours / null
+        ));
     }
     s
 }

@@ -122,6 +122,9 @@ enum Sub {
         /// Write the counts into this file's section (created if missing).
         #[arg(long)]
         record: Option<PathBuf>,
+        /// Keep each figure's callgrind dump files in DIR/<key> (for `callgrind_annotate`).
+        #[arg(long, value_name = "DIR")]
+        keep: Option<PathBuf>,
     },
 }
 
@@ -136,7 +139,7 @@ fn main() -> ExitCode {
         Some(Sub::Peers { record }) => peers_main(record),
         Some(Sub::Startup { starts, record }) => startup_main(starts, record),
         Some(Sub::NodeScale { sizes, starts, restarts, record }) => node_scale_main(&sizes, starts, restarts, record),
-        Some(Sub::Icount { check, record }) => icount_main(check, record),
+        Some(Sub::Icount { check, record, keep }) => icount_main(check, record, keep),
         Some(Sub::Dra { claims, flips, record }) => dra_main(claims, flips, record),
         Some(Sub::NullDraServer { socket }) => dra::serve_null(&socket),
         None => bench(&cli.out, Duration::from_secs(cli.idle_secs), cli.no_build, cli.no_micro),
@@ -260,7 +263,7 @@ fn handoff_main(calls: usize, record: Option<PathBuf>) -> Result<()> {
 }
 
 /// The `icount` subcommand: measure, print, then check or record.
-fn icount_main(check: Option<PathBuf>, record: Option<PathBuf>) -> Result<()> {
+fn icount_main(check: Option<PathBuf>, record: Option<PathBuf>, keep: Option<PathBuf>) -> Result<()> {
     let art = Artifacts::locate()?;
     art.require()?;
     if art.profile() != "release" {
@@ -270,7 +273,7 @@ fn icount_main(check: Option<PathBuf>, record: Option<PathBuf>) -> Result<()> {
         anyhow::bail!("valgrind (with callgrind_control) is not installed");
     }
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let figures = rt.block_on(icount::measure(&art))?;
+    let figures = rt.block_on(icount::measure(&art, keep.as_deref()))?;
     for f in &figures {
         println!("{:<20} {:>10} instructions per call  ({})", f.key, f.per_call, f.what);
     }
@@ -370,7 +373,7 @@ fn bench(out: &Path, idle: Duration, no_build: bool, no_micro: bool) -> Result<(
         }
         if icount::available() && art.profile() == "release" {
             step("instruction counts (callgrind)");
-            match icount::measure(&art).await {
+            match icount::measure(&art, None).await {
                 Ok(f) => report.section(icount::HEADING, icount::section(&f)),
                 Err(e) => report.failures.push(format!("instruction counts: {e:#}")),
             }
