@@ -12,7 +12,8 @@ use crate::hop;
 use crate::latency::{Client, allocate, options_call, sequential};
 use crate::node::{self, Artifacts, Node};
 use crate::stats::{Samples, fmt_dur, ratio};
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
+use devhost_proto::v1beta1 as pb;
 use std::fmt::Write as _;
 
 /// The section of `docs/benchmarks.md`.
@@ -64,6 +65,7 @@ async fn one(art: &Artifacts, isolation: &'static str, hop: hop::Kind, null: &Cl
     let _hop = crate::null::spawn_hop(art, &hop_sock, hop, &node.path().join("hop.log"))?;
     let floor = crate::null::client(&hop_sock).await?;
     let alloc = |c: Client, i: usize| allocate(c, vec![format!("example-{}", i % DEVICES)]);
+    same_answers(&dh, &floor, null).await?;
     sequential(&dh, WARMUP, alloc).await?;
     sequential(&dh, WARMUP, options_call).await?;
     sequential(&floor, WARMUP, alloc).await?;
@@ -101,6 +103,26 @@ async fn one(art: &Artifacts, isolation: &'static str, hop: hop::Kind, null: &Cl
     })
 }
 
+/// Fails unless the null plugin (on its gRPC task and across the hop) answers an Allocate exactly
+/// as devhost does with the C example: otherwise the ratios would compare different work.
+async fn same_answers(devhost: &Client, floor: &Client, null: &Client) -> Result<()> {
+    let ids = vec!["example-2".to_string(), "example-5".to_string()];
+    let ask = |c: &Client| {
+        let mut c = c.clone();
+        let req =
+            pb::AllocateRequest { container_requests: vec![pb::ContainerAllocateRequest { devices_ids: ids.clone() }] };
+        async move { anyhow::Ok(c.allocate(req).await?.into_inner()) }
+    };
+    let ours = ask(devhost).await.context("devhost's Allocate")?;
+    for (who, c) in [("the floor", floor), ("the null plugin", null)] {
+        let theirs = ask(c).await.with_context(|| format!("{who}'s Allocate"))?;
+        if theirs != ours {
+            bail!("{who} does not answer Allocate as devhost does:\n  devhost: {ours:?}\n  {who}: {theirs:?}");
+        }
+    }
+    Ok(())
+}
+
 /// Measures both isolation modes against one null plugin; returns a markdown table.
 pub async fn run(art: &Artifacts, n: usize) -> Result<String> {
     let node = Node::new()?;
@@ -113,8 +135,9 @@ pub async fn run(art: &Artifacts, n: usize) -> Result<String> {
          in process and in a worker process, {n} calls of each kind, in turn with nothing between them (the null \
          plugin's GetDevicePluginOptions, the floor below, the null plugin's Allocate, devhost's Allocate, \
          devhost's GetDevicePluginOptions, which calls no driver). The null plugin answers Allocate on its gRPC \
-         task with what the C example's hook adds (one env var, one annotation): the null RPC of Allocate, the \
-         same request and answer as devhost's. Context switches: every thread of devhost and its worker \
+         task with what devhost answers for the C example (each device's node and visible-devices variable, and \
+         what the hook adds: one env var, one annotation): the null RPC of Allocate, the same request and \
+         answer as devhost's, checked equal before the calls are timed. Context switches: every thread of devhost and its worker \
          process, from /proc before and after a run of {n} calls of one kind, apart from the timed calls; \
          unlike latencies they do not move with the machine's load. A caller waits up to 50 µs for the answer, \
          yielding its CPU between looks, before it parks its task: in process for the driver thread's \

@@ -7,7 +7,9 @@
 //! (process); the caller waits for the answer as devhost does, looking for up
 //! to [`SPIN`] and yielding its CPU between looks, then parking its task. The
 //! work done across the hop is what the C example driver's hook does: one
-//! environment variable naming the IDs and one annotation counting them.
+//! environment variable naming the IDs and one annotation counting them; the
+//! devices' own edits are added on the gRPC task, where devhost composes them
+//! ([`add_device_edits`]).
 //! Nothing of devhost's own is used, so the gap between this and devhost's
 //! Allocate is devhost's. With `--hop inline` the same answer is made on the
 //! gRPC task with no hop at all: the null RPC of Allocate, so that the gap
@@ -49,6 +51,23 @@ impl Kind {
             Kind::Process => "process",
         }
     }
+}
+
+/// What devhost composes for `ids` from the C example's devices before its
+/// hook runs: each device's node (`/dev/null` as `/dev/example<N>`, `rw`) and
+/// `EXAMPLE_VISIBLE_DEVICES`, the IDs joined. The null plugin adds this on its
+/// gRPC task, as devhost does, so that its answer is devhost's to the byte
+/// (`devhost-bench handoff` checks that it is).
+pub fn add_device_edits(ids: &[String], to: &mut pb::ContainerAllocateResponse) {
+    for id in ids {
+        let index = id.rsplit('-').next().unwrap_or_default();
+        to.devices.push(pb::DeviceSpec {
+            container_path: format!("/dev/example{index}"),
+            host_path: "/dev/null".to_string(),
+            permissions: "rw".to_string(),
+        });
+    }
+    to.envs.insert("EXAMPLE_VISIBLE_DEVICES".to_string(), ids.join(","));
 }
 
 /// One container's answer: what the C example's allocate hook adds.

@@ -52,7 +52,12 @@ impl DevicePlugin for NullPlugin {
         let Some(hop) = &self.hop else { return Err(Status::unimplemented("null plugin")) };
         let mut container_responses = Vec::new();
         for c in req.into_inner().container_requests {
-            container_responses.push(hop.call(c.devices_ids).await?);
+            let mut devices = pb::ContainerAllocateResponse::default();
+            crate::hop::add_device_edits(&c.devices_ids, &mut devices);
+            let mut answer = hop.call(c.devices_ids).await?;
+            answer.devices = devices.devices;
+            answer.envs.extend(devices.envs);
+            container_responses.push(answer);
         }
         Ok(Response::new(pb::AllocateResponse { container_responses }))
     }

@@ -1,6 +1,7 @@
 //! The hand-off floor (`null-server --hop`): the null plugin answers Allocate
 //! on its gRPC task (`inline`) or across a thread or a child process of its
-//! own, with what the C example's hook adds, and refuses it without `--hop`.
+//! own, with what devhost answers for the C example (the devices' edits and
+//! what its hook adds), and refuses it without `--hop`.
 
 use devhost_proto::v1beta1 as pb;
 use std::process::{Child, Command};
@@ -73,6 +74,15 @@ async fn allocate_is_answered_inline_across_a_thread_or_a_process() {
                 Some(ids.len().to_string().as_str()),
                 "{hop}"
             );
+            // The devices' own edits, as devhost composes them for the C example.
+            assert_eq!(c.envs.get("EXAMPLE_VISIBLE_DEVICES").map(String::as_str), Some(ids.join(",").as_str()));
+            let nodes: Vec<(&str, &str, &str)> = c
+                .devices
+                .iter()
+                .map(|d| (d.host_path.as_str(), d.container_path.as_str(), d.permissions.as_str()))
+                .collect();
+            let want: Vec<String> = ids.iter().map(|id| format!("/dev/example{}", &id["example-".len()..])).collect();
+            assert_eq!(nodes, want.iter().map(|p| ("/dev/null", p.as_str(), "rw")).collect::<Vec<_>>(), "{hop}");
         }
         let workers: Vec<String> =
             children(server.0.id()).into_iter().filter(|c| c.contains("null-hop-worker")).collect();
