@@ -70,19 +70,18 @@ pub fn quoted(id: &str) -> String {
     format!("{prefix:?}…{rest}")
 }
 
-/// Appends `value` to a comma-joined map entry unless already present.
-fn join_value(map: &mut BTreeMap<String, String>, order: &mut Vec<String>, key: &str, value: &str) {
-    match map.get_mut(key) {
-        Some(existing) => {
+/// Appends `value` to the comma-joined value of `key` unless already there; a new key goes last
+/// (keys keep the order they were first set in). A list looked through, not a map: the devices of
+/// one request set the same few keys.
+fn join_value(list: &mut Vec<(String, String)>, key: &str, value: &str) {
+    match list.iter_mut().find(|(k, _)| k == key) {
+        Some((_, existing)) => {
             if !existing.split(',').any(|v| v == value) {
                 existing.push(',');
                 existing.push_str(value);
             }
         }
-        None => {
-            order.push(key.to_string());
-            map.insert(key.to_string(), value.to_string());
-        }
+        None => list.push((key.to_string(), value.to_string())),
     }
 }
 
@@ -97,8 +96,6 @@ pub type Conflicts = Vec<String>;
 pub fn compose<'a>(devices: impl IntoIterator<Item = &'a Device>) -> (Edits, Conflicts) {
     let mut out = Edits::default();
     let mut conflicts = Vec::new();
-    let (mut envs, mut env_order) = (BTreeMap::new(), Vec::new());
-    let (mut ann, mut ann_order) = (BTreeMap::new(), Vec::new());
     for d in devices {
         for n in &d.edits.device_nodes {
             match out.device_nodes.iter().find(|e| e.container_path == n.container_path) {
@@ -121,10 +118,10 @@ pub fn compose<'a>(devices: impl IntoIterator<Item = &'a Device>) -> (Edits, Con
             }
         }
         for (k, v) in &d.edits.envs {
-            join_value(&mut envs, &mut env_order, k, v);
+            join_value(&mut out.envs, k, v);
         }
         for (k, v) in &d.edits.annotations {
-            join_value(&mut ann, &mut ann_order, k, v);
+            join_value(&mut out.annotations, k, v);
         }
         for c in &d.edits.cdi_devices {
             if !out.cdi_devices.contains(c) {
@@ -132,8 +129,6 @@ pub fn compose<'a>(devices: impl IntoIterator<Item = &'a Device>) -> (Edits, Con
             }
         }
     }
-    out.envs = env_order.into_iter().filter_map(|k| envs.remove(&k).map(|v| (k, v))).collect();
-    out.annotations = ann_order.into_iter().filter_map(|k| ann.remove(&k).map(|v| (k, v))).collect();
     (out, conflicts)
 }
 
@@ -221,6 +216,20 @@ mod tests {
         assert_eq!(e.device_nodes.len(), 1);
         assert_eq!(e.cdi_devices, vec!["v.com/c=all".to_string()]);
         assert!(conflicts.is_empty());
+    }
+
+    #[test]
+    fn composed_keys_keep_the_order_they_were_first_set_in() {
+        let mut a = dev("a", ("/dev/a", "/dev/a"), ("B", "1"));
+        a.edits.envs.push(("A".into(), "1".into()));
+        a.edits.annotations = vec![("z".into(), "a".into()), ("y".into(), "a".into())];
+        let mut b = dev("b", ("/dev/b", "/dev/b"), ("A", "2"));
+        b.edits.envs.push(("C".into(), "x".into()));
+        b.edits.annotations = vec![("y".into(), "b".into())];
+        let (e, _) = compose([&a, &b]);
+        let pairs = |v: &[(String, String)]| v.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>();
+        assert_eq!(pairs(&e.envs), ["B=1", "A=1,2", "C=x"]);
+        assert_eq!(pairs(&e.annotations), ["z=a", "y=a,b"]);
     }
 
     #[test]
