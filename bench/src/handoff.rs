@@ -65,7 +65,7 @@ async fn one(art: &Artifacts, isolation: &'static str, hop: hop::Kind, null: &Cl
     let _hop = crate::null::spawn_hop(art, &hop_sock, hop, &node.path().join("hop.log"))?;
     let floor = crate::null::client(&hop_sock).await?;
     let alloc = |c: Client, i: usize| allocate(c, vec![format!("example-{}", i % DEVICES)]);
-    same_answers(&dh, &floor, null).await?;
+    same_answers(&dh, &[("the floor", &floor), ("the null plugin", null)]).await?;
     sequential(&dh, WARMUP, alloc).await?;
     sequential(&dh, WARMUP, options_call).await?;
     sequential(&floor, WARMUP, alloc).await?;
@@ -103,9 +103,10 @@ async fn one(art: &Artifacts, isolation: &'static str, hop: hop::Kind, null: &Cl
     })
 }
 
-/// Fails unless the null plugin (on its gRPC task and across the hop) answers an Allocate exactly
-/// as devhost does with the C example: otherwise the ratios would compare different work.
-async fn same_answers(devhost: &Client, floor: &Client, null: &Client) -> Result<()> {
+/// Fails unless each of `others` (the null plugin on its gRPC task and across the hop) answers an
+/// Allocate exactly as devhost does with the C example: otherwise the ratios would compare
+/// different work.
+pub async fn same_answers(devhost: &Client, others: &[(&str, &Client)]) -> Result<()> {
     let ids = vec!["example-2".to_string(), "example-5".to_string()];
     let ask = |c: &Client| {
         let mut c = c.clone();
@@ -114,7 +115,7 @@ async fn same_answers(devhost: &Client, floor: &Client, null: &Client) -> Result
         async move { anyhow::Ok(c.allocate(req).await?.into_inner()) }
     };
     let ours = ask(devhost).await.context("devhost's Allocate")?;
-    for (who, c) in [("the floor", floor), ("the null plugin", null)] {
+    for &(who, c) in others {
         let theirs = ask(c).await.with_context(|| format!("{who}'s Allocate"))?;
         if theirs != ours {
             bail!("{who} does not answer Allocate as devhost does:\n  devhost: {ours:?}\n  {who}: {theirs:?}");

@@ -103,3 +103,29 @@ async fn without_a_hop_allocate_is_refused() {
     assert_eq!(err.code(), tonic::Code::Unimplemented);
     client.get_device_plugin_options(pb::Empty {}).await.unwrap();
 }
+
+/// The null plugin's Allocate, on its gRPC task and across each hop, is devhost's answer for the
+/// C example to the byte: the check `devhost-bench handoff` makes before it times anything. A
+/// null plugin that refuses Allocate (no `--hop`) fails it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_null_plugin_answers_allocate_as_devhost_does() {
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_devhost-bench"));
+    let art = devhost_bench::node::Artifacts {
+        dir: bin.parent().unwrap().to_path_buf(),
+        repo: std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf(),
+    };
+    for p in [art.devhost(), art.module("example_c")] {
+        assert!(p.exists(), "{} is missing: run `cargo build --workspace` first", p.display());
+    }
+    let keys = "isolation = \"in-process\"\noptions = { count = 8 }";
+    let (_node, _kubelet, _daemon, devhost) =
+        devhost_bench::node::c_example_node(&art, "bench.example.com/c", 8, keys).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    for hop in [Some("inline"), Some("thread"), Some("process"), None] {
+        let socket = dir.path().join(format!("{}.sock", hop.unwrap_or("none")));
+        let _server = serve(&socket, hop);
+        let null = devhost_bench::null::client(&socket).await.unwrap();
+        let same = devhost_bench::handoff::same_answers(&devhost, &[("null", &null)]).await;
+        assert_eq!(same.is_ok(), hop.is_some(), "{hop:?}: {same:?}");
+    }
+}
