@@ -55,10 +55,6 @@ fn run_promtool(tool: &PathBuf, args: &[&str], stdin: &str) -> (bool, String) {
     (out.status.success(), text)
 }
 
-fn free_port() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
-}
-
 /// Scrapes until the exposition contains every line of `want`.
 async fn scrape_until(addr: SocketAddr, want: &[&str]) -> String {
     let start = Instant::now();

@@ -10,11 +10,6 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-fn free_port() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
-}
-
 async fn get(addr: SocketAddr, path: &str) -> String {
     let start = Instant::now();
     loop {

@@ -4,12 +4,6 @@
 mod common;
 use common::*;
 use devhost::ops::metrics;
-use std::net::SocketAddr;
-
-fn free_port() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
-}
 
 fn manifest(node: &Node, top: &str, resource_extra: &str) -> std::path::PathBuf {
     node.write_manifest(&format!(

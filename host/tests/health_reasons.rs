@@ -9,11 +9,6 @@ use devhost::ops::metrics;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-fn free_port() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
-}
-
 /// A manifest with the test driver (health from `health`) and the frozen 1.0, 1.1 and 1.2 drivers.
 fn manifest(node: &Node, top: &str) -> std::path::PathBuf {
     let mut body = format!(

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 struct Setup {
     node: Node,
+    metrics: std::net::SocketAddr,
     kubelet: Kubelet,
     pods: Option<PodResourcesServer>,
     daemon: Daemon,
@@ -19,6 +20,13 @@ impl Setup {
     fn released(&self) -> String {
         std::fs::read_to_string(self.node.path().join("released")).unwrap_or_default()
     }
+
+    /// The driver's release calls with `outcome` in `devhost_driver_calls_total`.
+    async fn release_calls(&self, outcome: &str) -> f64 {
+        let body = devhost::ops::metrics::get(self.metrics, "/metrics", &[]).await.unwrap().body;
+        let series = format!("devhost_driver_calls_total{{driver=\"ex\",call=\"release\",outcome=\"{outcome}\"}} ");
+        body.lines().find_map(|l| l.strip_prefix(series.as_str())).map_or(0.0, |v| v.parse().unwrap())
+    }
 }
 
 fn socket(node: &Node) -> PathBuf {
@@ -27,8 +35,10 @@ fn socket(node: &Node) -> PathBuf {
 
 async fn setup(with_socket: bool, extra_options: &str, extra_driver: &str, interval: &str) -> Setup {
     let node = Node::new();
+    let metrics = free_port();
     let m = node.write_manifest(&format!(
         r#"
+metrics_addr = "{metrics}"
 pod_resources_socket = "{sock}"
 pod_resources_interval = "{interval}"
 state_dir = "{state}"
@@ -50,7 +60,7 @@ driver = "ex"
     let kubelet = Kubelet::start(&node.kubelet_dir()).unwrap();
     let daemon = Daemon::start(&m, &node.kubelet_dir());
     kubelet.wait_devices("example.com/accel", WAIT, |x| x.len() == 2).await.unwrap();
-    Setup { node, kubelet, pods, daemon }
+    Setup { node, metrics, kubelet, pods, daemon }
 }
 
 fn hold(pods: &PodResourcesServer, id: &str) {
@@ -77,6 +87,7 @@ async fn a_device_let_go_is_released_once_and_unhealthy_meanwhile() {
     assert_eq!(s.released(), "released example-0\n");
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(s.released(), "released example-0\n", "released exactly once");
+    assert_eq!(s.release_calls("ok").await, 1.0, "the release call is counted");
     // The other device was never held: untouched.
     let devs = s.kubelet.devices("example.com/accel").unwrap();
     assert!(devs.iter().all(|d| d.health == "Healthy"));
@@ -92,6 +103,7 @@ async fn a_failing_release_keeps_the_device_unhealthy_and_is_retried() {
     pods.remove_pod("ml", "train");
     health_of(&s, "example-1", "Unhealthy").await;
     s.daemon.wait_log("(attempt 2)", Duration::from_secs(20)).await;
+    assert!(s.release_calls("error").await >= 2.0, "each failed attempt is counted");
     assert!(
         s.kubelet.devices("example.com/accel").unwrap().iter().any(|d| d.id == "example-1" && d.health == "Unhealthy")
     );

@@ -5,10 +5,12 @@
 //! nothing left to clean.
 
 use std::future::Future;
+use std::sync::Arc;
 
 use devhost_abi as abi;
 
 use crate::driver::instance::{CallError, Instance};
+use crate::engine::telemetry::{self, Metrics};
 
 /// What a release caller needs from a driver instance; [`Instance`] in the daemon.
 pub trait Releaser: Send + Sync + 'static {
@@ -25,6 +27,28 @@ impl Releaser for Instance {
 
     fn release(&self, ids: Vec<String>) -> impl Future<Output = Result<bool, CallError>> + Send {
         Instance::release(self, ids)
+    }
+}
+
+/// The Device Plugin front's releaser: the driver instance, each call counted in
+/// `devhost_driver_calls_total` (`call="release"`) as DRA's unprepare counts its own.
+pub struct Counted {
+    pub instance: Arc<Instance>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Releaser for Counted {
+    fn has_release(&self) -> bool {
+        self.instance.module.release
+    }
+
+    fn release(&self, ids: Vec<String>) -> impl Future<Output = Result<bool, CallError>> + Send {
+        let (instance, metrics) = (self.instance.clone(), self.metrics.clone());
+        async move {
+            let result = instance.release(ids).await;
+            metrics.driver_call(&instance.name, "release", telemetry::call_outcome(&result));
+            result
+        }
     }
 }
 

@@ -14,6 +14,12 @@ pub use kubelet_emu::Kubelet;
 
 pub const WAIT: Duration = Duration::from_secs(15);
 
+/// A loopback address with a port free right now (for `metrics_addr`).
+pub fn free_port() -> std::net::SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap()
+}
+
 pub fn devhost_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_devhost"))
 }

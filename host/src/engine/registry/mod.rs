@@ -9,6 +9,7 @@ use crate::driver::loader::{self, Module};
 use crate::engine::cdi::CdiWriter;
 use crate::engine::podresources::Follower;
 use crate::engine::release::{self, Backoff, ReleaseRunner};
+use crate::engine::release_hook;
 use crate::engine::status::{self, Tracker};
 use crate::engine::telemetry::{self, Metrics};
 use crate::manifest::{DriverConfig, Isolation, Manifest, ResourceConfig};
@@ -531,7 +532,7 @@ impl Registry {
                 release: match (&self.services.follower, &driver) {
                     (Some(f), Some(d)) if self.watching => Some(ReleaseRunner::start_kept(
                         &cfg.name,
-                        d.clone(),
+                        Arc::new(release_hook::Counted { instance: d.clone(), metrics: self.services.metrics.clone() }),
                         f.subscribe(),
                         Backoff::default(),
                         self.release_state.clone(),
