@@ -446,6 +446,8 @@ async fn after_a_restart_prepare_rewrites_a_lost_spec_and_unprepare_releases_the
 
     assert_eq!(served.unprepare("prep-restart", &uid).await, "");
     assert_eq!(served.released(), "released example-1\n", "the release hook ran for the claim's device");
+    let released = r#"devhost_driver_calls_total{driver="example_c",call="release",outcome="ok"} "#;
+    assert_eq!(served.metric(released), 1.0, "the release call is counted");
     assert!(!served.spec_path(&uid).exists(), "the spec is removed");
     assert!(!served.checkpoint().contains(&uid), "{}", served.checkpoint());
     assert_eq!(served.unprepare("prep-restart", &uid).await, "", "idempotent");

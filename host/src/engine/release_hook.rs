@@ -30,8 +30,8 @@ impl Releaser for Instance {
     }
 }
 
-/// The Device Plugin front's releaser: the driver instance, each call counted in
-/// `devhost_driver_calls_total` (`call="release"`) as DRA's unprepare counts its own.
+/// The releaser both fronts use: the driver instance, each call of its hook counted in
+/// `devhost_driver_calls_total` (`call="release"`).
 pub struct Counted {
     pub instance: Arc<Instance>,
     pub metrics: Arc<Metrics>,
@@ -46,7 +46,10 @@ impl Releaser for Counted {
         let (instance, metrics) = (self.instance.clone(), self.metrics.clone());
         async move {
             let result = instance.release(ids).await;
-            metrics.driver_call(&instance.name, "release", telemetry::call_outcome(&result));
+            // Without a hook nothing was called.
+            if instance.module.release {
+                metrics.driver_call(&instance.name, "release", telemetry::call_outcome(&result));
+            }
             result
         }
     }

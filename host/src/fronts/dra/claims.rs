@@ -22,7 +22,7 @@ use super::claim_spec;
 use super::prepare::{self, AllocationResult};
 use crate::engine::registry::{Resource, compose};
 use crate::engine::release_hook::{self, Outcome, Releaser};
-use crate::engine::telemetry::{self, Metrics};
+use crate::engine::telemetry::Metrics;
 
 /// How long a claim GET may take (they run at once), well within the kubelet's 45 s deadline.
 const GET_TIMEOUT: Duration = Duration::from_secs(10);
@@ -258,11 +258,8 @@ impl Claims {
         if !ids.is_empty()
             && let Some(driver) = &self.resource.driver
         {
-            let result = Releaser::release(driver.as_ref(), ids.clone()).await;
-            if driver.has_release() {
-                self.metrics.driver_call(&driver.name, "release", telemetry::call_outcome(&result));
-            }
-            match release_hook::outcome(result) {
+            let counted = release_hook::Counted { instance: driver.clone(), metrics: self.metrics.clone() };
+            match release_hook::outcome(counted.release(ids.clone()).await) {
                 Outcome::Done => {}
                 Outcome::Gone(message) => tracing::info!(dra_driver = %self.driver, claim = %claim.shown(),
                     "DRA: the claim's devices no longer exist; nothing to release: {message}"),
