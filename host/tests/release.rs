@@ -9,11 +9,18 @@ use common::*;
 use devhost::driver::instance::Instance;
 use devhost::engine::podresources::{Follower, Holder, Snapshot};
 use devhost::engine::release::{Backoff, ReleaseRunner};
+use devhost::engine::release_hook::Counted;
+use devhost::engine::telemetry::Metrics;
 use kubelet_emu::PodResourcesServer;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
+
+/// The instance as the daemon hands it to a release runner: each hook call counted.
+fn counted(instance: Arc<Instance>) -> Arc<Counted> {
+    Arc::new(Counted { instance, metrics: Arc::new(Metrics::new()) })
+}
 
 const GPU: &str = "example.com/fake";
 const POLL: Duration = Duration::from_millis(50);
@@ -127,7 +134,7 @@ async fn gone_pod_releases_its_devices_once_unhealthy_meanwhile() {
     let server = PodResourcesServer::start(&s.socket).unwrap();
     let follower = Follower::start(s.socket.clone(), POLL);
     let inst = example(&s, "400", Duration::from_secs(10)).await;
-    let runner = ReleaseRunner::start(GPU, inst.clone(), follower.subscribe(), FAST);
+    let runner = ReleaseRunner::start(GPU, counted(inst.clone()), follower.subscribe(), FAST);
 
     server.set_pod("ml", "train", gpus("main", &["example-1", "example-0"]));
     server.set_pod("ml", "serve", gpus("main", &["example-2"]));
@@ -155,7 +162,7 @@ async fn a_failing_release_is_retried_until_the_driver_succeeds() {
     let server = PodResourcesServer::start(&s.socket).unwrap();
     let follower = Follower::start(s.socket.clone(), POLL);
     let inst = example(&s, "0", Duration::from_secs(10)).await;
-    let runner = ReleaseRunner::start(GPU, inst, follower.subscribe(), FAST);
+    let runner = ReleaseRunner::start(GPU, counted(inst), follower.subscribe(), FAST);
     server.set_pod("ml", "train", gpus("main", &["example-3"]));
     seen_held(&follower, &runner, "example-3").await;
 
@@ -178,7 +185,7 @@ async fn a_hanging_release_misses_its_deadline_and_stays_unhealthy() {
     let follower = Follower::start(s.socket.clone(), POLL);
     // The hook takes 1.5 s; the instance's deadline is 200 ms.
     let inst = example(&s, "1500", Duration::from_millis(200)).await;
-    let runner = ReleaseRunner::start(GPU, inst.clone(), follower.subscribe(), FAST);
+    let runner = ReleaseRunner::start(GPU, counted(inst.clone()), follower.subscribe(), FAST);
     server.set_pod("ml", "train", gpus("main", &["example-0"]));
     seen_held(&follower, &runner, "example-0").await;
 
@@ -202,7 +209,7 @@ async fn without_the_socket_release_hooks_are_never_called() {
     let s = setup();
     let follower = Follower::start(s.socket.clone(), POLL);
     let inst = example(&s, "0", Duration::from_secs(10)).await;
-    let runner = ReleaseRunner::start(GPU, inst, follower.subscribe(), FAST);
+    let runner = ReleaseRunner::start(GPU, counted(inst), follower.subscribe(), FAST);
     let mut rx = follower.subscribe();
     snapshot_where(&mut rx, "the missing socket", |s| s.error.is_some()).await;
     tokio::time::sleep(POLL * 4).await;
@@ -226,7 +233,7 @@ async fn an_isolated_driver_is_released_through_its_worker_process() {
     assert!(inst.worker_pid().is_some(), "not in a worker process");
     let server = PodResourcesServer::start(&s.socket).unwrap();
     let follower = Follower::start(s.socket.clone(), POLL);
-    let runner = ReleaseRunner::start(GPU, inst.clone(), follower.subscribe(), FAST);
+    let runner = ReleaseRunner::start(GPU, counted(inst.clone()), follower.subscribe(), FAST);
     server.set_pod("ml", "train", gpus("main", &["example-1"]));
     seen_held(&follower, &runner, "example-1").await;
     server.remove_pod("ml", "train");

@@ -12,22 +12,13 @@ use devhost_abi as abi;
 use crate::driver::instance::{CallError, Instance};
 use crate::engine::telemetry::{self, Metrics};
 
-/// What a release caller needs from a driver instance; [`Instance`] in the daemon.
+/// What a release caller needs from a driver instance; [`Counted`] in the daemon (so that no
+/// call of the hook goes uncounted), a fake in the tests.
 pub trait Releaser: Send + Sync + 'static {
     /// Whether the driver has a release hook at all.
     fn has_release(&self) -> bool;
     /// Calls the hook with the instance's deadline, off the async runtime.
     fn release(&self, ids: Vec<String>) -> impl Future<Output = Result<bool, CallError>> + Send;
-}
-
-impl Releaser for Instance {
-    fn has_release(&self) -> bool {
-        self.module.release
-    }
-
-    fn release(&self, ids: Vec<String>) -> impl Future<Output = Result<bool, CallError>> + Send {
-        Instance::release(self, ids)
-    }
 }
 
 /// The releaser both fronts use: the driver instance, each call of its hook counted in
