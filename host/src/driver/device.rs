@@ -70,18 +70,82 @@ pub fn quoted(id: &str) -> String {
     format!("{prefix:?}…{rest}")
 }
 
-/// Appends `value` to the comma-joined value of `key` unless already there; a new key goes last
-/// (keys keep the order they were first set in). A list looked through, not a map: the devices of
-/// one request set the same few keys.
-fn join_value(list: &mut Vec<(String, String)>, key: &str, value: &str) {
-    match list.iter_mut().find(|(k, _)| k == key) {
-        Some((_, existing)) => {
-            if !existing.split(',').any(|v| v == value) {
-                existing.push(',');
-                existing.push_str(value);
+/// Finds the entries of a list being built by their key: the list itself is looked through while
+/// it is short (one request usually composes a handful of devices, which set the same few keys),
+/// and a map of its keys is kept once it holds more than [`Finder::SHORT`], so that composing the
+/// most devices a scan may hold ([`crate::driver::callbacks::MAX_DEVICES`]) stays linear instead of
+/// quadratic.
+#[derive(Default)]
+struct Finder {
+    map: Option<std::collections::HashMap<String, usize>>,
+}
+
+impl Finder {
+    const SHORT: usize = 16;
+
+    /// The position in `list` of the entry whose key (by `key_of`) is `key`.
+    fn find<T>(&mut self, list: &[T], key_of: impl Fn(&T) -> &str, key: &str) -> Option<usize> {
+        if self.map.is_none() && list.len() > Self::SHORT {
+            let mut map = std::collections::HashMap::with_capacity(list.len() * 2);
+            for (i, e) in list.iter().enumerate() {
+                // The first of equal keys, as the look through the list finds.
+                map.entry(key_of(e).to_string()).or_insert(i);
+            }
+            self.map = Some(map);
+        }
+        match &self.map {
+            Some(map) => map.get(key).copied(),
+            None => list.iter().position(|e| key_of(e) == key),
+        }
+    }
+
+    /// Records that the entry with `key` was pushed at position `at`.
+    fn pushed(&mut self, key: &str, at: usize) {
+        if let Some(map) = &mut self.map {
+            map.insert(key.to_string(), at);
+        }
+    }
+}
+
+/// Comma-joined values of keys (env vars, annotations) being composed, each distinct value once: a
+/// value is looked for in the joined text while it has few values, in a set of them past
+/// [`Finder::SHORT`] (a key every device of a large request sets, such as a visible-devices list).
+#[derive(Default)]
+struct Joiner {
+    keys: Finder,
+    /// The values of entries (by position) that have more than [`Finder::SHORT`] of them.
+    sets: std::collections::HashMap<usize, std::collections::HashSet<String>>,
+}
+
+impl Joiner {
+    /// Appends `value` to the comma-joined value of `key` unless already there; a new key goes
+    /// last (keys keep the order they were first set in).
+    fn join(&mut self, list: &mut Vec<(String, String)>, key: &str, value: &str) {
+        let Some(i) = self.keys.find(list, |(k, _)| k, key) else {
+            self.keys.pushed(key, list.len());
+            list.push((key.to_string(), value.to_string()));
+            return;
+        };
+        let existing = &mut list[i].1;
+        match self.sets.get_mut(&i) {
+            Some(set) => {
+                if set.contains(value) {
+                    return;
+                }
+                set.extend(value.split(',').map(str::to_string));
+            }
+            None => {
+                if existing.split(',').any(|v| v == value) {
+                    return;
+                }
+                if existing.split(',').nth(Finder::SHORT).is_some() {
+                    let set = existing.split(',').chain(value.split(',')).map(str::to_string).collect();
+                    self.sets.insert(i, set);
+                }
             }
         }
-        None => list.push((key.to_string(), value.to_string())),
+        existing.push(',');
+        existing.push_str(value);
     }
 }
 
@@ -92,39 +156,50 @@ pub type Conflicts = Vec<String>;
 /// device nodes and mounts de-duplicated by container path (first wins, a
 /// different host path is a conflict); env vars and annotations set by
 /// several devices joined with ',' (each distinct value once); CDI names
-/// de-duplicated.
+/// de-duplicated. Linear in the number of devices (see [`Finder`]).
 pub fn compose<'a>(devices: impl IntoIterator<Item = &'a Device>) -> (Edits, Conflicts) {
     let mut out = Edits::default();
     let mut conflicts = Vec::new();
+    let (mut nodes, mut mounts, mut cdi) = (Finder::default(), Finder::default(), Finder::default());
+    let (mut envs, mut annotations) = (Joiner::default(), Joiner::default());
     for d in devices {
         for n in &d.edits.device_nodes {
-            match out.device_nodes.iter().find(|e| e.container_path == n.container_path) {
-                Some(e) if e.host_path != n.host_path => conflicts.push(format!(
+            match nodes.find(&out.device_nodes, |e| &e.container_path, &n.container_path) {
+                Some(i) if out.device_nodes[i].host_path != n.host_path => conflicts.push(format!(
                     "device {}: device node {} -> {} conflicts with {} (kept)",
-                    d.id, n.host_path, n.container_path, e.host_path
+                    d.id, n.host_path, n.container_path, out.device_nodes[i].host_path
                 )),
                 Some(_) => {}
-                None => out.device_nodes.push(n.clone()),
+                None => {
+                    nodes.pushed(&n.container_path, out.device_nodes.len());
+                    out.device_nodes.push(n.clone());
+                }
             }
         }
         for m in &d.edits.mounts {
-            match out.mounts.iter().find(|e| e.container_path == m.container_path) {
-                Some(e) if e.host_path != m.host_path || e.read_only != m.read_only => conflicts.push(format!(
-                    "device {}: mount {} -> {} conflicts with {} (kept)",
-                    d.id, m.host_path, m.container_path, e.host_path
-                )),
+            match mounts.find(&out.mounts, |e| &e.container_path, &m.container_path) {
+                Some(i) if out.mounts[i].host_path != m.host_path || out.mounts[i].read_only != m.read_only => {
+                    conflicts.push(format!(
+                        "device {}: mount {} -> {} conflicts with {} (kept)",
+                        d.id, m.host_path, m.container_path, out.mounts[i].host_path
+                    ))
+                }
                 Some(_) => {}
-                None => out.mounts.push(m.clone()),
+                None => {
+                    mounts.pushed(&m.container_path, out.mounts.len());
+                    out.mounts.push(m.clone());
+                }
             }
         }
         for (k, v) in &d.edits.envs {
-            join_value(&mut out.envs, k, v);
+            envs.join(&mut out.envs, k, v);
         }
         for (k, v) in &d.edits.annotations {
-            join_value(&mut out.annotations, k, v);
+            annotations.join(&mut out.annotations, k, v);
         }
         for c in &d.edits.cdi_devices {
-            if !out.cdi_devices.contains(c) {
+            if cdi.find(&out.cdi_devices, |e| e, c).is_none() {
+                cdi.pushed(c, out.cdi_devices.len());
                 out.cdi_devices.push(c.clone());
             }
         }
@@ -135,38 +210,52 @@ pub fn compose<'a>(devices: impl IntoIterator<Item = &'a Device>) -> (Edits, Con
 impl Edits {
     /// Applies a driver hook's edits on top: its env and annotation keys
     /// replace composed values, its nodes and mounts replace entries with the
-    /// same container path, its CDI names are added.
+    /// same container path, its CDI names are added. Linear in the sizes of
+    /// both (see [`Finder`]).
     pub fn amend(&mut self, hook: Edits) {
+        let mut nodes = Finder::default();
         for n in hook.device_nodes {
-            match self.device_nodes.iter_mut().find(|e| e.container_path == n.container_path) {
-                Some(e) => *e = n,
-                None => self.device_nodes.push(n),
+            match nodes.find(&self.device_nodes, |e| &e.container_path, &n.container_path) {
+                Some(i) => self.device_nodes[i] = n,
+                None => {
+                    nodes.pushed(&n.container_path, self.device_nodes.len());
+                    self.device_nodes.push(n);
+                }
             }
         }
+        let mut mounts = Finder::default();
         for m in hook.mounts {
-            match self.mounts.iter_mut().find(|e| e.container_path == m.container_path) {
-                Some(e) => *e = m,
-                None => self.mounts.push(m),
+            match mounts.find(&self.mounts, |e| &e.container_path, &m.container_path) {
+                Some(i) => self.mounts[i] = m,
+                None => {
+                    mounts.pushed(&m.container_path, self.mounts.len());
+                    self.mounts.push(m);
+                }
             }
         }
-        for (k, v) in hook.envs {
-            set_kv(&mut self.envs, k, v);
-        }
-        for (k, v) in hook.annotations {
-            set_kv(&mut self.annotations, k, v);
-        }
+        set_all(&mut self.envs, hook.envs);
+        set_all(&mut self.annotations, hook.annotations);
+        let mut cdi = Finder::default();
         for c in hook.cdi_devices {
-            if !self.cdi_devices.contains(&c) {
+            if cdi.find(&self.cdi_devices, |e| e, &c).is_none() {
+                cdi.pushed(&c, self.cdi_devices.len());
                 self.cdi_devices.push(c);
             }
         }
     }
 }
 
-fn set_kv(list: &mut Vec<(String, String)>, k: String, v: String) {
-    match list.iter_mut().find(|(key, _)| *key == k) {
-        Some(e) => e.1 = v,
-        None => list.push((k, v)),
+/// Sets each key of `set` in `list`: a value for a key already there replaces it, a new key goes last.
+fn set_all(list: &mut Vec<(String, String)>, set: Vec<(String, String)>) {
+    let mut keys = Finder::default();
+    for (k, v) in set {
+        match keys.find(list, |(key, _)| key, &k) {
+            Some(i) => list[i].1 = v,
+            None => {
+                keys.pushed(&k, list.len());
+                list.push((k, v));
+            }
+        }
     }
 }
 
@@ -258,5 +347,174 @@ mod tests {
         assert_eq!(e.envs, vec![("K".to_string(), "2".to_string()), ("NEW".to_string(), "y".to_string())]);
         assert_eq!(e.device_nodes.len(), 1);
         assert_eq!(e.device_nodes[0].host_path, "/dev/y");
+    }
+
+    /// The composition as first written (a look through the list for every key), kept to check
+    /// the indexed one against.
+    fn reference(devices: &[Device]) -> (Edits, usize) {
+        let join = |list: &mut Vec<(String, String)>, k: &str, v: &str| match list.iter_mut().find(|(x, _)| x == k) {
+            Some((_, e)) => {
+                if !e.split(',').any(|x| x == v) {
+                    e.push(',');
+                    e.push_str(v);
+                }
+            }
+            None => list.push((k.into(), v.into())),
+        };
+        let (mut out, mut conflicts) = (Edits::default(), 0);
+        for d in devices {
+            for n in &d.edits.device_nodes {
+                match out.device_nodes.iter().find(|e| e.container_path == n.container_path) {
+                    Some(e) if e.host_path != n.host_path => conflicts += 1,
+                    Some(_) => {}
+                    None => out.device_nodes.push(n.clone()),
+                }
+            }
+            for m in &d.edits.mounts {
+                match out.mounts.iter().find(|e| e.container_path == m.container_path) {
+                    Some(e) if e.host_path != m.host_path || e.read_only != m.read_only => conflicts += 1,
+                    Some(_) => {}
+                    None => out.mounts.push(m.clone()),
+                }
+            }
+            for (k, v) in &d.edits.envs {
+                join(&mut out.envs, k, v);
+            }
+            for (k, v) in &d.edits.annotations {
+                join(&mut out.annotations, k, v);
+            }
+            for c in &d.edits.cdi_devices {
+                if !out.cdi_devices.contains(c) {
+                    out.cdi_devices.push(c.clone());
+                }
+            }
+        }
+        (out, conflicts)
+    }
+
+    /// `n` devices whose keys and values come from pools of `pool` entries (a small pool: many
+    /// repeats and conflicts; a large one: most keys new), some values holding a comma.
+    fn generated(n: usize, pool: u64, seed: u64) -> Vec<Device> {
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % pool
+        };
+        (0..n)
+            .map(|i| {
+                let mut d =
+                    dev(&format!("d{i}"), (&format!("/dev/h{}", next()), &format!("/dev/c{}", next())), ("K", "v"));
+                d.edits.envs =
+                    (0..1 + next() % 3).map(|_| (format!("E{}", next() % 4), format!("v{}", next()))).collect();
+                if next() % 5 == 0 {
+                    d.edits.envs.push(("E0".into(), format!("v{},v{}", next(), next())));
+                }
+                d.edits.annotations = vec![(format!("a{}", next()), format!("x{}", next() % 3))];
+                d.edits.mounts = vec![Mount {
+                    host_path: format!("/h{}", next() % 2),
+                    container_path: format!("/m{}", next()),
+                    read_only: next() % 2 == 0,
+                }];
+                d.edits.cdi_devices = vec![format!("v.com/c=d{}", next())];
+                d
+            })
+            .collect()
+    }
+
+    #[test]
+    fn composing_with_an_index_gives_what_looking_through_the_lists_gave() {
+        // Sizes on both sides of the point where a map of the keys takes over, in pools that make
+        // keys repeat often, sometimes, or almost never.
+        for n in [0, 1, 2, 15, 16, 17, 18, 40, 200] {
+            for pool in [3, 20, 60, 1_000_000] {
+                let devices = generated(n, pool, n as u64 * 31 + pool);
+                let (want, want_conflicts) = reference(&devices);
+                let (got, conflicts) = compose(&devices);
+                assert_eq!(got, want, "{n} devices, pool {pool}");
+                assert_eq!(conflicts.len(), want_conflicts, "{n} devices, pool {pool}");
+            }
+        }
+    }
+
+    #[test]
+    fn amending_with_an_index_gives_what_looking_through_the_lists_gave() {
+        for (n, pool) in [(3, 5), (17, 20), (60, 40), (300, 1_000_000)] {
+            let (mut got, _) = compose(&generated(n, pool, 7));
+            let mut want = got.clone();
+            let hook = compose(&generated(n, pool, 11)).0;
+            for d in &hook.device_nodes {
+                match want.device_nodes.iter_mut().find(|e| e.container_path == d.container_path) {
+                    Some(e) => *e = d.clone(),
+                    None => want.device_nodes.push(d.clone()),
+                }
+            }
+            for m in &hook.mounts {
+                match want.mounts.iter_mut().find(|e| e.container_path == m.container_path) {
+                    Some(e) => *e = m.clone(),
+                    None => want.mounts.push(m.clone()),
+                }
+            }
+            for (list, set) in [(&mut want.envs, &hook.envs), (&mut want.annotations, &hook.annotations)] {
+                for (k, v) in set {
+                    match list.iter_mut().find(|(x, _)| x == k) {
+                        Some(e) => e.1 = v.clone(),
+                        None => list.push((k.clone(), v.clone())),
+                    }
+                }
+            }
+            for c in &hook.cdi_devices {
+                if !want.cdi_devices.contains(c) {
+                    want.cdi_devices.push(c.clone());
+                }
+            }
+            got.amend(hook);
+            assert_eq!(got, want, "{n} edits, pool {pool}");
+        }
+    }
+
+    #[test]
+    fn the_largest_request_composes_every_device_once() {
+        // As many devices as one scan may hold, each with its own node, mount, env value and CDI
+        // name: looking through the lists took about 10^10 comparisons (minutes, on a runtime
+        // thread); with the index this is linear. The test runs it on a thread of its own and
+        // gives up after a bound far above the linear time, so a quadratic regression fails here
+        // instead of hanging the suite.
+        let n = crate::driver::callbacks::MAX_DEVICES;
+        let devices: Vec<Device> = (0..n)
+            .map(|i| {
+                let mut d =
+                    dev(&format!("d{i}"), (&format!("/dev/h{i}"), &format!("/dev/c{i}")), ("VISIBLE", &i.to_string()));
+                d.edits.mounts =
+                    vec![Mount { host_path: format!("/h{i}"), container_path: format!("/m{i}"), read_only: true }];
+                d.edits.annotations = vec![(format!("a{i}"), "x".into())];
+                d.edits.cdi_devices = vec![format!("v.com/c=d{i}")];
+                d
+            })
+            .collect();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let (mut e, conflicts) = compose(&devices);
+            let visible = e.envs.first().map(|(_, v)| v.split(',').count());
+            // The hook replaces every node: one look-up each.
+            let hook = (0..n)
+                .map(|i| DeviceNode {
+                    host_path: format!("/dev/other{i}"),
+                    container_path: format!("/dev/c{i}"),
+                    permissions: "r".into(),
+                })
+                .collect();
+            e.amend(Edits { device_nodes: hook, ..Edits::default() });
+            let _ = tx.send((e, conflicts, visible));
+        });
+        let (e, conflicts, visible) =
+            rx.recv_timeout(std::time::Duration::from_secs(60)).expect("compose did not finish in 60 s");
+        assert!(conflicts.is_empty());
+        assert_eq!((e.device_nodes.len(), e.mounts.len(), e.annotations.len(), e.cdi_devices.len()), (n, n, n, n));
+        assert_eq!(e.envs.len(), 1);
+        assert_eq!(visible, Some(n));
+        assert_eq!(e.device_nodes[n - 1].host_path, format!("/dev/other{}", n - 1));
+        assert_eq!(e.device_nodes[n - 1].container_path, format!("/dev/c{}", n - 1));
     }
 }

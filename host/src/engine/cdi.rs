@@ -13,7 +13,7 @@
 
 use crate::driver::device::{Device, Edits};
 use serde::Serialize;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -230,10 +230,25 @@ pub fn render_entries(kind: &str, entries: &[(String, Edits)]) -> Option<Vec<u8>
 /// physical device IDs (after [`crate::engine::sharing::physical_ids`]).
 pub fn allocate_edits(resource: &str, devices: &[Device], physical: &[String], composed: Edits) -> Edits {
     let vars = list_vars(devices);
-    let find = |id: &str| {
-        devices.iter().find(|d| d.id == id).or_else(|| {
+    // A device by its ID, else the first replica of it: looked for in the list for a few IDs, in
+    // a map of the list for more (a request for thousands of devices stays linear).
+    let index: Option<HashMap<&str, &Device>> = (physical.len() > 16).then(|| {
+        let mut index = HashMap::with_capacity(devices.len());
+        for d in devices {
+            index.entry(d.id.as_str()).or_insert(d);
+        }
+        for d in devices {
+            if let Some((p, _)) = crate::engine::sharing::parse_replica(&d.id) {
+                index.entry(p).or_insert(d);
+            }
+        }
+        index
+    });
+    let find = |id: &str| match &index {
+        Some(index) => index.get(id).copied(),
+        None => devices.iter().find(|d| d.id == id).or_else(|| {
             devices.iter().find(|d| crate::engine::sharing::parse_replica(&d.id).is_some_and(|(p, _)| p == id))
-        })
+        }),
     };
     let names: Vec<String> = physical
         .iter()
@@ -246,11 +261,8 @@ pub fn allocate_edits(resource: &str, devices: &[Device], physical: &[String], c
         cdi_devices: names.clone(),
         ..Edits::default()
     };
-    for c in composed.cdi_devices {
-        if !out.cdi_devices.contains(&c) {
-            out.cdi_devices.push(c);
-        }
-    }
+    // The driver's own CDI names after ours, each once.
+    out.amend(Edits { cdi_devices: composed.cdi_devices, ..Edits::default() });
     if !names.is_empty() {
         out.annotations.push((annotation_key(resource), names.join(",")));
     }

@@ -226,6 +226,29 @@ fn allocate_names_physical_devices_of_replicas_and_keeps_driver_parts() {
 }
 
 #[test]
+fn a_large_request_is_named_as_a_small_one_is() {
+    // Past 16 IDs the devices are found through a map of the list instead of a look through it:
+    // the same names, in request order, for physical devices and for replicas of them, with a
+    // device that has no edits left out.
+    let mut physical: Vec<Device> = (0..40).map(|i| dev(&format!("g{i}"), i, &[])).collect();
+    physical[7].edits = Edits::default();
+    let advertised = crate::engine::sharing::expand(&physical, 2);
+    for devices in [&physical, &advertised] {
+        for count in [3, 30] {
+            let ids: Vec<String> = (0..count).rev().map(|i| format!("g{i}")).collect();
+            let composed = Edits { cdi_devices: vec!["vendor.com/extra=all".into()], ..Edits::default() };
+            let out = allocate_edits("example.com/gpu", devices, &ids, composed);
+            let mut want: Vec<String> =
+                ids.iter().filter(|id| *id != "g7").map(|id| format!("example.com/gpu={id}")).collect();
+            let annotation = want.join(",");
+            want.push("vendor.com/extra=all".into());
+            assert_eq!(out.cdi_devices, want, "{count} of {} devices", devices.len());
+            assert_eq!(out.annotations.last().map(|(_, v)| v.as_str()), Some(annotation.as_str()));
+        }
+    }
+}
+
+#[test]
 fn devices_without_edits_are_left_out_and_an_empty_spec_is_no_file() {
     let mut bare = dev("bare", 9, &[]);
     bare.edits = Edits::default();
