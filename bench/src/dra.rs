@@ -502,7 +502,7 @@ pub async fn run(art: &Artifacts, claims: usize, flips: usize) -> Result<Figures
     let exe = std::env::current_exe().context("cannot find the bench's own executable")?;
     let mut cmd = Command::new(exe);
     cmd.arg("null-dra-server").arg("--socket").arg(&null_sock);
-    let _null = Proc::spawn(cmd, &n.join("null-dra.log"))?;
+    let _null = Proc::spawn(cmd, &node.log("null-dra.log"))?;
     let mut null = plugin_client(&null_sock).await?;
 
     let mut slices = SliceWatch::start(&admin, DRIVER).await?;

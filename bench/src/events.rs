@@ -157,7 +157,7 @@ pub async fn restart(art: &Artifacts, report: &mut Report) -> Result<()> {
     let bnode = Node::new()?;
     let bkubelet = Kubelet::start(&bnode.kubelet_dir()).context("cannot start the baseline kubelet emulator")?;
     let sock = bnode.kubelet_dir().join("null.sock");
-    let _null = crate::null::spawn(art, &sock, None, &bnode.path().join("null.log"))?;
+    let _null = crate::null::spawn(art, &sock, None, &bnode.log("null.log"))?;
     crate::null::client(&sock).await?;
     let bnames: Vec<String> = (0..RESTART_RESOURCES).map(|i| format!("null.bench/r{i}")).collect();
     let mut base = Samples::default();
@@ -291,7 +291,7 @@ async fn null_start_times(art: &Artifacts, n: usize) -> Result<Samples> {
     let sock = node.kubelet_dir().join("null.sock");
     let mut s = Samples::default();
     for round in 1..=STARTS as u64 {
-        let mut p = crate::null::spawn(art, &sock, Some((&kubelet.socket_path(), n)), &node.path().join("null.log"))?;
+        let mut p = crate::null::spawn(art, &sock, Some((&kubelet.socket_path(), n)), &node.log("null.log"))?;
         node::wait_all_registered(&kubelet, &names, round, Some(&p)).await?;
         s.push(p.started.elapsed());
         tokio::task::block_in_place(|| p.stop());

@@ -56,7 +56,7 @@ pub async fn run(art: &Artifacts, demo: &Demo, idle: Duration, report: &mut Repo
     let daemon = Proc::devhost(art, &demo.manifest, &node.kubelet_dir())?;
     node::wait_all_registered(&kubelet, &demo.resources, 1, Some(&daemon)).await?;
     let null_sock = node.kubelet_dir().join("null.sock");
-    let null = crate::null::spawn(art, &null_sock, Some((&kubelet.socket_path(), 1)), &node.path().join("null.log"))?;
+    let null = crate::null::spawn(art, &null_sock, Some((&kubelet.socket_path(), 1)), &node.log("null.log"))?;
     node::wait_all_registered(&kubelet, &["null.bench/r0".to_string()], 1, Some(&null)).await?;
     // Let start-up work (first scans, registrations, allocator warm-up) finish.
     tokio::time::sleep(Duration::from_secs(2)).await;

@@ -62,7 +62,7 @@ async fn one(art: &Artifacts, isolation: &'static str, hop: hop::Kind, null: &Cl
     let keys = format!("isolation = \"{isolation}\"\noptions = {{ count = {DEVICES} }}");
     let (node, _kubelet, daemon, dh) = node::c_example_node(art, RESOURCE, DEVICES, &keys).await?;
     let hop_sock = node.path().join("hop.sock");
-    let _hop = crate::null::spawn_hop(art, &hop_sock, hop, &node.path().join("hop.log"))?;
+    let _hop = crate::null::spawn_hop(art, &hop_sock, hop, &node.log("hop.log"))?;
     let floor = crate::null::client(&hop_sock).await?;
     let alloc = |c: Client, i: usize| allocate(c, vec![format!("example-{}", i % DEVICES)]);
     same_answers(&dh, &[("the floor", &floor), ("the null plugin", null)]).await?;
@@ -128,7 +128,7 @@ pub async fn same_answers(devhost: &Client, others: &[(&str, &Client)]) -> Resul
 pub async fn run(art: &Artifacts, n: usize) -> Result<String> {
     let node = Node::new()?;
     let null_sock = node.path().join("null.sock");
-    let _null = crate::null::spawn_hop(art, &null_sock, hop::Kind::Inline, &node.path().join("null.log"))?;
+    let _null = crate::null::spawn_hop(art, &null_sock, hop::Kind::Inline, &node.log("null.log"))?;
     let null = crate::null::client(&null_sock).await?;
     sequential(&null, WARMUP, options_call).await?;
     let mut md = format!(

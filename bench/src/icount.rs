@@ -82,7 +82,7 @@ impl Counted {
             .arg(program)
             .args(args)
             .current_dir(&art.repo);
-        let proc = Proc::spawn(cmd, &node.path().join(log))?;
+        let proc = Proc::spawn(cmd, &node.log(log))?;
         Ok(Counted { proc, out })
     }
 

@@ -148,7 +148,7 @@ pub async fn run(art: &Artifacts, report: &mut Report) -> Result<Floor> {
     node::wait_all_registered(&kubelet, &[RESOURCE.to_string()], 1, Some(&daemon)).await?;
     kubelet.wait_devices(RESOURCE, node::WAIT, |d| d.len() == DEVICES).await?;
     let null_sock = node.path().join("null.sock");
-    let _null = crate::null::spawn(art, &null_sock, None, &node.path().join("null.log"))?;
+    let _null = crate::null::spawn(art, &null_sock, None, &node.log("null.log"))?;
     let null = crate::null::client(&null_sock).await?;
     let dh = node::plugin_client(&kubelet, RESOURCE).await?;
 

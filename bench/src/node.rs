@@ -59,6 +59,9 @@ impl Artifacts {
     }
 }
 
+/// The log folder of a node (see [`Node::log`]).
+const LOGS: &str = "logs";
+
 /// A temporary node folder: `<tmp>/dp` is the kubelet's device-plugins folder.
 /// Kept short because socket paths are limited to 107 bytes.
 pub struct Node {
@@ -69,7 +72,16 @@ impl Node {
     pub fn new() -> Result<Node> {
         let tmp =
             tempfile::Builder::new().prefix("dhb").tempdir_in("/tmp").context("cannot create a node folder in /tmp")?;
+        std::fs::create_dir(tmp.path().join(LOGS)).context("cannot create the node's log folder")?;
         Ok(Node { tmp })
+    }
+
+    /// Where a process of this node logs: `<node>/logs/<name>`. Never the node folder itself,
+    /// which holds the manifests: devhost watches its manifest's folder for edits, and a log
+    /// written there would wake it on every line, as no deployment does (its manifest is a
+    /// ConfigMap volume, its log a pipe).
+    pub fn log(&self, name: &str) -> PathBuf {
+        self.path().join(LOGS).join(name)
     }
 
     pub fn path(&self) -> &Path {
@@ -96,15 +108,17 @@ pub struct Proc {
 }
 
 impl Proc {
-    /// Starts `devhost run` on a manifest, logging to `<manifest stem>.log`
-    /// beside the (temporary) kubelet folder, never into the repository.
+    /// Starts `devhost run` on a manifest, logging to `logs/<manifest stem>.log`
+    /// beside the (temporary) kubelet folder (never into the manifest's folder,
+    /// see [`Node::log`], nor into the repository).
     /// The working directory is the repository, as for `config/*.toml`.
     pub fn devhost(art: &Artifacts, manifest: &Path, kubelet_dir: &Path) -> Result<Proc> {
         let mut cmd = Command::new(art.devhost());
         cmd.args(["run", "--config"]).arg(manifest).arg("--kubelet-dir").arg(kubelet_dir).current_dir(&art.repo);
         let stem = manifest.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "devhost".into());
-        let log = kubelet_dir.parent().unwrap_or(kubelet_dir).join(format!("{stem}.log"));
-        Proc::spawn(cmd, &log)
+        let logs = kubelet_dir.parent().unwrap_or(kubelet_dir).join(LOGS);
+        std::fs::create_dir_all(&logs).with_context(|| format!("cannot create {}", logs.display()))?;
+        Proc::spawn(cmd, &logs.join(format!("{stem}.log")))
     }
 
     pub fn spawn(mut cmd: Command, log: &Path) -> Result<Proc> {

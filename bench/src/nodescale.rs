@@ -189,7 +189,7 @@ async fn null_starts(art: &Artifacts, n: usize, starts: usize) -> Result<Samples
     let sock = node.kubelet_dir().join("null.sock");
     let mut s = Samples::default();
     for round in 1..=starts as u64 {
-        let mut p = crate::null::spawn(art, &sock, Some((&kubelet.socket_path(), n)), &node.path().join("null.log"))?;
+        let mut p = crate::null::spawn(art, &sock, Some((&kubelet.socket_path(), n)), &node.log("null.log"))?;
         node::wait_all_registered(&kubelet, &names, round, Some(&p)).await?;
         s.push(p.started.elapsed());
         tokio::task::block_in_place(|| p.stop());

@@ -237,7 +237,7 @@ impl Setup {
                     .arg(self.node.kubelet_dir())
                     .env("FAKE_NVML_MACHINE", machine)
                     .current_dir(&art.repo);
-                Proc::spawn(cmd, &self.node.path().join("devhost.log"))
+                Proc::spawn(cmd, &self.node.log("devhost.log"))
             }
             Who::Nvidia => {
                 let mut cmd = Command::new("unshare");
@@ -253,7 +253,7 @@ impl Setup {
                     .env("LD_LIBRARY_PATH", &self.libdir)
                     .env("FAKE_NVML_MACHINE", machine)
                     .current_dir(&art.repo);
-                Proc::spawn(cmd, &self.node.path().join("nvidia.log"))
+                Proc::spawn(cmd, &self.node.log("nvidia.log"))
             }
         }
     }

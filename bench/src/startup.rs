@@ -133,8 +133,7 @@ async fn null_once(
 ) -> Result<std::time::Duration> {
     let before: Vec<u64> = names.iter().map(|n| kubelet.registration_count(n)).collect();
     let sock = kubelet.dir().join("null.sock");
-    let mut p =
-        crate::null::spawn(art, &sock, Some((&kubelet.socket_path(), names.len())), &node.path().join("null.log"))?;
+    let mut p = crate::null::spawn(art, &sock, Some((&kubelet.socket_path(), names.len())), &node.log("null.log"))?;
     for (n, b) in names.iter().zip(before) {
         kubelet.wait_registration_count(n, b + 1, node::WAIT).await?;
     }
