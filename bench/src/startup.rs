@@ -275,12 +275,14 @@ spread. Neither is in.
 - (2026-12-03) Mapping the whole text of the binary at the start of `main` (`madvise(MADV_POPULATE_READ)`), \
 so that code is not faulted in page by page: 1.09 ms for the 18.7 MB of text of a build without LTO, where \
 the faults it spares in the first steps cost a few tenths of that.
-- Next, not built: a head start for in-process drivers. Read and parse the manifest and take the lock before \
-the runtime starts, then start each driver's thread and its module load there, so that they overlap the \
-runtime, the signal handlers, the watches and the registry (0.55 ms on `main` in the trace above, against \
-0.37 ms from the driver thread's creation to its module loaded). The manifest read afterwards, once its \
-folder is watched, would reuse the early parse when the text is the same. Isolated drivers would gain \
-nothing from it on 2 CPUs (see the first point).
+- (2026-12-03) A head start for in-process drivers: `main` read the manifest and took the lock before the \
+runtime started, then started each in-process driver's thread and its module load there, so that they would \
+overlap the runtime, the signal handlers, the watches and the registry (0.55 ms on `main` in the trace \
+above, against 0.37 ms from the driver thread's creation to its module loaded); the first apply created each \
+driver on that thread when its table was still the same (tested, then taken out). Four alternating runs each \
+way on a build without LTO: the C example node in process 1.27, 1.30, 1.36, 1.28× against 1.29, 1.24, 1.36, \
+1.26× without it, the demo node 13.2 to 14.4 ms against 12.9 to 13.2 ms: no gain on 2 CPUs, where the loads \
+take the CPU the host's own start needs, as they did on the main thread (the point above).
 - Not tried: a fork server (one `devhost-worker` started early, forking each worker). It would spare each \
 worker its exec, but every worker would share one address-space layout, and either the fork server would be \
 every worker's parent (its death would take them all down) or each worker would be made with a raw \
