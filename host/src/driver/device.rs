@@ -72,58 +72,90 @@ pub fn quoted(id: &str) -> String {
 
 /// Finds the entries of a list being built by their key: the list itself is looked through while
 /// it is short (one request usually composes a handful of devices, which set the same few keys),
-/// and a map of its keys is kept once it holds more than [`Finder::SHORT`], so that composing the
-/// most devices a scan may hold ([`crate::driver::callbacks::MAX_DEVICES`]) stays linear instead of
+/// and a map of its keys is kept once it holds more than [`SHORT`], so that composing the most
+/// devices a scan may hold ([`crate::driver::callbacks::MAX_DEVICES`]) stays linear instead of
 /// quadratic.
-#[derive(Default)]
-struct Finder {
+struct Finder<T> {
+    key_of: fn(&T) -> &str,
     map: Option<std::collections::HashMap<String, usize>>,
 }
 
-impl Finder {
-    const SHORT: usize = 16;
+/// How many entries a list may hold before [`Finder`] keeps a map of its keys.
+const SHORT: usize = 16;
 
-    /// The position in `list` of the entry whose key (by `key_of`) is `key`.
-    fn find<T>(&mut self, list: &[T], key_of: impl Fn(&T) -> &str, key: &str) -> Option<usize> {
-        if self.map.is_none() && list.len() > Self::SHORT {
+impl<T> Finder<T> {
+    fn new(key_of: fn(&T) -> &str) -> Finder<T> {
+        Finder { key_of, map: None }
+    }
+
+    /// The position in `list` of the entry whose key is `key`.
+    fn find(&mut self, list: &[T], key: &str) -> Option<usize> {
+        if self.map.is_none() && list.len() > SHORT {
             let mut map = std::collections::HashMap::with_capacity(list.len() * 2);
             for (i, e) in list.iter().enumerate() {
                 // The first of equal keys, as the look through the list finds.
-                map.entry(key_of(e).to_string()).or_insert(i);
+                map.entry((self.key_of)(e).to_string()).or_insert(i);
             }
             self.map = Some(map);
         }
         match &self.map {
             Some(map) => map.get(key).copied(),
-            None => list.iter().position(|e| key_of(e) == key),
+            None => list.iter().position(|e| (self.key_of)(e) == key),
         }
     }
 
-    /// Records that the entry with `key` was pushed at position `at`.
-    fn pushed(&mut self, key: &str, at: usize) {
+    /// Appends `entry` to `list` (a key [`Finder::find`] did not find there).
+    fn push(&mut self, list: &mut Vec<T>, entry: T) {
         if let Some(map) = &mut self.map {
-            map.insert(key.to_string(), at);
+            map.insert((self.key_of)(&entry).to_string(), list.len());
+        }
+        list.push(entry);
+    }
+
+    /// Replaces the entry of `entry`'s key in `list`, or appends it.
+    fn set(&mut self, list: &mut Vec<T>, entry: T) {
+        match self.find(list, (self.key_of)(&entry)) {
+            Some(i) => list[i] = entry,
+            None => self.push(list, entry),
         }
     }
+}
+
+fn node_path(n: &DeviceNode) -> &str {
+    &n.container_path
+}
+
+fn mount_path(m: &Mount) -> &str {
+    &m.container_path
+}
+
+fn pair_key(kv: &(String, String)) -> &str {
+    &kv.0
+}
+
+fn itself(s: &String) -> &str {
+    s
 }
 
 /// Comma-joined values of keys (env vars, annotations) being composed, each distinct value once: a
 /// value is looked for in the joined text while it has few values, in a set of them past
-/// [`Finder::SHORT`] (a key every device of a large request sets, such as a visible-devices list).
-#[derive(Default)]
+/// [`SHORT`] (a key every device of a large request sets, such as a visible-devices list).
 struct Joiner {
-    keys: Finder,
-    /// The values of entries (by position) that have more than [`Finder::SHORT`] of them.
+    keys: Finder<(String, String)>,
+    /// The values of entries (by position) that have more than [`SHORT`] of them.
     sets: std::collections::HashMap<usize, std::collections::HashSet<String>>,
 }
 
 impl Joiner {
+    fn new() -> Joiner {
+        Joiner { keys: Finder::new(pair_key), sets: std::collections::HashMap::new() }
+    }
+
     /// Appends `value` to the comma-joined value of `key` unless already there; a new key goes
     /// last (keys keep the order they were first set in).
     fn join(&mut self, list: &mut Vec<(String, String)>, key: &str, value: &str) {
-        let Some(i) = self.keys.find(list, |(k, _)| k, key) else {
-            self.keys.pushed(key, list.len());
-            list.push((key.to_string(), value.to_string()));
+        let Some(i) = self.keys.find(list, key) else {
+            self.keys.push(list, (key.to_string(), value.to_string()));
             return;
         };
         let existing = &mut list[i].1;
@@ -138,7 +170,7 @@ impl Joiner {
                 if existing.split(',').any(|v| v == value) {
                     return;
                 }
-                if existing.split(',').nth(Finder::SHORT).is_some() {
+                if existing.split(',').nth(SHORT).is_some() {
                     let set = existing.split(',').chain(value.split(',')).map(str::to_string).collect();
                     self.sets.insert(i, set);
                 }
@@ -160,24 +192,21 @@ pub type Conflicts = Vec<String>;
 pub fn compose<'a>(devices: impl IntoIterator<Item = &'a Device>) -> (Edits, Conflicts) {
     let mut out = Edits::default();
     let mut conflicts = Vec::new();
-    let (mut nodes, mut mounts, mut cdi) = (Finder::default(), Finder::default(), Finder::default());
-    let (mut envs, mut annotations) = (Joiner::default(), Joiner::default());
+    let (mut nodes, mut mounts, mut cdi) = (Finder::new(node_path), Finder::new(mount_path), Finder::new(itself));
+    let (mut envs, mut annotations) = (Joiner::new(), Joiner::new());
     for d in devices {
         for n in &d.edits.device_nodes {
-            match nodes.find(&out.device_nodes, |e| &e.container_path, &n.container_path) {
+            match nodes.find(&out.device_nodes, &n.container_path) {
                 Some(i) if out.device_nodes[i].host_path != n.host_path => conflicts.push(format!(
                     "device {}: device node {} -> {} conflicts with {} (kept)",
                     d.id, n.host_path, n.container_path, out.device_nodes[i].host_path
                 )),
                 Some(_) => {}
-                None => {
-                    nodes.pushed(&n.container_path, out.device_nodes.len());
-                    out.device_nodes.push(n.clone());
-                }
+                None => nodes.push(&mut out.device_nodes, n.clone()),
             }
         }
         for m in &d.edits.mounts {
-            match mounts.find(&out.mounts, |e| &e.container_path, &m.container_path) {
+            match mounts.find(&out.mounts, &m.container_path) {
                 Some(i) if out.mounts[i].host_path != m.host_path || out.mounts[i].read_only != m.read_only => {
                     conflicts.push(format!(
                         "device {}: mount {} -> {} conflicts with {} (kept)",
@@ -185,10 +214,7 @@ pub fn compose<'a>(devices: impl IntoIterator<Item = &'a Device>) -> (Edits, Con
                     ))
                 }
                 Some(_) => {}
-                None => {
-                    mounts.pushed(&m.container_path, out.mounts.len());
-                    out.mounts.push(m.clone());
-                }
+                None => mounts.push(&mut out.mounts, m.clone()),
             }
         }
         for (k, v) in &d.edits.envs {
@@ -198,9 +224,8 @@ pub fn compose<'a>(devices: impl IntoIterator<Item = &'a Device>) -> (Edits, Con
             annotations.join(&mut out.annotations, k, v);
         }
         for c in &d.edits.cdi_devices {
-            if cdi.find(&out.cdi_devices, |e| e, c).is_none() {
-                cdi.pushed(c, out.cdi_devices.len());
-                out.cdi_devices.push(c.clone());
+            if cdi.find(&out.cdi_devices, c).is_none() {
+                cdi.push(&mut out.cdi_devices, c.clone());
             }
         }
     }
@@ -213,47 +238,24 @@ impl Edits {
     /// same container path, its CDI names are added. Linear in the sizes of
     /// both (see [`Finder`]).
     pub fn amend(&mut self, hook: Edits) {
-        let mut nodes = Finder::default();
+        let mut nodes = Finder::new(node_path);
         for n in hook.device_nodes {
-            match nodes.find(&self.device_nodes, |e| &e.container_path, &n.container_path) {
-                Some(i) => self.device_nodes[i] = n,
-                None => {
-                    nodes.pushed(&n.container_path, self.device_nodes.len());
-                    self.device_nodes.push(n);
-                }
-            }
+            nodes.set(&mut self.device_nodes, n);
         }
-        let mut mounts = Finder::default();
+        let mut mounts = Finder::new(mount_path);
         for m in hook.mounts {
-            match mounts.find(&self.mounts, |e| &e.container_path, &m.container_path) {
-                Some(i) => self.mounts[i] = m,
-                None => {
-                    mounts.pushed(&m.container_path, self.mounts.len());
-                    self.mounts.push(m);
-                }
+            mounts.set(&mut self.mounts, m);
+        }
+        for (list, set) in [(&mut self.envs, hook.envs), (&mut self.annotations, hook.annotations)] {
+            let mut keys = Finder::new(pair_key);
+            for kv in set {
+                keys.set(list, kv);
             }
         }
-        set_all(&mut self.envs, hook.envs);
-        set_all(&mut self.annotations, hook.annotations);
-        let mut cdi = Finder::default();
+        let mut cdi = Finder::new(itself);
         for c in hook.cdi_devices {
-            if cdi.find(&self.cdi_devices, |e| e, &c).is_none() {
-                cdi.pushed(&c, self.cdi_devices.len());
-                self.cdi_devices.push(c);
-            }
-        }
-    }
-}
-
-/// Sets each key of `set` in `list`: a value for a key already there replaces it, a new key goes last.
-fn set_all(list: &mut Vec<(String, String)>, set: Vec<(String, String)>) {
-    let mut keys = Finder::default();
-    for (k, v) in set {
-        match keys.find(list, |(key, _)| key, &k) {
-            Some(i) => list[i].1 = v,
-            None => {
-                keys.pushed(&k, list.len());
-                list.push((k, v));
+            if cdi.find(&self.cdi_devices, &c).is_none() {
+                cdi.push(&mut self.cdi_devices, c);
             }
         }
     }
