@@ -80,8 +80,9 @@ struct Finder<T> {
     map: Option<std::collections::HashMap<String, usize>>,
 }
 
-/// How many entries a list may hold before [`Finder`] keeps a map of its keys.
-const SHORT: usize = 16;
+/// How many entries a list may hold before [`Finder`] keeps a map of its keys (and how many IDs
+/// a request may name before `engine::cdi` finds its devices through a map).
+pub(crate) const SHORT: usize = 16;
 
 impl<T> Finder<T> {
     fn new(key_of: fn(&T) -> &str) -> Finder<T> {

@@ -232,7 +232,7 @@ pub fn allocate_edits(resource: &str, devices: &[Device], physical: &[String], c
     let vars = list_vars(devices);
     // A device by its ID, else the first replica of it: looked for in the list for a few IDs, in
     // a map of the list for more (a request for thousands of devices stays linear).
-    let index: Option<HashMap<&str, &Device>> = (physical.len() > 16).then(|| {
+    let index: Option<HashMap<&str, &Device>> = (physical.len() > crate::driver::device::SHORT).then(|| {
         let mut index = HashMap::with_capacity(devices.len());
         for d in devices {
             index.entry(d.id.as_str()).or_insert(d);
