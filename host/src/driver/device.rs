@@ -143,13 +143,14 @@ fn itself(s: &String) -> &str {
 /// [`SHORT`] (a key every device of a large request sets, such as a visible-devices list).
 struct Joiner {
     keys: Finder<(String, String)>,
-    /// The values of entries (by position) that have more than [`SHORT`] of them.
-    sets: std::collections::HashMap<usize, std::collections::HashSet<String>>,
+    /// The values of each entry (by position) that has more than [`SHORT`] of them; grown only
+    /// when one does, so it costs nothing in the usual case.
+    sets: Vec<Option<std::collections::HashSet<String>>>,
 }
 
 impl Joiner {
     fn new() -> Joiner {
-        Joiner { keys: Finder::new(pair_key), sets: std::collections::HashMap::new() }
+        Joiner { keys: Finder::new(pair_key), sets: Vec::new() }
     }
 
     /// Appends `value` to the comma-joined value of `key` unless already there; a new key goes
@@ -160,7 +161,7 @@ impl Joiner {
             return;
         };
         let existing = &mut list[i].1;
-        match self.sets.get_mut(&i) {
+        match self.sets.get_mut(i).and_then(Option::as_mut) {
             Some(set) => {
                 if set.contains(value) {
                     return;
@@ -173,7 +174,10 @@ impl Joiner {
                 }
                 if existing.split(',').nth(SHORT).is_some() {
                     let set = existing.split(',').chain(value.split(',')).map(str::to_string).collect();
-                    self.sets.insert(i, set);
+                    if self.sets.len() <= i {
+                        self.sets.resize_with(i + 1, || None);
+                    }
+                    self.sets[i] = Some(set);
                 }
             }
         }
