@@ -205,6 +205,31 @@ async fn conflicting_edits_keep_the_first_device_and_log_the_other() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_of_many_conflicting_devices_logs_a_few_and_counts_the_rest() {
+    let node = Node::new();
+    let so = hostile_so(&node);
+    let (kubelet, d) =
+        start(&node, &format!("module = \"{}\"\noptions = {{ mode = \"conflict\", count = 500 }}", so.display())).await;
+    kubelet.wait_devices("example.com/bad", WAIT, |x| x.len() == 500).await.unwrap();
+    let ids: Vec<String> = (0..500).map(|i| format!("c-{i}")).collect();
+    let r = kubelet.allocate("example.com/bad", vec![ids]).await.unwrap();
+    let nodes = &r.container_responses[0].devices;
+    assert_eq!(nodes.len(), 1);
+    assert_eq!(nodes[0].host_path, "/dev/null", "the first device in request order wins");
+    d.wait_log("499 in all", WAIT).await;
+    let logs = d.logs();
+    let lines: Vec<&str> = logs.lines().filter(|l| l.contains("conflicting container edits")).collect();
+    assert_eq!(lines.len(), devhost::driver::device::Conflicts::SHOWN + 1, "{lines:#?}");
+    assert!(
+        lines[0].contains("device c-1: device node /dev/zero -> /dev/shared conflicts with /dev/null"),
+        "{lines:#?}"
+    );
+    let more = devhost::driver::device::Conflicts::SHOWN;
+    assert!(lines[more].contains(&format!("{} more in this request (499 in all", 499 - more)), "{lines:#?}");
+    good_still_allocates(&kubelet).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn millions_of_devices_are_capped_and_the_host_survives() {
     let node = Node::new();
     let so = hostile_so(&node);

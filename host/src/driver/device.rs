@@ -186,8 +186,46 @@ impl Joiner {
     }
 }
 
-/// What composing edits noticed: conflicts an operator should hear about.
-pub type Conflicts = Vec<String>;
+/// What composing edits noticed: conflicts an operator should hear about. One request can hold
+/// as many devices as a resource has, each conflicting with the first: the first
+/// [`Conflicts::SHOWN`] are described, the rest only counted, so that neither the answer's
+/// memory nor the log grows with the request.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Conflicts {
+    shown: Vec<String>,
+    total: usize,
+}
+
+impl Conflicts {
+    /// How many conflicts of one composition are described.
+    pub const SHOWN: usize = 8;
+
+    fn add(&mut self, describe: impl FnOnce() -> String) {
+        if self.shown.len() < Self::SHOWN {
+            self.shown.push(describe());
+        }
+        self.total += 1;
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.total == 0
+    }
+
+    /// Every conflict found, described or not.
+    pub fn total(&self) -> usize {
+        self.total
+    }
+
+    /// The first [`Conflicts::SHOWN`] conflicts, described.
+    pub fn shown(&self) -> &[String] {
+        &self.shown
+    }
+
+    /// The conflicts found past the described ones.
+    pub fn unshown(&self) -> usize {
+        self.total - self.shown.len()
+    }
+}
 
 /// Composes the edits of several devices (in request order):
 /// device nodes and mounts de-duplicated by container path (first wins, a
@@ -196,16 +234,18 @@ pub type Conflicts = Vec<String>;
 /// de-duplicated. Linear in the number of devices (see [`Finder`]).
 pub fn compose<'a>(devices: impl IntoIterator<Item = &'a Device>) -> (Edits, Conflicts) {
     let mut out = Edits::default();
-    let mut conflicts = Vec::new();
+    let mut conflicts = Conflicts::default();
     let (mut nodes, mut mounts, mut cdi) = (Finder::new(node_path), Finder::new(mount_path), Finder::new(itself));
     let (mut envs, mut annotations) = (Joiner::new(), Joiner::new());
     for d in devices {
         for n in &d.edits.device_nodes {
             match nodes.find(&out.device_nodes, &n.container_path) {
-                Some(i) if out.device_nodes[i].host_path != n.host_path => conflicts.push(format!(
-                    "device {}: device node {} -> {} conflicts with {} (kept)",
-                    d.id, n.host_path, n.container_path, out.device_nodes[i].host_path
-                )),
+                Some(i) if out.device_nodes[i].host_path != n.host_path => conflicts.add(|| {
+                    format!(
+                        "device {}: device node {} -> {} conflicts with {} (kept)",
+                        d.id, n.host_path, n.container_path, out.device_nodes[i].host_path
+                    )
+                }),
                 Some(_) => {}
                 None => nodes.push(&mut out.device_nodes, n.clone()),
             }
@@ -213,10 +253,12 @@ pub fn compose<'a>(devices: impl IntoIterator<Item = &'a Device>) -> (Edits, Con
         for m in &d.edits.mounts {
             match mounts.find(&out.mounts, &m.container_path) {
                 Some(i) if out.mounts[i].host_path != m.host_path || out.mounts[i].read_only != m.read_only => {
-                    conflicts.push(format!(
-                        "device {}: mount {} -> {} conflicts with {} (kept)",
-                        d.id, m.host_path, m.container_path, out.mounts[i].host_path
-                    ))
+                    conflicts.add(|| {
+                        format!(
+                            "device {}: mount {} -> {} conflicts with {} (kept)",
+                            d.id, m.host_path, m.container_path, out.mounts[i].host_path
+                        )
+                    })
                 }
                 Some(_) => {}
                 None => mounts.push(&mut out.mounts, m.clone()),
@@ -334,8 +376,32 @@ mod tests {
         let b = dev("b", ("/dev/x1", "/dev/x"), ("K", "1"));
         let (e, conflicts) = compose([&a, &b]);
         assert_eq!(e.device_nodes[0].host_path, "/dev/x0");
-        assert_eq!(conflicts.len(), 1);
-        assert!(conflicts[0].contains("device b") && conflicts[0].contains("/dev/x1"), "{conflicts:?}");
+        assert_eq!((conflicts.total(), conflicts.unshown()), (1, 0));
+        assert!(conflicts.shown()[0].contains("device b") && conflicts.shown()[0].contains("/dev/x1"), "{conflicts:?}");
+    }
+
+    #[test]
+    fn many_conflicts_describe_the_first_few_and_count_the_rest() {
+        // Every device after the first wants /dev/x from another host node, and every one after
+        // the second mounts /m from another host path too.
+        let devices: Vec<Device> = (0..1000)
+            .map(|i| {
+                let mut d = dev(&format!("d{i}"), (&format!("/dev/x{i}"), "/dev/x"), ("K", "1"));
+                if i > 0 {
+                    d.edits.mounts =
+                        vec![Mount { host_path: format!("/h{i}"), container_path: "/m".into(), read_only: true }];
+                }
+                d
+            })
+            .collect();
+        let (e, conflicts) = compose(&devices);
+        assert_eq!((e.device_nodes.len(), e.mounts.len()), (1, 1));
+        assert_eq!(conflicts.total(), 999 + 998);
+        assert_eq!(conflicts.shown().len(), Conflicts::SHOWN);
+        assert_eq!(conflicts.unshown(), 999 + 998 - Conflicts::SHOWN);
+        // In request order: d1's node, d2's node and mount, d3's ...
+        assert!(conflicts.shown()[0].starts_with("device d1: device node /dev/x1 -> /dev/x"), "{conflicts:?}");
+        assert!(conflicts.shown()[2].starts_with("device d2: mount /h2 -> /m conflicts with /h1"), "{conflicts:?}");
     }
 
     #[test]
@@ -440,7 +506,8 @@ mod tests {
                 let (want, want_conflicts) = reference(&devices);
                 let (got, conflicts) = compose(&devices);
                 assert_eq!(got, want, "{n} devices, pool {pool}");
-                assert_eq!(conflicts.len(), want_conflicts, "{n} devices, pool {pool}");
+                assert_eq!(conflicts.total(), want_conflicts, "{n} devices, pool {pool}");
+                assert_eq!(conflicts.shown().len(), want_conflicts.min(Conflicts::SHOWN), "{n} devices, pool {pool}");
             }
         }
     }

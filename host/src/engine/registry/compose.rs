@@ -1,5 +1,5 @@
 //! The composition both kubelet fronts share: what a set of a resource's devices gives a
-//! container. The devices' scanned edits are composed (conflicts logged), turned into CDI names
+//! container. The devices' scanned edits are composed (conflicts logged, a few of them in full), turned into CDI names
 //! when the resource answers with CDI, and then amended by the driver's allocate hook, whose call
 //! is counted in the metrics. The device plugin's Allocate runs it once per container request,
 //! DRA's NodePrepareResources once per claim.
@@ -24,8 +24,17 @@ pub async fn compose(
     metrics: &Metrics,
 ) -> Result<Edits, CallError> {
     let (mut edits, conflicts) = device::compose(physical.iter().filter_map(|id| view.physical(id)));
-    for conflict in conflicts {
+    for conflict in conflicts.shown() {
         tracing::warn!(resource, "conflicting container edits: {conflict}");
+    }
+    if conflicts.unshown() > 0 {
+        tracing::warn!(
+            resource,
+            "conflicting container edits: {} more in this request ({} in all; the first {} are logged above)",
+            conflicts.unshown(),
+            conflicts.total(),
+            conflicts.shown().len()
+        );
     }
     if cdi_names {
         edits = cdi::allocate_edits(resource, &view.devices, physical, edits);

@@ -195,7 +195,12 @@ fn conflicts(r: &mut Report, devices: &[Device]) {
     let (_, found) = compose(devices.iter());
     match found.is_empty() {
         true => r.add("edits between devices", Verdict::Pass, "all devices in one container compose without conflicts"),
-        false => r.add("edits between devices", Verdict::Fail, found.join("; ")),
+        false if found.unshown() == 0 => r.add("edits between devices", Verdict::Fail, found.shown().join("; ")),
+        false => r.add(
+            "edits between devices",
+            Verdict::Fail,
+            format!("{}; and {} more", found.shown().join("; "), found.unshown()),
+        ),
     }
 }
 
