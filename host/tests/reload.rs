@@ -296,3 +296,51 @@ async fn a_dra_front_that_cannot_start_is_tried_once_per_apply() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(tries(&d.logs()), 2, "tried again once by the reload: {}", d.logs());
 }
+
+/// A reload that changes one resource of a driver it keeps: the resource is served again with
+/// the device its new entry selects. The kept driver's rescan used to be started before the
+/// new resources were installed, so on a node of many drivers it could publish to the old
+/// resource, and the new one registered with no devices until the driver's next change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_of_one_resource_among_many_kept_drivers_serves_its_new_device() {
+    const DRIVERS: usize = 16;
+    let node = Node::new();
+    let so = module("example_c");
+    let text = |moved_to: usize| {
+        let mut m = String::new();
+        for k in 0..DRIVERS {
+            // Drivers in process (the quickest scans) and isolated, alternately.
+            let isolation = if k % 2 == 0 { "in-process" } else { "process" };
+            m.push_str(&format!(
+                "[driver.c{k:02}]\nmodule = \"{}\"\nisolation = \"{isolation}\"\noptions = {{ count = 2 }}\n\n",
+                so.display()
+            ));
+        }
+        for k in 0..DRIVERS {
+            // Driver c00 comes first in the apply's order: its rescan starts before the others'.
+            let index = if k == 0 { moved_to } else { 0 };
+            m.push_str(&format!(
+                "[[resource]]\nname = \"example.com/r{k}\"\ndriver = \"c{k:02}\"\nmatch = {{ id = \"example-{index}\" }}\n\n"
+            ));
+        }
+        m
+    };
+    let m = node.write_manifest(&text(0));
+    let kubelet = Kubelet::start(&node.kubelet_dir()).unwrap();
+    let d = Daemon::start(&m, &node.kubelet_dir());
+    for k in 0..DRIVERS {
+        kubelet.wait_devices(&format!("example.com/r{k}"), WAIT, |x| x.len() == 1).await.unwrap();
+    }
+    for round in 1..=8 {
+        let want = format!("example-{}", round % 2);
+        std::fs::write(&m, text(round % 2)).unwrap();
+        hup(&d);
+        if let Err(e) = kubelet.wait_devices("example.com/r0", WAIT, |x| x.len() == 1 && x[0].id == want).await {
+            panic!("reload {round}: example.com/r0 is not served with {want}: {e}\nlog:\n{}", d.logs());
+        }
+        for k in 1..DRIVERS {
+            let r = format!("example.com/r{k}");
+            kubelet.wait_devices(&r, WAIT, |x| x.len() == 1 && x[0].id == "example-0").await.unwrap();
+        }
+    }
+}

@@ -358,9 +358,8 @@ impl Registry {
         drop(created_tx);
         // Settled at once: the kept drivers, and resources naming a driver
         // the manifest does not configure.
-        for inst in kept_drivers {
+        for inst in &kept_drivers {
             self.settle(manifest, &inst.name, &mut start);
-            self.start_first_scan(&inst, false, &mut start);
         }
         let unconfigured: std::collections::BTreeSet<&str> = manifest
             .resources
@@ -372,6 +371,12 @@ impl Registry {
             self.settle(manifest, name, &mut start);
         }
         self.publish_installed(manifest, &start);
+        // A kept driver's rescan publishes to the installed resources: started before they are
+        // in, it could give its devices to the resources being replaced, and a changed
+        // resource would be served empty until the driver's next scan.
+        for inst in &kept_drivers {
+            self.start_first_scan(inst, false, &mut start);
+        }
         // Every task sends its slot once; a task that panicked sends none
         // and its sender is gone with it: that driver counts as failed.
         while let Some((name, cfg, slot)) = created_rx.recv().await {
