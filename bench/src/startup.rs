@@ -212,8 +212,8 @@ pipe). Every process of a node now logs into `<node>/logs` (`bench/src/node.rs`,
 devhost, the bench before and after, three alternating runs each: the C example node in process 1.51, 1.41, \
 1.48× before, 1.59, 1.37, 1.40× after; isolated 1.98, 1.94, 1.98× before, 2.38, 1.89, 1.91× after: within \
 the run-to-run spread for a node that logs seven lines before its last registration. It is fixed as a fault \
-of the harness, not for a figure. Six runs with the fix (the three above and three more, the last of which \
-is the table above): in process 1.31 to 1.59× (median 1.44×; four of the six at most 1.5×), isolated 1.84 to \
+of the harness, not for a figure. Six runs with the fix on 2026-12-03 (the three above and three more; the \
+table above is from a later run, one more sample): in process 1.31 to 1.59× (median 1.44×; four of the six at most 1.5×), isolated 1.84 to \
 2.38× (median 1.92×). Target 3 (at most 1.5× the null plugin) is met in process in most runs but not in \
 every one, and not met isolated.
 
@@ -226,8 +226,8 @@ not improve. devhost's own p50s, six runs of this bench each way with the old an
 null plugin (medians of the six): C example in process 5.7 against 5.9 ms; demo node 10.8 against 11.3 ms in \
 process, 13.7 against 13.9 ms isolated.
 
-**Where the demo node's CPU goes.** By the CPU table above: the null plugin spends about 4 ms and is bound \
-by its round trips, not the CPUs; devhost's own threads 6 to 9 ms; its driver threads 4.5 to 6 ms more on \
+**Where the demo node's CPU goes.** By the CPU table above: the null plugin spends 3 to 4 ms and is bound \
+by its round trips, not the CPUs; devhost's own threads 6 to 9 ms; its driver threads 4 to 6 ms more on \
 reading and loading their modules, their creates and first scans (the fake NVML's init, sysfs walks; before \
 2026-12-02 the modules were loaded on devhost's own threads, which then counted about 10 ms against 3 ms for \
 the drivers); isolated, the four workers about 7 to 9 ms, each starting with a process start (the \
