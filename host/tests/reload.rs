@@ -344,3 +344,112 @@ async fn a_reload_of_one_resource_among_many_kept_drivers_serves_its_new_device(
         }
     }
 }
+
+/// Reloads of random manifests over a few drivers (kept, replaced when their options or isolation
+/// change) and resources (moved between drivers and devices, dropped, added back): after every
+/// reload each resource the manifest names is served with exactly the device its entry selects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_reloads_always_end_with_every_resource_serving_what_its_entry_selects() {
+    const DRIVERS: usize = 6;
+    const RESOURCES: usize = 6;
+    const RELOADS: usize = 120;
+    // DEVHOST_TEST_SEED=N tries other manifests; a failure names its seed.
+    let first_seed = std::env::var("DEVHOST_TEST_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(0x5eed_d00d_u64);
+    let mut seed = first_seed;
+    let mut below = |n: usize| {
+        // xorshift64*: deterministic, so that a failure replays.
+        seed ^= seed >> 12;
+        seed ^= seed << 25;
+        seed ^= seed >> 27;
+        (seed.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33) as usize % n
+    };
+    let node = Node::new();
+    let so = module("example_c");
+    // Each driver's (count, isolated); each resource's (driver, index), or None when left out.
+    // Driver dK names its devices dK-0, dK-1, ...: an ID says which driver serves it.
+    let mut drivers: Vec<(usize, bool)> = (0..DRIVERS).map(|k| (4, k % 2 == 1)).collect();
+    let mut resources: Vec<Option<(usize, usize)>> = (0..RESOURCES).map(|r| Some((r % DRIVERS, 0))).collect();
+    let text = |drivers: &[(usize, bool)], resources: &[Option<(usize, usize)>]| {
+        let mut m = String::new();
+        for (k, (count, isolated)) in drivers.iter().enumerate() {
+            let isolation = if *isolated { "process" } else { "in-process" };
+            m.push_str(&format!(
+                "[driver.d{k}]\nmodule = \"{}\"\nisolation = \"{isolation}\"\noptions = {{ count = {count}, prefix = \"d{k}\" }}\n\n",
+                so.display()
+            ));
+        }
+        for (r, sel) in resources.iter().enumerate() {
+            if let Some((k, i)) = sel {
+                m.push_str(&format!(
+                    "[[resource]]\nname = \"example.com/r{r}\"\ndriver = \"d{k}\"\nmatch = {{ id = \"d{k}-{i}\" }}\n\n"
+                ));
+            }
+        }
+        m
+    };
+    let m = node.write_manifest(&text(&drivers, &resources));
+    let kubelet = Kubelet::start(&node.kubelet_dir()).unwrap();
+    let d = Daemon::start(&m, &node.kubelet_dir());
+    for round in 0..=RELOADS {
+        if round > 0 {
+            // A driver or two change (count 3 to 5, or isolation): replaced instances.
+            for _ in 0..below(3) {
+                let k = below(DRIVERS);
+                match below(2) {
+                    0 => drivers[k].0 = 3 + below(3),
+                    _ => drivers[k].1 = !drivers[k].1,
+                }
+            }
+            // Resources move, leave or come back; no device is selected twice.
+            let mut taken = std::collections::HashSet::new();
+            for sel in resources.iter_mut() {
+                *sel = match below(6) {
+                    0 => None,
+                    1 | 2 => *sel,
+                    _ => Some((below(DRIVERS), below(3))),
+                };
+                if let Some((k, i)) = *sel
+                    && (i >= drivers[k].0 || !taken.insert((k, i)))
+                {
+                    *sel = None;
+                }
+            }
+            std::fs::write(&m, text(&drivers, &resources)).unwrap();
+            hup(&d);
+        }
+        for (r, sel) in resources.iter().enumerate() {
+            let Some((k, i)) = sel else { continue };
+            let (name, want) = (format!("example.com/r{r}"), format!("d{k}-{i}"));
+            let served =
+                |x: &[devhost_proto::v1beta1::Device]| x.len() == 1 && x[0].id == want && x[0].health == "Healthy";
+            if let Err(e) = kubelet.wait_devices(&name, WAIT, served).await {
+                panic!(
+                    "seed {first_seed}, reload {round}: {name} (driver d{k}) is not served with {want}: {e}\nmanifest:\n{}\nlog:\n{}",
+                    text(&drivers, &resources),
+                    d.logs()
+                );
+            }
+        }
+    }
+    // A check above may have passed on a list from before a reload: once every reload is
+    // applied and the registrations are done, each resource still serves its device.
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        // SIGHUPs that come during an apply are one reload: count the reloads begun.
+        let log = d.logs();
+        if log.matches(": reloading ").count() == log.matches("reload applied").count() {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "seed {first_seed}: a reload never finished; log:\n{log}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // First scans and registrations finish in the background, in milliseconds.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for (r, sel) in resources.iter().enumerate() {
+        let Some((k, i)) = sel else { continue };
+        let name = format!("example.com/r{r}");
+        let ids: Vec<String> = kubelet.devices(&name).unwrap_or_default().into_iter().map(|x| x.id).collect();
+        assert_eq!(ids, [format!("d{k}-{i}")], "seed {first_seed}: {name} at the end");
+        assert!(kubelet.is_connected(&name), "seed {first_seed}: {name} is not connected at the end");
+    }
+}

@@ -370,7 +370,9 @@ impl Registry {
         for name in unconfigured {
             self.settle(manifest, name, &mut start);
         }
-        self.publish_installed(manifest, &start);
+        // The resources this takes out are the ones no longer in the manifest: the kept drivers'
+        // rescans below hand their devices on, and a replaced driver's instance is retired.
+        let _ = self.publish_installed(manifest, &start);
         // A kept driver's rescan publishes to the installed resources: started before they are
         // in, it could give its devices to the resources being replaced, and a changed
         // resource would be served empty until the driver's next scan.
@@ -488,13 +490,25 @@ impl Registry {
         };
         write(&self.drivers).insert(name.clone(), entry);
         self.settle(manifest, &name, start);
-        self.publish_installed(manifest, start);
+        let freed = self.publish_installed(manifest, start);
         // The instance it replaced goes only once its successor's resources are in place.
         if let Some(p) = retired {
             retire(p);
         }
+        let scanned = scan.as_ref().map(|(inst, _)| inst.clone());
         if let Some((inst, is_new)) = scan {
             self.start_first_scan(&inst, is_new, start);
+        }
+        // A resource this took out (replaced by one of this driver) may have held a device
+        // that the new manifest gives to another resource of a driver that keeps running: that
+        // one was refused it while the old resource served (a device goes to the first
+        // resource selecting it). A rescan hands it over; the first scan above does so for
+        // this driver's own instance.
+        for inst in freed {
+            if scanned.as_ref().is_none_or(|s| !Arc::ptr_eq(s, &inst)) && self.current(&inst) {
+                let reg = self.clone();
+                tokio::spawn(async move { reg.rescan(&inst).await });
+            }
         }
     }
 
@@ -564,8 +578,10 @@ impl Registry {
 
     /// Makes what is settled so far the registry's resources, in manifest
     /// order: a settled resource, else the running one it will replace
-    /// (serving until then); a new one not settled yet is pending.
-    fn publish_installed(&self, manifest: &Manifest, start: &Settling) {
+    /// (serving until then); a new one not settled yet is pending. Returns
+    /// the driver instances of the resources this took out: devices they
+    /// held may now belong to another resource of the same instance.
+    fn publish_installed(&self, manifest: &Manifest, start: &Settling) -> Vec<Arc<Instance>> {
         let mut resources = Vec::with_capacity(manifest.resources.len());
         let mut pending = Vec::new();
         for cfg in &manifest.resources {
@@ -574,10 +590,27 @@ impl Registry {
                 None => pending.push(cfg.clone()),
             }
         }
-        *write(&self.resources) = resources;
+        let mut freed: Vec<Arc<Instance>> = Vec::new();
+        {
+            let mut installed = write(&self.resources);
+            for gone in installed.iter().filter(|o| !resources.iter().any(|r| Arc::ptr_eq(r, o))) {
+                if let Some(d) = &gone.driver
+                    && !freed.iter().any(|f| Arc::ptr_eq(f, d))
+                {
+                    freed.push(d.clone());
+                }
+            }
+            *installed = resources;
+        }
         *write(&self.pending) = pending;
         // Every send wakes the fronts, even with the same number.
         self.installs.send_replace(start.apply);
+        freed
+    }
+
+    /// Whether `inst` is the running instance of one of the registry's drivers.
+    fn current(&self, inst: &Arc<Instance>) -> bool {
+        read(&self.drivers).values().any(|e| e.slot.instance().is_some_and(|i| Arc::ptr_eq(i, inst)))
     }
 
     /// A settled driver's first scan (a new instance's began right after its
