@@ -356,6 +356,7 @@ async fn random_reloads_always_end_with_every_resource_serving_what_its_entry_se
     // DEVHOST_TEST_SEED=N tries other manifests; a failure names its seed.
     let first_seed = std::env::var("DEVHOST_TEST_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(0x5eed_d00d_u64);
     let mut seed = first_seed;
+    let (mut restarts, mut restarted) = (first_seed, 0);
     let mut below = |n: usize| {
         // xorshift64*: deterministic, so that a failure replays.
         seed ^= seed >> 12;
@@ -416,6 +417,13 @@ async fn random_reloads_always_end_with_every_resource_serving_what_its_entry_se
             }
             std::fs::write(&m, text(&drivers, &resources)).unwrap();
             hup(&d);
+            // One reload in four races a kubelet restart (drawn apart, so the manifests stay
+            // those of the seed).
+            restarts = restarts.rotate_left(7) ^ (round as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            if restarts % 4 == 0 {
+                kubelet.restart().unwrap();
+                restarted += 1;
+            }
         }
         for (r, sel) in resources.iter().enumerate() {
             let Some((k, i)) = sel else { continue };
@@ -431,6 +439,7 @@ async fn random_reloads_always_end_with_every_resource_serving_what_its_entry_se
             }
         }
     }
+    assert!(restarted > RELOADS / 8, "seed {first_seed}: only {restarted} kubelet restarts in {RELOADS} reloads");
     // A check above may have passed on a list from before a reload: once every reload is
     // applied and the registrations are done, each resource still serves its device.
     let deadline = std::time::Instant::now() + WAIT;
