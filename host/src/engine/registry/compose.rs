@@ -1,8 +1,8 @@
 //! The composition both kubelet fronts share: what a set of a resource's devices gives a
-//! container. The devices' scanned edits are composed (conflicts logged, a few of them in full), turned into CDI names
-//! when the resource answers with CDI, and then amended by the driver's allocate hook, whose call
-//! is counted in the metrics. The device plugin's Allocate runs it once per container request,
-//! DRA's NodePrepareResources once per claim.
+//! container. The devices' scanned edits are composed (conflicts logged: the first few in full,
+//! then a count), turned into CDI names when the resource answers with CDI, and then amended by
+//! the driver's allocate hook, whose call is counted in the metrics. The device plugin's Allocate
+//! runs it once per container request, DRA's NodePrepareResources once per claim.
 
 use crate::driver::device::{self, Edits};
 use crate::driver::instance::{CallError, Instance};
