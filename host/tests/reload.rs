@@ -346,8 +346,9 @@ async fn a_reload_of_one_resource_among_many_kept_drivers_serves_its_new_device(
 }
 
 /// Reloads of random manifests over a few drivers (kept, replaced when their options or isolation
-/// change) and resources (moved between drivers and devices, dropped, added back): after every
-/// reload each resource the manifest names is served with exactly the device its entry selects.
+/// change) and resources (moved between drivers and devices, dropped, added back), some racing a
+/// kubelet restart or a worker process's crash: after every reload each resource the manifest
+/// names is served with exactly the device its entry selects, and once all is done, Healthy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_reloads_always_end_with_every_resource_serving_what_its_entry_selects() {
     const DRIVERS: usize = 6;
@@ -358,7 +359,7 @@ async fn random_reloads_always_end_with_every_resource_serving_what_its_entry_se
     let first_seed =
         std::env::var("DEVHOST_TEST_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(0x5eed_d00d_u64).max(1);
     let mut seed = first_seed;
-    let (mut restarts, mut restarted) = (first_seed, 0);
+    let (mut restarts, mut restarted, mut kills) = (first_seed, 0, [0; DRIVERS]);
     let mut below = |n: usize| {
         // xorshift64*: deterministic, so that a failure replays.
         seed ^= seed >> 12;
@@ -426,6 +427,19 @@ async fn random_reloads_always_end_with_every_resource_serving_what_its_entry_se
                 kubelet.restart().unwrap();
                 restarted += 1;
             }
+            // One reload in eight races the crash of an isolated driver's worker process; each
+            // driver's at most three times, so that its restart backoff stays under a second.
+            if (restarts >> 8) % 8 == 0 {
+                let isolated: Vec<usize> = (0..DRIVERS).filter(|k| drivers[*k].1 && kills[*k] < 3).collect();
+                if !isolated.is_empty() {
+                    let k = isolated[(restarts >> 16) as usize % isolated.len()];
+                    if let Some(pid) = worker_of(d.child.id(), &format!("d{k}")) {
+                        // SAFETY: kill(2) on a worker process of our own child.
+                        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                        kills[k] += 1;
+                    }
+                }
+            }
         }
         for (r, sel) in resources.iter().enumerate() {
             let Some((k, i)) = sel else { continue };
@@ -442,6 +456,9 @@ async fn random_reloads_always_end_with_every_resource_serving_what_its_entry_se
         }
     }
     assert!(restarted > RELOADS / 8, "seed {first_seed}: only {restarted} kubelet restarts in {RELOADS} reloads");
+    let killed: usize = kills.iter().sum();
+    assert!(killed > RELOADS / 32, "seed {first_seed}: only {killed} workers killed in {RELOADS} reloads");
+    eprintln!("seed {first_seed}: {RELOADS} reloads, {restarted} kubelet restarts, {killed} workers killed");
     // A check above may have passed on a list from before a reload: once every reload is
     // applied and the registrations are done, each resource still serves its device.
     let deadline = std::time::Instant::now() + WAIT;
@@ -454,13 +471,28 @@ async fn random_reloads_always_end_with_every_resource_serving_what_its_entry_se
         assert!(std::time::Instant::now() < deadline, "seed {first_seed}: a reload never finished; log:\n{log}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // First scans and registrations finish in the background, in milliseconds.
+    // First scans and registrations finish in the background, in milliseconds; a killed worker
+    // comes back after its backoff (at most 10 s), its devices Healthy again.
     tokio::time::sleep(Duration::from_secs(1)).await;
     for (r, sel) in resources.iter().enumerate() {
         let Some((k, i)) = sel else { continue };
-        let name = format!("example.com/r{r}");
-        let ids: Vec<String> = kubelet.devices(&name).unwrap_or_default().into_iter().map(|x| x.id).collect();
-        assert_eq!(ids, [format!("d{k}-{i}")], "seed {first_seed}: {name} at the end");
+        let (name, want) = (format!("example.com/r{r}"), format!("d{k}-{i}"));
+        let served = |x: &[devhost_proto::v1beta1::Device]| x.len() == 1 && x[0].id == want && x[0].health == "Healthy";
+        if let Err(e) = kubelet.wait_devices(&name, WAIT, served).await {
+            panic!("seed {first_seed}: {name} at the end: {e}\nlog:\n{}", d.logs());
+        }
         assert!(kubelet.is_connected(&name), "seed {first_seed}: {name} is not connected at the end");
     }
+}
+
+/// The worker process of driver `driver` among the children of `parent`, if one runs.
+fn worker_of(parent: u32, driver: &str) -> Option<u32> {
+    let want = format!("__driver-worker\0{driver}\0");
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
+        let pid = entry.file_name().to_str()?.parse::<u32>().ok()?;
+        let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+        let ppid: u32 = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()?;
+        let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+        (ppid == parent && String::from_utf8_lossy(&cmdline).contains(&want)).then_some(pid)
+    })
 }
