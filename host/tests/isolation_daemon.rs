@@ -113,34 +113,6 @@ async fn abort_in_allocate_next_to_a_healthy_driver() {
     crash_next_to_a_healthy_driver("allocate", "abort", Placement::Explicit).await;
 }
 
-/// Children of `parent` started as driver workers.
-fn workers_of(parent: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
-        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        if alive(pid) && ppid(pid) == Some(parent) && String::from_utf8_lossy(&cmdline).contains("__driver-worker") {
-            out.push(pid);
-        }
-    }
-    out
-}
-
-/// The `stat` fields after the command name: state, ppid, ….
-fn stat_fields(pid: u32) -> Option<Vec<String>> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    Some(stat.rsplit_once(')')?.1.split_whitespace().map(str::to_string).collect())
-}
-
-fn ppid(pid: u32) -> Option<u32> {
-    stat_fields(pid)?.get(1)?.parse().ok()
-}
-
-/// Running, not a zombie nobody reaped (a container's init may not reap).
-fn alive(pid: u32) -> bool {
-    stat_fields(pid).is_some_and(|f| f.first().is_some_and(|s| s != "Z" && s != "X"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_die_with_the_host() {
     let node = Node::new();

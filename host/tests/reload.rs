@@ -484,15 +484,3 @@ async fn random_reloads_always_end_with_every_resource_serving_what_its_entry_se
         assert!(kubelet.is_connected(&name), "seed {first_seed}: {name} is not connected at the end");
     }
 }
-
-/// The worker process of driver `driver` among the children of `parent`, if one runs.
-fn worker_of(parent: u32, driver: &str) -> Option<u32> {
-    let want = format!("__driver-worker\0{driver}\0");
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
-        let pid = entry.file_name().to_str()?.parse::<u32>().ok()?;
-        let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
-        let ppid: u32 = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()?;
-        let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
-        (ppid == parent && String::from_utf8_lossy(&cmdline).contains(&want)).then_some(pid)
-    })
-}

@@ -239,3 +239,41 @@ pub fn fake_nvml_node(root: &Path, machine: &str, pci_root: &str, buses: &[(&str
     std::fs::create_dir_all(root.join("dev")).unwrap();
     lib
 }
+
+/// Children of `parent` started as driver workers (of any driver).
+pub fn workers_of(parent: u32) -> Vec<u32> {
+    workers_matching(parent, "__driver-worker\0")
+}
+
+/// The worker process of driver `driver` among the children of `parent`, if one runs.
+pub fn worker_of(parent: u32, driver: &str) -> Option<u32> {
+    workers_matching(parent, &format!("__driver-worker\0{driver}\0")).first().copied()
+}
+
+/// Live children of `parent` whose command line holds `needle`.
+fn workers_matching(parent: u32, needle: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        if alive(pid) && ppid(pid) == Some(parent) && String::from_utf8_lossy(&cmdline).contains(needle) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// The `stat` fields after the command name: state, ppid, ….
+fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    Some(stat.rsplit_once(')')?.1.split_whitespace().map(str::to_string).collect())
+}
+
+pub fn ppid(pid: u32) -> Option<u32> {
+    stat_fields(pid)?.get(1)?.parse().ok()
+}
+
+/// Running, not a zombie nobody reaped (a container's init may not reap).
+pub fn alive(pid: u32) -> bool {
+    stat_fields(pid).is_some_and(|f| f.first().is_some_and(|s| s != "Z" && s != "X"))
+}
