@@ -18,6 +18,8 @@
  *   release_fail_file  text file whose lines name devices whose release fails
  *                      (to watch the host retry; edit it to let a retry pass)
  *   release_delay_ms   how long a release takes, 0..600000 (default 0)
+ *   dev_dir      folder of real device nodes: device i's host node is
+ *                <dev_dir>/example<i> (default: /dev/null for every device)
  */
 #define _POSIX_C_SOURCE 200809L /* getline, nanosleep, O_CLOEXEC */
 
@@ -45,6 +47,7 @@
 #define WATCH_EVENTS (IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE | IN_DELETE | IN_MOVED_FROM)
 #define REWATCH_MS 1000 /* after the folder itself vanished: try again this often */
 #define MAX_RELEASE_DELAY_MS 600000u /* 10 min: long enough to outlast any call deadline */
+#define MAX_DEV_DIR_LEN 4000u /* leaves room for "/example1023" within PATH_MAX */
 
 #if defined(__GNUC__)
 #define PRINTF_LIKE(fmt, args) __attribute__((format(printf, fmt, args)))
@@ -76,6 +79,7 @@ typedef struct example {
     char *release_file; /* NULL: releases are not recorded */
     char *release_fail_file; /* NULL: every release succeeds */
     unsigned release_delay_ms;
+    char *dev_dir; /* NULL: every device's host node is /dev/null */
 
     pthread_t thread;  /* valid while `watching` */
     bool watching;     /* touched only by host calls, which never overlap */
@@ -194,10 +198,14 @@ static devhost_status read_id_file(const example *ex, devhost_call *call, const 
 static devhost_status report_device(const example *ex, devhost_call *call, unsigned index,
                                     bool unhealthy) {
     const devhost_host_api *host = ex->host;
-    char id[64], number[16], node[32], partner_id[64];
+    char id[64], number[16], node[32], partner_id[64], host_node[MAX_DEV_DIR_LEN + 32];
     format_id(ex, index, id);
     snprintf(number, sizeof number, "%u", index);
     snprintf(node, sizeof node, "/dev/example%u", index);
+    if (ex->dev_dir != NULL)
+        snprintf(host_node, sizeof host_node, "%s/example%u", ex->dev_dir, index);
+    else
+        snprintf(host_node, sizeof host_node, "/dev/null");
     int32_t numa = ex->numa_nodes == 0 ? DEVHOST_NUMA_NONE : (int32_t)(index % ex->numa_nodes);
 
     devhost_status st = host->device_begin(
@@ -207,7 +215,7 @@ static devhost_status report_device(const example *ex, devhost_call *call, unsig
     if (st == DEVHOST_OK) st = host->device_attr(call, str_of("vendor"), str_of("example.com"));
     /* What a container that gets this device sees: the host hands these out. */
     if (st == DEVHOST_OK)
-        st = host->add_device_node(call, str_of("/dev/null"), str_of(node), str_of("rw"));
+        st = host->add_device_node(call, str_of(host_node), str_of(node), str_of("rw"));
     if (st == DEVHOST_OK) st = host->add_env(call, str_of("EXAMPLE_VISIBLE_DEVICES"), str_of(id));
     /* Devices 2k and 2k+1 are a pair (say, two chips on one board). */
     unsigned partner = index ^ 1u;
@@ -339,6 +347,7 @@ static void example_destroy(void *instance) {
     free(ex->health_file);
     free(ex->release_file);
     free(ex->release_fail_file);
+    free(ex->dev_dir);
     free(ex);
 }
 
@@ -354,7 +363,7 @@ static devhost_status example_create(const devhost_host_api *host, const devhost
 
     unsigned count = 2, numa_nodes = 1, release_delay_ms = 0;
     devhost_str prefix = str_of("example"), model = str_of("example-v1"), health_file = {NULL, 0};
-    devhost_str release_file = {NULL, 0}, release_fail_file = {NULL, 0};
+    devhost_str release_file = {NULL, 0}, release_fail_file = {NULL, 0}, dev_dir = {NULL, 0};
     for (size_t i = 0; i < option_count; i++) {
         devhost_kv opt = options[i];
         if (str_is(opt.key, "count")) {
@@ -386,11 +395,16 @@ static devhost_status example_create(const devhost_host_api *host, const devhost
         } else if (str_is(opt.key, "release_delay_ms")) {
             if (!parse_uint(opt.value, MAX_RELEASE_DELAY_MS, &release_delay_ms))
                 return bad_option(host, call, opt, "is not a number between 0 and 600000");
+        } else if (str_is(opt.key, "dev_dir")) {
+            if (opt.value.len == 0 || opt.value.len > MAX_DEV_DIR_LEN || opt.value.ptr[0] != '/' ||
+                memchr(opt.value.ptr, '\0', opt.value.len) != NULL)
+                return bad_option(host, call, opt, "is not an absolute folder path of at most 4000 bytes");
+            dev_dir = opt.value;
         } else {
             return fail(host, call, DEVHOST_ERR_INVALID_ARGUMENT,
                         "unknown option \"%.*s\" (value \"%.*s\"); known options: count, prefix, "
                         "numa_nodes, health_file, model, release_file, release_fail_file, "
-                        "release_delay_ms",
+                        "release_delay_ms, dev_dir",
                         SHOW(opt.key), SHOW(opt.value));
         }
     }
@@ -407,10 +421,12 @@ static devhost_status example_create(const devhost_host_api *host, const devhost
     ex->release_file = release_file.len > 0 ? str_dup(release_file) : NULL;
     ex->release_fail_file = release_fail_file.len > 0 ? str_dup(release_fail_file) : NULL;
     ex->release_delay_ms = release_delay_ms;
+    ex->dev_dir = dev_dir.len > 0 ? str_dup(dev_dir) : NULL;
     bool split = ex->health_file == NULL || split_path(ex->health_file, &ex->health_dir, &ex->health_name);
     if (ex->prefix == NULL || ex->model == NULL || (health_file.len > 0 && ex->health_file == NULL) || !split ||
         (release_file.len > 0 && ex->release_file == NULL) ||
-        (release_fail_file.len > 0 && ex->release_fail_file == NULL)) {
+        (release_fail_file.len > 0 && ex->release_fail_file == NULL) ||
+        (dev_dir.len > 0 && ex->dev_dir == NULL)) {
         example_destroy(ex);
         return fail(host, call, DEVHOST_ERR_INTERNAL, "out of memory");
     }

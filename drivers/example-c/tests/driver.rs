@@ -109,6 +109,22 @@ async fn options_set_count_prefix_model_and_numa_layout() {
 }
 
 #[tokio::test]
+async fn dev_dir_makes_each_device_hand_out_its_own_host_node() {
+    let inst = create("dev-dir", &[("count", "3"), ("dev_dir", "/run/test/nodes")]).await;
+    let nodes: Vec<_> = scan(&inst)
+        .await
+        .iter()
+        .map(|d| {
+            let n = &d.edits.device_nodes[0];
+            (n.host_path.clone(), n.container_path.clone())
+        })
+        .collect();
+    let expected: Vec<_> =
+        (0..3).map(|i| (format!("/run/test/nodes/example{i}"), format!("/dev/example{i}"))).collect();
+    assert_eq!(nodes, expected);
+}
+
+#[tokio::test]
 async fn zero_numa_nodes_means_no_numa_affinity() {
     let inst = create("no-numa", &[("numa_nodes", "0")]).await;
     let devices = scan(&inst).await;
@@ -134,6 +150,8 @@ async fn bad_values_are_invalid_arguments_naming_option_and_value() {
         ("prefix", "a b", "option \"prefix\": \"a b\"".into()),
         ("prefix", "a::b", "option \"prefix\": \"a::b\"".into()),
         ("health_file", "", "option \"health_file\": \"\"".into()),
+        ("dev_dir", "nodes", "option \"dev_dir\": \"nodes\" is not an absolute folder path".into()),
+        ("dev_dir", "", "option \"dev_dir\": \"\"".into()),
         ("colour", "blue", "unknown option \"colour\" (value \"blue\")".into()),
     ] {
         let Err(error) = try_create("bad-option", &[(key, value)]).await else {

@@ -1,6 +1,7 @@
 // Package cluster starts a one-node Kubernetes from the real components that tests/cluster/build
 // makes: etcd, kube-apiserver, the kubelet's fake CRI runtime (fakecri) and the kubelet, all on
-// loopback and unix sockets under one temporary folder; with Options.ControlPlane also
+// loopback and unix sockets under one temporary folder; with Options.Containerd a real
+// container runtime (containerd and runc, from tests/cluster/build-runtime) instead of fakecri; with Options.ControlPlane also
 // kube-scheduler and kube-controller-manager (what Dynamic Resource Allocation needs), and with
 // Options.RBAC the API server authorizes with Node,RBAC instead of AlwaysAllow. The kubelet's root folder is
 // /var/lib/kubelet, which the test binary has made a private tmpfs (internal/nodens): the
@@ -51,6 +52,10 @@ type Options struct {
 	// token (Cluster.DevhostKubeconfig) is DevhostUser's, which has only the rights RBAC
 	// objects give it. Without RBAC every request is allowed (AlwaysAllow).
 	RBAC bool
+	// Containerd runs pods in real containers: containerd 2.x, runc and the CNI bridge plugin
+	// (tests/cluster/build-runtime) instead of fakecri. The test binary must have entered
+	// nodens.EnterNode (its own network namespace, the CDI folders as tmpfs).
+	Containerd bool
 }
 
 // Cluster is a running etcd, kube-apiserver, fakecri and kubelet (and, with
@@ -64,9 +69,11 @@ type Cluster struct {
 	// (certificate-authority-data), so that a client verifies its certificate.
 	DevhostKubeconfig string
 	RecordDir         string // fakecri's CreateContainer records
-	apiPort           int
-	kubelet           *Proc
-	procs             []*Proc
+	// Containerd is the real runtime (Options.Containerd), nil with fakecri.
+	Containerd *Containerd
+	apiPort    int
+	kubelet    *Proc
+	procs      []*Proc
 }
 
 // Proc is one component process.
@@ -87,13 +94,21 @@ func freePort() int {
 }
 
 func (c *Cluster) start(name string, args ...string) (*Proc, error) {
+	return c.startFrom(c.Bin, name, nil, args...)
+}
+
+// startFrom starts binDir/name with extra environment variables (KEY=VALUE) added.
+func (c *Cluster) startFrom(binDir, name string, env []string, args ...string) (*Proc, error) {
 	logPath := filepath.Join(c.Dir, name+".log")
 	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}
-	bin := filepath.Join(c.Bin, name)
+	bin := filepath.Join(binDir, name)
 	cmd := exec.Command(bin, args...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.Stdout, cmd.Stderr = f, f
 	// Never the test's package folder: see fakecri's log path.
 	cmd.Dir = c.Dir
@@ -218,11 +233,17 @@ current-context: local
 	}
 	c.procs = append(c.procs, p)
 	criSock := filepath.Join(dir, "cri.sock")
-	p, err = c.start("fakecri", "--endpoint", "unix://"+criSock, "--record-dir", c.RecordDir)
-	if err != nil {
-		return nil, err
+	if opts.Containerd {
+		if criSock, err = c.startContainerd(); err != nil {
+			return nil, err
+		}
+	} else {
+		p, err = c.start("fakecri", "--endpoint", "unix://"+criSock, "--record-dir", c.RecordDir)
+		if err != nil {
+			return nil, err
+		}
+		c.procs = append(c.procs, p)
 	}
-	c.procs = append(c.procs, p)
 	if err := c.waitAPIServer(90 * time.Second); err != nil {
 		return nil, err
 	}
@@ -346,10 +367,13 @@ func (c *Cluster) Logs(n int) string {
 	return b.String()
 }
 
-// Stop ends every component, the kubelet first.
+// Stop ends every component, the kubelet first, and with containerd every container it ran.
 func (c *Cluster) Stop() {
 	if c.kubelet != nil {
 		c.kubelet.Stop(syscall.SIGTERM)
+	}
+	if c.Containerd != nil {
+		c.Containerd.removeContainers()
 	}
 	for i := len(c.procs) - 1; i >= 0; i-- {
 		c.procs[i].Stop(syscall.SIGTERM)

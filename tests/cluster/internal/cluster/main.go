@@ -6,7 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
+	goruntime "runtime"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +14,12 @@ import (
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
+
+// Root is the folder tests/cluster (two above this one).
+func Root() string {
+	_, file, _, _ := goruntime.Caller(0)
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+}
 
 // Main runs a test package's tests (TestMain's m) against one cluster of its own, started with
 // opts in a temporary folder named after pkg: the binaries come from $DEVHOST_CLUSTER_BIN, else
@@ -25,8 +31,7 @@ import (
 func Main(m *testing.M, pkg string, opts Options, ready func(c *Cluster, skipReason string)) int {
 	bin := os.Getenv("DEVHOST_CLUSTER_BIN")
 	if bin == "" {
-		_, file, _, _ := runtime.Caller(0)
-		build := filepath.Join(filepath.Dir(file), "..", "..", "build")
+		build := filepath.Join(Root(), "build")
 		out, err := exec.Command(build).Output()
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "tests/cluster/build: %v\n", err)
@@ -54,9 +59,13 @@ func Main(m *testing.M, pkg string, opts Options, ready func(c *Cluster, skipRea
 		return m.Run()
 	}
 	defer c.Stop()
-	components := "etcd, kube-apiserver, fakecri, kubelet"
+	runtime := "fakecri"
+	if opts.Containerd {
+		runtime = "containerd, runc"
+	}
+	components := "etcd, kube-apiserver, " + runtime + ", kubelet"
 	if opts.ControlPlane {
-		components = "etcd, kube-apiserver, kube-scheduler, kube-controller-manager, fakecri, kubelet"
+		components = "etcd, kube-apiserver, kube-scheduler, kube-controller-manager, " + runtime + ", kubelet"
 	}
 	if opts.RBAC {
 		components += "; Node,RBAC"

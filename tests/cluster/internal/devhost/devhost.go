@@ -47,6 +47,9 @@ type Options struct {
 	ReleaseDelayMs int
 	StateDir       string // state_dir ("" = devhost's default, /var/lib/devhost in the test's namespace)
 	MetricsAddr    string // metrics_addr, for /status ("" = none)
+	// ExampleDevDir is the example_c driver's dev_dir: a folder of real device nodes
+	// example0..example3, the devices' host nodes ("" = /dev/null for every device).
+	ExampleDevDir string
 }
 
 // WriteDemoConfig writes config/demo.toml, changed by opts, into dir and returns its path.
@@ -65,6 +68,9 @@ func WriteDemoConfig(t testing.TB, dir string, opts Options) string {
 	}
 	if opts.ReleaseDelayMs > 0 {
 		health += fmt.Sprintf(", release_delay_ms = %d", opts.ReleaseDelayMs)
+	}
+	if opts.ExampleDevDir != "" {
+		health += fmt.Sprintf(", dev_dir = %q", opts.ExampleDevDir)
 	}
 	for _, r := range [][2]string{
 		{`driver_dir = "../target/release"`, fmt.Sprintf("driver_dir = %q", debug)},

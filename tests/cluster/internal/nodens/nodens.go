@@ -2,7 +2,9 @@
 // kubelet's fixed paths (/var/lib/kubelet/...) without touching the machine's: the binary
 // re-executes itself in a new mount namespace, mounts a tmpfs on /var/lib, /var/log and
 // /run/devhost (devhost's lock folder) and, optionally, turns the simulated device files under config/sim into character devices
-// (bind mounts of /dev/null) as a container runtime expects device nodes to be.
+// (bind mounts of /dev/null) as a container runtime expects device nodes to be. EnterNode also
+// gives it a network namespace of its own, for a kubelet and container runtime that change the
+// node's network and kernel settings (see EnterNode).
 package nodens
 
 import (
@@ -11,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 )
 
@@ -20,7 +23,20 @@ const marker = "DEVHOST_TEST_MOUNT_NS"
 // mount namespace and exits with its status; in the child it prepares the mounts and returns.
 // simDev lists folders (e.g. <repo>/config/sim) whose regular files under */dev become
 // character devices for the child.
-func Enter(simDev ...string) {
+func Enter(simDev ...string) { enter(false, simDev) }
+
+// EnterNode is Enter for a test binary that runs a real container runtime: the binary also gets
+// a network namespace of its own (loopback up; the CNI plugins add their bridge there, and
+// every component listens on its loopback), and the kernel settings the kubelet sets at start
+// (vm.overcommit_memory, vm.panic_on_oom, kernel.panic, kernel.panic_on_oops; not namespaced)
+// are files of the namespace's own, so a test never changes the machine it runs on; /etc/cdi and
+// /run/cdi (= /var/run/cdi), the CDI folders a runtime reads by default, are tmpfs mounts.
+func EnterNode(simDev ...string) { enter(true, simDev) }
+
+// The kernel settings the kubelet writes at start (its container manager's kernel tunables).
+var kubeletSysctls = []string{"vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops"}
+
+func enter(node bool, simDev []string) {
 	if os.Getenv(marker) == "" {
 		if os.Geteuid() != 0 {
 			fmt.Fprintln(os.Stderr, "nodens: these tests need root (a mount namespace for /var/lib/kubelet)")
@@ -30,7 +46,11 @@ func Enter(simDev ...string) {
 		cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 		cmd.Env = append(os.Environ(), marker+"=1")
 		// Go makes "/" private (MS_REC|MS_PRIVATE) after unsharing CLONE_NEWNS.
-		cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS, Pdeathsig: syscall.SIGKILL}
+		flags := uintptr(syscall.CLONE_NEWNS)
+		if node {
+			flags |= syscall.CLONE_NEWNET
+		}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: flags, Pdeathsig: syscall.SIGKILL}
 		err := cmd.Run()
 		if exit, ok := err.(*exec.ExitError); ok {
 			os.Exit(exit.ExitCode())
@@ -52,6 +72,9 @@ func Enter(simDev ...string) {
 	must(syscall.Mount("devhost-test", "/run/devhost", "tmpfs", 0, "mode=0755"), "mount tmpfs on /run/devhost")
 	must(os.MkdirAll("/var/lib/kubelet/device-plugins", 0o750), "mkdir /var/lib/kubelet/device-plugins")
 	must(os.MkdirAll("/var/lib/kubelet/pod-resources", 0o750), "mkdir /var/lib/kubelet/pod-resources")
+	if node {
+		enterNode()
+	}
 	for _, root := range simDev {
 		devs, _ := filepath.Glob(filepath.Join(root, "*", "dev"))
 		for _, dev := range devs {
@@ -63,6 +86,42 @@ func Enter(simDev ...string) {
 			})
 			must(err, "bind /dev/null over the simulated device files in "+dev)
 		}
+	}
+}
+
+// nodeAddress is the node's address in its own network namespace, on an empty bridge that
+// holds the default route (the API server and the kubelet look for one to find their address):
+// TEST-NET-1, which is never routed anywhere, and nothing is sent there.
+const nodeAddress = "192.0.2.10/24"
+
+// enterNode brings the new network namespace's loopback up, gives it an interface with
+// the default route, and puts a file of this namespace's own over each kernel setting the
+// kubelet writes (/var/lib is the tmpfs mounted above).
+func enterNode() {
+	for _, args := range [][]string{
+		{"link", "set", "lo", "up"},
+		{"link", "add", "node0", "type", "bridge"},
+		{"addr", "add", nodeAddress, "dev", "node0"},
+		{"link", "set", "node0", "up"},
+		{"route", "add", "default", "dev", "node0"},
+	} {
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			must(fmt.Errorf("%v: %s", err, out), "ip "+strings.Join(args, " "))
+		}
+	}
+	must(os.MkdirAll("/var/lib/devhost-test-sysctl", 0o755), "mkdir /var/lib/devhost-test-sysctl")
+	for _, name := range kubeletSysctls {
+		path := "/proc/sys/" + name
+		value, err := os.ReadFile(path)
+		must(err, "read "+path)
+		own := filepath.Join("/var/lib/devhost-test-sysctl", filepath.Base(name))
+		must(os.WriteFile(own, value, 0o644), "write "+own)
+		must(syscall.Mount(own, path, "", syscall.MS_BIND, ""), "bind a file over "+path)
+	}
+	// The CDI folders a container runtime reads by default, empty and the namespace's own.
+	for _, dir := range []string{"/etc/cdi", "/run/cdi"} {
+		must(os.MkdirAll(dir, 0o755), "mkdir "+dir)
+		must(syscall.Mount("devhost-test", dir, "tmpfs", 0, "mode=0755"), "mount tmpfs on "+dir)
 	}
 }
 

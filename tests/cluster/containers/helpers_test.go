@@ -1,0 +1,163 @@
+package containers_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"devhost.test/cluster/internal/cluster"
+	"devhost.test/cluster/internal/devhost"
+)
+
+const pluginDir = "/var/lib/kubelet/device-plugins"
+
+// exampleNodes are the real character devices the example_c driver's devices hand out
+// (its dev_dir): misc devices (major 10) that root may open without a capability, none of them
+// in the runtime's default device rules (runc allows /dev/net/tun, 10:200, to every container),
+// so only a container given the device may open it: /dev/fuse, /dev/loop-control, /dev/kvm and
+// /dev/btrfs-control.
+var exampleNodes = []struct{ major, minor uint32 }{{10, 229}, {10, 237}, {10, 232}, {10, 234}}
+
+// mkdev is the kernel's new_encode_dev.
+func mkdev(major, minor uint32) int {
+	return int((minor & 0xff) | (major << 8) | ((minor &^ 0xff) << 12))
+}
+
+// makeExampleNodes makes dir/example0..3 as the character devices of exampleNodes.
+func makeExampleNodes(t *testing.T, dir string) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for i, n := range exampleNodes {
+		path := filepath.Join(dir, fmt.Sprintf("example%d", i))
+		_ = os.Remove(path)
+		if err := syscall.Mknod(path, syscall.S_IFCHR|0o666, mkdev(n.major, n.minor)); err != nil {
+			t.Fatalf("mknod %s: %v", path, err)
+		}
+	}
+}
+
+// startDevhost runs devhost on the demo manifest (opts changing it), registered with the
+// cluster's kubelet, and waits until the Node shows every resource.
+func startDevhost(t *testing.T, opts devhost.Options) (*devhost.Process, []devhost.Resource) {
+	t.Helper()
+	needCluster(t)
+	dir := t.TempDir()
+	health, release := devhost.TestFiles(t, dir)
+	opts.KubeletDir, opts.PodResourcesSocket = pluginDir, cluster.PodResourcesSocket
+	opts.HealthFile, opts.ReleaseFile = health, release
+	config := devhost.WriteDemoConfig(t, dir, opts)
+	list := devhost.List(t, config)
+	p := devhost.Start(t, config)
+	devhost.Eventually(t, 60*time.Second, "the Node shows every resource of devhost list", func() string {
+		nd, err := cl.Node()
+		if err != nil {
+			return err.Error()
+		}
+		for _, r := range list {
+			q := nd.Status.Allocatable[v1.ResourceName(r.Resource)]
+			if q.Value() != int64(r.Healthy) {
+				return fmt.Sprintf("%s: allocatable %d, devhost lists %d healthy", r.Resource, q.Value(), r.Healthy)
+			}
+		}
+		return ""
+	})
+	return p, list
+}
+
+// shellPod makes a pod on the node whose one container runs script in busybox's sh and then
+// waits (exiting on SIGTERM), asking for limits; it is deleted when the test ends.
+func shellPod(t *testing.T, name, script string, limits map[string]int64) *v1.Pod {
+	t.Helper()
+	rl := cluster.Limits(limits)
+	no, grace := false, int64(2)
+	pod := &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+		Spec: v1.PodSpec{
+			NodeName:                      cluster.NodeName,
+			AutomountServiceAccountToken:  &no,
+			TerminationGracePeriodSeconds: &grace,
+			RestartPolicy:                 v1.RestartPolicyNever,
+			Containers: []v1.Container{{
+				Name: "main", Image: cluster.BusyboxImage, ImagePullPolicy: v1.PullNever,
+				Command:   []string{"/bin/sh", "-c", script + "\necho done\ntrap 'exit 0' TERM\nwhile :; do sleep 1; done\n"},
+				Resources: v1.ResourceRequirements{Limits: rl, Requests: rl},
+			}},
+		},
+	}
+	created, err := cl.Client.CoreV1().Pods("default").Create(context.Background(), pod, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { deletePod(t, name) })
+	return created
+}
+
+func deletePod(t *testing.T, name string) {
+	ctx := context.Background()
+	err := cl.Client.CoreV1().Pods("default").Delete(ctx, name, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		t.Errorf("deleting pod %s: %v", name, err)
+	}
+	devhost.Eventually(t, 60*time.Second, "pod "+name+" gone", func() string {
+		_, err := cl.Client.CoreV1().Pods("default").Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return ""
+		}
+		return fmt.Sprintf("still there (%v)", err)
+	})
+}
+
+// containerOutput waits until the pod's container has printed "done" and returns what it
+// printed before, one line each (the kubelet's log file of the container, in the CRI format
+// "<time> <stream> <tag> <text>").
+func containerOutput(t *testing.T, pod *v1.Pod, timeout time.Duration) []string {
+	t.Helper()
+	glob := fmt.Sprintf("/var/log/pods/%s_%s_%s/main/*.log", pod.Namespace, pod.Name, pod.UID)
+	var lines []string
+	devhost.Eventually(t, timeout, "pod "+pod.Name+"'s container printed its report", func() string {
+		files, _ := filepath.Glob(glob)
+		if len(files) == 0 {
+			p, err := cl.Client.CoreV1().Pods(pod.Namespace).Get(context.Background(), pod.Name, metav1.GetOptions{})
+			if err != nil {
+				return err.Error()
+			}
+			return fmt.Sprintf("no log file %s yet; pod phase %s, %s", glob, p.Status.Phase, waitingReasons(p))
+		}
+		data, err := os.ReadFile(files[0])
+		if err != nil {
+			return err.Error()
+		}
+		lines = lines[:0]
+		for _, l := range strings.Split(string(data), "\n") {
+			if f := strings.SplitN(l, " ", 4); len(f) == 4 {
+				if f[3] == "done" {
+					return ""
+				}
+				lines = append(lines, f[3])
+			}
+		}
+		return fmt.Sprintf("no \"done\" yet in %s: %q", files[0], lines)
+	})
+	return lines
+}
+
+func waitingReasons(p *v1.Pod) string {
+	var out []string
+	for _, s := range p.Status.ContainerStatuses {
+		if w := s.State.Waiting; w != nil {
+			out = append(out, fmt.Sprintf("%s: %s %s", s.Name, w.Reason, w.Message))
+		}
+	}
+	return strings.Join(out, "; ")
+}

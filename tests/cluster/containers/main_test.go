@@ -1,0 +1,30 @@
+// Real containers: devhost serves a real kubelet whose pods run on a real container runtime
+// (containerd 2.x and runc, built by tests/cluster/build-runtime), and every scenario asserts
+// what a container actually sees, from inside it: its device nodes, what its device cgroup lets
+// it open, its env and mounts.
+package containers_test
+
+import (
+	"os"
+	"testing"
+
+	"devhost.test/cluster/internal/cluster"
+	"devhost.test/cluster/internal/nodens"
+)
+
+var (
+	cl         *cluster.Cluster
+	skipReason string
+)
+
+func TestMain(m *testing.M) {
+	nodens.EnterNode()
+	os.Exit(cluster.Main(m, "containers", cluster.Options{Containerd: true}, func(c *cluster.Cluster, skip string) { cl, skipReason = c, skip }))
+}
+
+func needCluster(t *testing.T) {
+	t.Helper()
+	if skipReason != "" {
+		t.Skip(skipReason)
+	}
+}
