@@ -161,3 +161,12 @@ func waitingReasons(p *v1.Pod) string {
 	}
 	return strings.Join(out, "; ")
 }
+
+func getPod(t *testing.T, name string) *v1.Pod {
+	t.Helper()
+	p, err := cl.Client.CoreV1().Pods("default").Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}

@@ -6,9 +6,11 @@ package containers_test
 
 import (
 	"os"
+	"path/filepath"
 	"testing"
 
 	"devhost.test/cluster/internal/cluster"
+	"devhost.test/cluster/internal/devhost"
 	"devhost.test/cluster/internal/nodens"
 )
 
@@ -18,7 +20,7 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	nodens.EnterNode()
+	nodens.EnterNode(filepath.Join(devhost.Root(), "config", "sim"))
 	os.Exit(cluster.Main(m, "containers", cluster.Options{Containerd: true}, func(c *cluster.Cluster, skip string) { cl, skipReason = c, skip }))
 }
 
