@@ -6,18 +6,6 @@
 mod common;
 use common::*;
 
-/// The manifest embedded in deploy/configmap.yaml (the `devhost.toml: |` block).
-fn configmap_manifest() -> String {
-    let yaml = std::fs::read_to_string(repo_root().join("deploy/configmap.yaml")).unwrap();
-    let lines = yaml.lines().skip_while(|l| l.trim() != "devhost.toml: |").skip(1);
-    let first = lines.clone().find(|l| !l.trim().is_empty()).expect("a manifest in the ConfigMap");
-    let indent = first.len() - first.trim_start().len();
-    lines
-        .take_while(|l| l.trim().is_empty() || l.len() - l.trim_start().len() >= indent)
-        .map(|l| format!("{}\n", l.get(indent..).unwrap_or("")))
-        .collect()
-}
-
 #[test]
 fn the_deploy_configmap_manifest_passes_check() {
     let built = module("example_c").parent().unwrap().to_path_buf();

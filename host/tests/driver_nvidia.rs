@@ -179,7 +179,7 @@ async fn a_gpu_lost_without_an_event_turns_unhealthy_by_the_default_periodic_che
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_missing_nvml_is_logged_and_the_daemon_keeps_running() {
+async fn a_missing_nvml_on_a_gpu_node_is_an_error_and_the_daemon_keeps_running() {
     let node = Node::new();
     let manifest = setup(&node, "");
     let text = std::fs::read_to_string(&manifest).unwrap();
@@ -191,7 +191,10 @@ async fn a_missing_nvml_is_logged_and_the_daemon_keeps_running() {
         ));
     let mut d = Daemon::start(&manifest, &node.kubelet_dir());
     let log = d.wait_log("cannot use NVML", WAIT).await;
-    assert!(log.contains(&missing.display().to_string()), "{log}");
+    // The GPUs are on the PCI bus: their driver is missing, which must page someone.
+    let line = log.lines().find(|l| l.contains("cannot use NVML")).unwrap();
+    assert!(line.contains(" ERROR ") && line.contains(&missing.display().to_string()), "{line}");
+    assert!(BUSES.iter().all(|bus| line.contains(bus)), "the line names the GPUs: {line}");
     assert!(d.child.try_wait().unwrap().is_none(), "devhost exited:\n{log}");
 }
 

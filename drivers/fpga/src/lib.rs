@@ -147,11 +147,19 @@ impl Fpga {
             log::info!("resolved: {p}");
         }
         let unhealthy = devices.iter().filter(|d| !d.problems.is_empty()).count();
-        let summary = format!(
-            "{cards} FPGA card(s), {} device(s) in {} mode ({unhealthy} unhealthy)",
-            devices.len(),
-            self.config.mode.as_str()
-        );
+        // Most nodes of a fleet that runs one manifest have no FPGA: a normal state, said once.
+        let summary = if cards == 0 {
+            format!(
+                "no FPGA card on this node (no DFL, OPAE or XRT card under {}); its resources stay empty",
+                self.config.roots.sys.display()
+            )
+        } else {
+            format!(
+                "{cards} FPGA card(s), {} device(s) in {} mode ({unhealthy} unhealthy)",
+                devices.len(),
+                self.config.mode.as_str()
+            )
+        };
         let mut last = self.summary.lock().unwrap_or_else(|p| p.into_inner());
         if *last != summary {
             log::info!("{summary}");

@@ -13,6 +13,7 @@ pub mod discover;
 pub mod edits;
 pub mod health;
 pub mod node;
+pub mod presence;
 pub mod topology;
 
 use devhost_sdk::{Driver, Hooks, Host, Options, Result, Scan};

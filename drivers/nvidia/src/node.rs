@@ -7,9 +7,11 @@ use crate::config::Config;
 use crate::discover::{Gpu, Inventory, discover};
 use crate::edits::{self, DriverFiles, Edits, Target};
 use crate::health::{Board, Notify, Watcher};
+use crate::presence::{self, Presence};
 use crate::topology;
 use devhost_sdk::Health;
 use nvml_wrapper::Nvml;
+use nvml_wrapper::error::NvmlError;
 use std::ffi::OsStr;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -38,17 +40,13 @@ pub struct Node {
 }
 
 impl Node {
-    /// Opens NVML and discovers. A missing or failing NVML is logged and
-    /// yields a node without devices, never an error.
+    /// Opens NVML and discovers. A missing or failing NVML yields a node without devices, never
+    /// an error: logged at INFO on a node without NVIDIA GPUs, at ERROR on one with them.
     pub fn open(config: &Config, notify: Notify) -> Node {
         let nvml = match Nvml::builder().lib_path(OsStr::new(&config.nvml_lib)).init() {
             Ok(nvml) => Some(Arc::new(nvml)),
             Err(e) => {
-                log::error!(
-                    "cannot use NVML from {:?}: {e}; reporting no NVIDIA GPUs. Is the NVIDIA driver installed \
-                     and loaded? The option nvml_lib names the libnvidia-ml library to load.",
-                    config.nvml_lib
-                );
+                report_unusable_nvml(config, &e);
                 None
             }
         };
@@ -62,7 +60,12 @@ impl Node {
             if config.list.device_nodes { edits::present_control_nodes(&config.devfs_root) } else { Vec::new() };
         let devices = build_devices(config, &inventory, &scores, &files, &control_nodes);
         let board = Arc::new(Board::new(inventory.gpus.iter().map(|g| (g.uuid.as_str(), g.problem.as_deref()))));
-        if nvml.is_some() {
+        if nvml.is_some() && inventory.gpus.is_empty() {
+            log::info!(
+                "no NVIDIA GPU on this node (NVML {} reports none); its resources stay empty",
+                inventory.driver_version
+            );
+        } else if nvml.is_some() {
             log::info!(
                 "NVML {} (CUDA {}): {} GPU(s), {} device(s) offered",
                 inventory.driver_version,
@@ -113,6 +116,38 @@ impl Drop for Node {
     fn drop(&mut self) {
         // The thread borrows NVML: it must end before NVML shuts down.
         self.watch_stop();
+    }
+}
+
+/// Says why there are no devices when NVML cannot be used. Only the PCI bus can tell a node
+/// without NVIDIA hardware (the normal case for most nodes of a fleet running one manifest) from
+/// a GPU node whose driver is missing or broken, which must stay loud.
+fn report_unusable_nvml(config: &Config, e: &NvmlError) {
+    let lib = &config.nvml_lib;
+    let fix = "Is the NVIDIA driver installed and loaded? The option nvml_lib names the libnvidia-ml library to load.";
+    match presence::nvidia_gpus(&config.sysfs_root) {
+        Presence::None { passthrough } => {
+            let vfio = if passthrough > 0 {
+                format!(" for containers ({passthrough} bound to vfio-pci for virtual machines)")
+            } else {
+                String::new()
+            };
+            log::info!(
+                "no NVIDIA GPU on this node{vfio} (none for containers on the PCI bus under {}, and NVML from {lib:?} \
+                 cannot be used: {e}); its resources stay empty",
+                config.sysfs_root.display()
+            );
+        }
+        Presence::Gpus(gpus) => log::error!(
+            "cannot use NVML from {lib:?}: {e}; reporting no NVIDIA GPUs although the PCI bus shows {} ({}). {fix}",
+            gpus.len(),
+            gpus.join(", ")
+        ),
+        Presence::Unknown(why) => {
+            log::error!(
+                "cannot use NVML from {lib:?}: {e}; reporting no NVIDIA GPUs ({why}, so there may be some). {fix}"
+            )
+        }
     }
 }
 

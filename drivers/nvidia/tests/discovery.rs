@@ -234,8 +234,13 @@ fn device_nodes_strategy_mounts_the_driver_from_driver_root() {
     assert_eq!(mig.edits.env, Vec::<(String, String)>::new());
 }
 
+/// The log lines of this process that name `needle` (tests run in parallel and share the log).
+fn lines_naming(needle: &str) -> Vec<String> {
+    logs().into_iter().filter(|l| l.contains(needle)).collect()
+}
+
 #[test]
-fn missing_nvml_means_no_devices_and_a_clear_log_line() {
+fn missing_nvml_on_a_gpu_node_is_an_error_naming_the_gpus() {
     capture_logs();
     let (gpus, machine) = mig_machine();
     let fx = Fixture::new(&gpus, &machine);
@@ -244,21 +249,63 @@ fn missing_nvml_means_no_devices_and_a_clear_log_line() {
     assert_eq!(node.devices().count(), 0);
     node.watch_start();
     node.watch_stop();
-    let line = logs().into_iter().find(|l| l.contains(&missing)).expect("a log line naming the library");
+    let lines = lines_naming(&missing);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let line = &lines[0];
     assert!(line.starts_with("ERROR") && line.contains("cannot use NVML"), "{line}");
+    assert!(line.contains(&gpus[0].bus) && line.contains("Is the NVIDIA driver installed"), "{line}");
 }
 
 #[test]
-fn nvml_that_fails_to_init_means_no_devices() {
+fn missing_nvml_on_a_node_without_nvidia_gpus_is_one_info_line() {
+    capture_logs();
+    let fx = Fixture::new(&[], &machine_toml("", &[], &[]));
+    let missing = fx.path("nowhere/libnvidia-ml.so.1").to_string_lossy().into_owned();
+    let node = fx.open(&[("nvml_lib", &missing)]);
+    assert_eq!(node.devices().count(), 0);
+    node.watch_start();
+    node.watch_stop();
+    let lines = lines_naming(&missing);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].starts_with("INFO no NVIDIA GPU on this node"), "{}", lines[0]);
+    assert!(lines[0].contains("its resources stay empty"), "{}", lines[0]);
+}
+
+#[test]
+fn nvml_that_fails_to_init_on_a_gpu_node_is_an_error() {
     capture_logs();
     let (gpus, _) = mig_machine();
     let machine = machine_toml("init_error = 9", &gpus, &[]);
     let fx = Fixture::new(&gpus, &machine);
     let node = fx.open(&[]);
     assert_eq!(node.devices().count(), 0);
-    let lib = fx.lib.to_string_lossy().into_owned();
-    let line = logs().into_iter().find(|l| l.contains(&lib)).expect("a log line naming the library");
-    assert!(line.contains("cannot use NVML"), "{line}");
+    let lines = lines_naming(&fx.lib.to_string_lossy());
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].starts_with("ERROR") && lines[0].contains("cannot use NVML"), "{}", lines[0]);
+}
+
+#[test]
+fn an_installed_nvml_without_its_kernel_driver_on_a_node_without_gpus_is_info() {
+    capture_logs();
+    // NVML_ERROR_DRIVER_NOT_LOADED: an image that ships libnvidia-ml, on a node with no GPU.
+    let fx = Fixture::new(&[], &machine_toml("init_error = 9", &[], &[]));
+    let node = fx.open(&[]);
+    assert_eq!(node.devices().count(), 0);
+    let lines = lines_naming(&fx.lib.to_string_lossy());
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].starts_with("INFO no NVIDIA GPU on this node"), "{}", lines[0]);
+}
+
+#[test]
+fn a_pci_bus_that_cannot_be_read_keeps_a_missing_nvml_an_error() {
+    capture_logs();
+    let fx = Fixture::new(&[], &machine_toml("", &[], &[]));
+    let missing = fx.path("nowhere/libnvidia-ml.so.1").to_string_lossy().into_owned();
+    let not_sysfs = fx.path("no-such-sysfs").to_string_lossy().into_owned();
+    fx.open(&[("nvml_lib", &missing), ("sysfs_root", &not_sysfs)]);
+    let lines = lines_naming(&missing);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].starts_with("ERROR") && lines[0].contains(&not_sysfs), "{}", lines[0]);
 }
 
 #[test]

@@ -68,10 +68,18 @@ struct Function {
     notes: Vec<String>,
 }
 
-/// Walks `<sysfs>/bus/pci/devices`. Fails only when that folder cannot be listed.
+/// Walks `<sysfs>/bus/pci/devices`. Fails only when that folder cannot be listed; a sysfs root
+/// without it is a node without a PCI bus (no chips), but a sysfs root that is not there at all is
+/// an error (a wrong `sysfs_root` must not pass for a node without TPUs).
 pub fn discover(roots: &Roots) -> Result<Discovery, String> {
     let bus = roots.sysfs.join("bus/pci/devices");
-    let entries = fs::read_dir(&bus).map_err(|e| format!("cannot list PCI devices in {}: {e}", bus.display()))?;
+    let entries = match fs::read_dir(&bus) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && roots.sysfs.is_dir() => {
+            return Ok(Discovery::default());
+        }
+        Err(e) => return Err(format!("cannot list PCI devices in {}: {e}", bus.display())),
+    };
     let mut names: Vec<String> = Vec::new();
     let mut out = Discovery::default();
     for entry in entries {

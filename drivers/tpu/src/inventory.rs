@@ -36,6 +36,8 @@ struct State {
     notes: BTreeSet<String>,
     /// The last tree-level error, logged once until it changes.
     error: Option<String>,
+    /// Whether "no TPU chip on this node" was said: once, since chips once seen are kept.
+    said_none: bool,
 }
 
 impl Inventory {
@@ -73,6 +75,14 @@ impl Inventory {
         }
         for chip in next.values() {
             log_transition(state.chips.get(&chip.id), chip);
+        }
+        if next.is_empty() && !state.said_none {
+            // Most nodes of a fleet that runs one manifest have no TPU: a normal state.
+            log::info!(
+                "no TPU chip on this node (no Google TPU on the PCI bus under {}); its resources stay empty",
+                roots.sysfs.display()
+            );
+            state.said_none = true;
         }
         let changed = next != state.chips;
         if changed {

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod apiserver;
+pub mod promtool;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -217,8 +218,9 @@ pub fn fake_nvml() -> PathBuf {
 
 /// Lays out an NVIDIA node under `root` for the NVIDIA driver: the fake NVML in `root/nvml`
 /// (`libnvidia-ml.so.1`, `machine` as `fake-nvml.toml`, an empty `control` file), each
-/// (PCI bus, NUMA node) of `buses` under PCI root complex `pci_root` in `root/sys`, and an empty
-/// `root/dev`. Returns the folder of the library (the driver's `nvml_lib` is `<it>/libnvidia-ml.so.1`).
+/// (PCI bus, NUMA node) of `buses` as an NVIDIA GPU's PCI function under PCI root complex
+/// `pci_root` in `root/sys`, and an empty `root/dev`. Returns the folder of the library (the
+/// driver's `nvml_lib` is `<it>/libnvidia-ml.so.1`).
 pub fn fake_nvml_node(root: &Path, machine: &str, pci_root: &str, buses: &[(&str, u32)]) -> PathBuf {
     let lib = root.join("nvml");
     std::fs::create_dir_all(&lib).unwrap();
@@ -230,6 +232,9 @@ pub fn fake_nvml_node(root: &Path, machine: &str, pci_root: &str, buses: &[(&str
         let real = root.join("sys/devices").join(pci_root).join(bus);
         std::fs::create_dir_all(&real).unwrap();
         std::fs::write(real.join("numa_node"), format!("{numa}\n")).unwrap();
+        // An NVIDIA 3D controller: what tells a GPU node without a usable NVML.
+        std::fs::write(real.join("vendor"), "0x10de\n").unwrap();
+        std::fs::write(real.join("class"), "0x030200\n").unwrap();
         std::os::unix::fs::symlink(
             format!("../../../devices/{pci_root}/{bus}"),
             root.join("sys/bus/pci/devices").join(bus),
@@ -238,6 +243,18 @@ pub fn fake_nvml_node(root: &Path, machine: &str, pci_root: &str, buses: &[(&str
     }
     std::fs::create_dir_all(root.join("dev")).unwrap();
     lib
+}
+
+/// The manifest embedded in deploy/configmap.yaml (the `devhost.toml: |` block).
+pub fn configmap_manifest() -> String {
+    let yaml = std::fs::read_to_string(repo_root().join("deploy/configmap.yaml")).unwrap();
+    let lines = yaml.lines().skip_while(|l| l.trim() != "devhost.toml: |").skip(1);
+    let first = lines.clone().find(|l| !l.trim().is_empty()).expect("a manifest in the ConfigMap");
+    let indent = first.len() - first.trim_start().len();
+    lines
+        .take_while(|l| l.trim().is_empty() || l.len() - l.trim_start().len() >= indent)
+        .map(|l| format!("{}\n", l.get(indent..).unwrap_or("")))
+        .collect()
 }
 
 /// Children of `parent` started as driver workers (of any driver).

@@ -1,5 +1,5 @@
 //! Test fixtures: a private copy of the fake libnvidia-ml with a machine file
-//! beside it, a sysfs tree with the GPUs' NUMA nodes, a devfs tree, and a log
+//! beside it, a sysfs tree with the GPUs' PCI functions and NUMA nodes, a devfs tree, and a log
 //! capture. Each test gets its own copy of the library, so tests run in
 //! parallel without sharing the fake's state.
 
@@ -112,6 +112,9 @@ impl Fixture {
             let real = sys.join("devices/pci0000:00").join(&g.bus);
             std::fs::create_dir_all(&real).unwrap();
             std::fs::write(real.join("numa_node"), format!("{}\n", g.numa)).unwrap();
+            // An NVIDIA 3D controller: what tells a GPU node without a usable NVML.
+            std::fs::write(real.join("vendor"), "0x10de\n").unwrap();
+            std::fs::write(real.join("class"), "0x030200\n").unwrap();
             let link = sys.join("bus/pci/devices").join(&g.bus);
             std::os::unix::fs::symlink(format!("../../../devices/pci0000:00/{}", g.bus), link).unwrap();
         }

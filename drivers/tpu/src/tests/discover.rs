@@ -152,9 +152,17 @@ fn unbound_functions_are_reported_unhealthy_with_the_reason() {
 }
 
 #[test]
-fn a_missing_pci_tree_is_an_error_naming_it() {
+fn a_sysfs_without_a_pci_bus_has_no_chips() {
     let tree = Tree::new();
     fs::remove_dir_all(tree.roots.sysfs.join("bus")).unwrap();
+    let found = discover(&tree.roots).unwrap();
+    assert!(found.chips.is_empty() && found.notes.is_empty(), "{found:?}");
+}
+
+#[test]
+fn a_missing_sysfs_root_is_an_error_naming_it() {
+    let tree = Tree::new();
+    fs::remove_dir_all(&tree.roots.sysfs).unwrap();
     let e = discover(&tree.roots).unwrap_err();
     assert!(e.contains("bus/pci/devices"), "{e}");
 }
