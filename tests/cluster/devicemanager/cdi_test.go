@@ -73,7 +73,7 @@ func TestCDISpecsResolvedByTheReferenceLibraryEqualTheEditsStrategy(t *testing.T
 	var cache *cdi.Cache
 	t.Run("cdi", func(t *testing.T) {
 		_, viaCDI = runDemo(t, devhost.Options{CDIDir: cdiDir})
-		// Read the specs while devhost runs: it removes them when it stops.
+		// The specs as devhost wrote them for this run (a stopping devhost keeps them).
 		files, _ := filepath.Glob(filepath.Join(cdiDir, "devhost-*.json"))
 		if len(files) == 0 {
 			t.Fatalf("devhost wrote no CDI spec into %s", cdiDir)
