@@ -324,6 +324,7 @@ async fn run(config: &Path, kubelet_dir: Option<&Path>) -> ExitCode {
             ("kubelet_dir", next.kubelet_dir != manifest.kubelet_dir),
             ("metrics_addr", next.metrics_addr != manifest.metrics_addr),
             ("cdi_dir", next.cdi_dir != manifest.cdi_dir),
+            ("cdi_spec_dirs", next.cdi_spec_dirs != manifest.cdi_spec_dirs),
             ("nfd_features_dir", next.nfd_features_dir != manifest.nfd_features_dir),
             ("pod_resources_socket", next.pod_resources_socket != manifest.pod_resources_socket),
             ("pod_resources_interval", next.pod_resources_interval != manifest.pod_resources_interval),
@@ -335,6 +336,8 @@ async fn run(config: &Path, kubelet_dir: Option<&Path>) -> ExitCode {
             }
         }
         let changes = registry.apply(&next).await;
+        // Every CDI name handed out must resolve: said again at each reload, for every resource.
+        registry.recheck_cdi();
         let names = |v: &[Arc<devhost::engine::registry::Resource>]| {
             v.iter().map(|r| r.config.name.clone()).collect::<Vec<_>>().join(", ")
         };
@@ -602,7 +605,12 @@ async fn check(config: &Path) -> ExitCode {
             Slot::Ready(_) => {}
         }
     }
+    let cdi = registry.planned_cdi_report();
+    problems.extend(cdi.problems.iter().map(ToString::to_string));
     registry.shutdown();
+    for line in &cdi.skipped {
+        eprintln!("devhost: note: {line}");
+    }
     if problems.is_empty() {
         println!(
             "{}: OK ({} driver(s), {} resource(s))",

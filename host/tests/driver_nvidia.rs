@@ -260,3 +260,136 @@ async fn on_an_eight_gpu_nvlink_machine_preferred_sets_are_nvlink_connected() {
     let three = kubelet.preferred_allocation(GPUS, avail, vec![uuid(0)], 3).await.unwrap();
     assert_eq!(sorted(three), [uuid(0), uuid(1), uuid(2)]);
 }
+
+/// [`setup`] with the `cdi` strategy and top-level `top` (keys before the first table).
+/// Called again on one node, it only rewrites the manifest's top.
+fn setup_cdi(node: &Node, top: &str) -> PathBuf {
+    let manifest = node.path().join("devhost.toml");
+    let body = match std::fs::read_to_string(node.path().join("body.toml")) {
+        Ok(body) => body,
+        Err(_) => {
+            let written = setup(node, "device_list_strategy = \"cdi\"");
+            let body = std::fs::read_to_string(&written).unwrap();
+            std::fs::write(node.path().join("body.toml"), &body).unwrap();
+            for n in ["nvidiactl", "nvidia0", "nvidia1", "nvidia2", "nvidia3", "nvidia4"] {
+                std::fs::write(node.path().join("dev").join(n), "").unwrap();
+            }
+            body
+        }
+    };
+    std::fs::write(&manifest, format!("{top}\n{body}")).unwrap();
+    manifest
+}
+
+fn spec_names(path: &std::path::Path) -> (String, Vec<String>) {
+    let spec: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let names = spec["devices"].as_array().unwrap().iter().map(|d| d["name"].as_str().unwrap().to_string());
+    (spec["kind"].as_str().unwrap().to_string(), names.collect())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cdi_strategy_hands_out_names_that_devhosts_own_spec_defines() {
+    let node = Node::new();
+    let (etc, run) = (node.path().join("etc-cdi"), node.path().join("run-cdi"));
+    let top =
+        format!("cdi_dir = \"{}\"\ncdi_spec_dirs = [\"{}\", \"{}\"]", run.display(), etc.display(), run.display());
+    let manifest = setup_cdi(&node, &top);
+    let (code, out, err) = devhost(&["check", "--config", manifest.to_str().unwrap()]);
+    assert_eq!(code, 0, "every name devhost would hand out resolves in the spec it would write: {out}{err}");
+    assert!(!run.exists(), "check writes nothing");
+
+    let kubelet = Kubelet::start(&node.kubelet_dir()).unwrap();
+    let d = Daemon::start(&manifest, &node.kubelet_dir());
+    kubelet.wait_devices(GPUS, WAIT, |d| d.len() == 4).await.unwrap();
+    kubelet.wait_devices(MIG, WAIT, |d| d.len() == 2).await.unwrap();
+    let resp = kubelet.allocate(GPUS, vec![vec![uuid(1)]]).await.unwrap();
+    let c = &resp.container_responses[0];
+    let name = format!("nvidia.com/gpu={}", uuid(1));
+    assert_eq!(c.cdi_devices.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(), [name.as_str()]);
+    assert!(c.devices.is_empty() && c.mounts.is_empty(), "the name carries the GPU's nodes: {c:?}");
+
+    // The resource's kind is the driver's: one file. The MIG resource's names get a file of their own.
+    let (kind, names) = spec_names(&run.join("devhost-nvidia.com_gpu.json"));
+    assert_eq!((kind.as_str(), names), (GPUS, (0..4).map(uuid).collect::<Vec<_>>()));
+    let spec: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("devhost-nvidia.com_gpu.json")).unwrap()).unwrap();
+    let nodes: Vec<&str> = spec["devices"][1]["containerEdits"]["deviceNodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["path"].as_str().unwrap())
+        .collect();
+    assert!(nodes.contains(&"/dev/nvidia1") && nodes.contains(&"/dev/nvidiactl"), "{nodes:?}");
+    let (kind, names) = spec_names(&run.join("devhost-nvidia.com_mig-1g.10gb+nvidia.com_gpu.json"));
+    assert_eq!((kind.as_str(), names), (GPUS, vec![mig(0), mig(1)]));
+    let resp = kubelet.allocate(MIG, vec![vec![mig(0)]]).await.unwrap();
+    assert_eq!(resp.container_responses[0].cdi_devices[0].name, format!("nvidia.com/gpu={}", mig(0)));
+    assert!(!d.logs().contains("CDI name"), "no resolution problem is logged:\n{}", d.logs());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unresolvable_cdi_names_fail_check_and_show_in_the_log_and_metrics() {
+    let node = Node::new();
+    let (etc, run) = (node.path().join("etc-cdi"), node.path().join("run-cdi"));
+    let name0 = format!("nvidia.com/gpu={}", uuid(0));
+    // The runtime does not read devhost's cdi_dir: no name resolves.
+    let top = format!("cdi_dir = \"{}\"\ncdi_spec_dirs = [\"{}\"]", run.display(), etc.display());
+    let manifest = setup_cdi(&node, &top);
+    let (code, _, err) = devhost(&["check", "--config", manifest.to_str().unwrap()]);
+    assert_eq!(code, 1, "{err}");
+    let want = format!(
+        "resource {GPUS}: device {}: CDI name {name0} is defined by no CDI spec in {} (cdi_spec_dirs); devhost writes \
+         its specs into cdi_dir {}, which is not among them",
+        uuid(0),
+        etc.display(),
+        run.display()
+    );
+    assert!(err.contains(&want), "{err}");
+    assert!(err.contains("unresolvable CDI devices"), "{err}");
+
+    // nvidia-ctk's spec in the same folder as devhost's defines the same name: dropped from both.
+    let addr = free_port();
+    let top = format!("cdi_dir = \"{0}\"\ncdi_spec_dirs = [\"{0}\"]\nmetrics_addr = \"{addr}\"", run.display());
+    let manifest = setup_cdi(&node, &top);
+    std::fs::create_dir_all(&run).unwrap();
+    let nvidia = run.join("nvidia.yaml");
+    let yaml = format!(
+        "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: {}\n  containerEdits:\n    deviceNodes:\n    - path: /dev/nvidia0\n",
+        uuid(0)
+    );
+    std::fs::write(&nvidia, yaml).unwrap();
+    let (code, _, err) = devhost(&["check", "--config", manifest.to_str().unwrap()]);
+    assert_eq!(code, 1, "{err}");
+    let twice = format!(
+        "CDI name {name0} is defined twice, by {}, {}",
+        run.join("devhost-nvidia.com_gpu.json").display(),
+        nvidia.display()
+    );
+    assert!(err.contains(&twice), "{err}");
+    assert!(!err.contains(&format!("device {}:", uuid(1))), "the other GPUs resolve: {err}");
+
+    let _kubelet = Kubelet::start(&node.kubelet_dir()).unwrap();
+    let d = Daemon::start(&manifest, &node.kubelet_dir());
+    d.wait_log(&twice, WAIT).await;
+    let metric = format!("devhost_cdi_unresolvable_devices{{resource=\"{GPUS}\"}} 1");
+    let body = wait_metric(addr, &metric).await;
+    assert!(body.contains(&format!("devhost_cdi_unresolvable_devices{{resource=\"{MIG}\"}} 0")), "{body}");
+    // Fixed on the node, then a reload: said, and counted.
+    std::fs::remove_file(&nvidia).unwrap();
+    // SAFETY: plain kill(2) on our own child.
+    unsafe { libc::kill(d.child.id() as i32, libc::SIGHUP) };
+    d.wait_log("every CDI name of the resource resolves again", WAIT).await;
+    wait_metric(addr, &format!("devhost_cdi_unresolvable_devices{{resource=\"{GPUS}\"}} 0")).await;
+}
+
+async fn wait_metric(addr: std::net::SocketAddr, line: &str) -> String {
+    let start = std::time::Instant::now();
+    loop {
+        let body = devhost::ops::metrics::get(addr, "/metrics", &[]).await.map(|r| r.body).unwrap_or_default();
+        if body.contains(line) {
+            return body;
+        }
+        assert!(start.elapsed() < WAIT, "{line} never shown:\n{body}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}

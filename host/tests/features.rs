@@ -116,6 +116,41 @@ async fn cdi_specs_are_written_and_the_cdi_strategy_returns_names() {
     assert_eq!(env_of(&r, 0, "EXAMPLE_ALLOCATED").as_deref(), Some("example-1"));
 }
 
+/// The names of the files in `dir`, sorted.
+fn files(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> =
+        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_and_list_write_no_cdi_spec_and_a_stopping_daemon_keeps_its_specs() {
+    let node = Node::new();
+    let cdi = node.path().join("cdi");
+    std::fs::create_dir_all(&cdi).unwrap();
+    // What a previous run left: only the daemon may clean it up, when it starts.
+    std::fs::write(cdi.join("devhost-example.com_old.json"), "{}").unwrap();
+    let top = format!("cdi_dir = \"{0}\"\ncdi_spec_dirs = [\"{0}\"]", cdi.display());
+    let m = manifest(&node, &top, "device_list_strategy = \"cdi\"");
+    let before = files(&cdi);
+    let (code, out, err) = devhost(&["check", "--config", m.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(files(&cdi), before, "`devhost check` must write nothing");
+    let (code, out, err) = devhost(&["list", "--config", m.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(files(&cdi), before, "`devhost list` must write nothing");
+
+    let kubelet = Kubelet::start(&node.kubelet_dir()).unwrap();
+    let mut d = Daemon::start(&m, &node.kubelet_dir());
+    kubelet.wait_devices("example.com/accel", WAIT, |x| x.len() == 2).await.unwrap();
+    assert_eq!(files(&cdi), ["devhost-example.com_accel.json"], "the daemon writes its spec, removes the stale one");
+    // Kept on SIGTERM: the kubelet restarts a container with the CDI names it was given, without
+    // a new Allocate, and that must work while devhost is being upgraded.
+    assert!(d.terminate(WAIT).is_some_and(|s| s.success()));
+    assert_eq!(files(&cdi), ["devhost-example.com_accel.json"], "a stopping daemon keeps its specs");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_probes_and_status_tell_an_operator_what_is_going_on() {
     let node = Node::new();

@@ -46,6 +46,14 @@ pub struct ListStrategies {
     pub cdi: bool,
 }
 
+impl ListStrategies {
+    /// Whether devices carry their nodes and the driver's files: `device-nodes` hands them out,
+    /// `cdi` has devhost define its CDI names by them.
+    pub fn describes_nodes(&self) -> bool {
+        self.device_nodes || self.cdi
+    }
+}
+
 /// The health of a GPU the driver cannot watch for Xid events.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WithoutEvents {

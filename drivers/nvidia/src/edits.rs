@@ -1,7 +1,8 @@
 //! Container edits per device for each device-list strategy: the
 //! `NVIDIA_VISIBLE_DEVICES` variable (for the NVIDIA container runtime), CDI
-//! names, or plain device nodes plus the driver's user-space libraries and
-//! tools mounted read-only, for nodes without the NVIDIA container toolkit.
+//! names (with the nodes and files that define them in devhost's spec), or
+//! plain device nodes plus the driver's user-space libraries and tools mounted
+//! read-only, for nodes without the NVIDIA container toolkit.
 //! The libraries and tools go where any image already looks (the dynamic
 //! loader's default folders, `/usr/bin`), never through `PATH` or
 //! `LD_LIBRARY_PATH`, which would replace the image's own values.
@@ -168,7 +169,9 @@ pub fn device_edits(config: &Config, files: &DriverFiles, control_nodes: &[Strin
     if config.list.cdi {
         edits.cdi.push(format!("{}={name}", config.cdi_kind));
     }
-    if config.list.device_nodes {
+    // With `cdi` the same nodes and files define the device's CDI name: devhost writes them into
+    // its spec under that name and hands out the name instead (docs/features.md).
+    if config.list.describes_nodes() {
         let gpu_node = target.minor.map(|m| format!("nvidia{m}"));
         for node in control_nodes.iter().chain(gpu_node.iter()) {
             let host = config.devfs_root.join(node).to_string_lossy().into_owned();

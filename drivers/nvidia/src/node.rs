@@ -55,9 +55,9 @@ impl Node {
             Some(n) => topology::measure(n, &inventory.gpus),
             None => Vec::new(),
         };
-        let files = if config.list.device_nodes { driver_files(config) } else { DriverFiles::default() };
+        let files = if config.list.describes_nodes() { driver_files(config) } else { DriverFiles::default() };
         let control_nodes =
-            if config.list.device_nodes { edits::present_control_nodes(&config.devfs_root) } else { Vec::new() };
+            if config.list.describes_nodes() { edits::present_control_nodes(&config.devfs_root) } else { Vec::new() };
         let devices = build_devices(config, &inventory, &scores, &files, &control_nodes);
         let board = Arc::new(Board::new(inventory.gpus.iter().map(|g| (g.uuid.as_str(), g.problem.as_deref()))));
         if nvml.is_some() && inventory.gpus.is_empty() {
@@ -176,12 +176,12 @@ pub fn build_devices(
     control_nodes: &[String],
 ) -> Vec<Device> {
     let mut devices = Vec::new();
-    if config.list.device_nodes {
-        let runtime_named = config.list.envvar || config.list.cdi;
-        if !runtime_named && inventory.gpus.iter().any(|g| g.mig.as_ref().is_some_and(|m| !m.is_empty())) {
+    if config.list.describes_nodes() {
+        if !config.list.envvar && inventory.gpus.iter().any(|g| g.mig.as_ref().is_some_and(|m| !m.is_empty())) {
             log::warn!(
-                "device_list_strategy device-nodes: MIG devices get their parent's /dev/nvidiaN but not the \
-                 /dev/nvidia-caps access nodes CUDA needs for MIG; add envvar or cdi for MIG resources"
+                "device_list_strategy {}: MIG devices get their parent's /dev/nvidiaN but not the \
+                 /dev/nvidia-caps access nodes CUDA needs for MIG; add envvar for MIG resources",
+                if config.list.cdi { "cdi" } else { "device-nodes" }
             );
         }
         for gpu in &inventory.gpus {

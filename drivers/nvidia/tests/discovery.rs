@@ -152,13 +152,19 @@ fn index_strategy_names_gpus_and_mig_devices_by_index() {
 }
 
 #[test]
-fn cdi_strategy_names_the_uuid_and_sets_no_env() {
+fn cdi_strategy_names_the_uuid_and_describes_the_gpu_for_devhosts_spec() {
     let (gpus, machine) = mig_machine();
     let fx = Fixture::new(&gpus, &machine);
     let node = fx.open(&[("device_list_strategy", "cdi")]);
     let (d, _) = node.devices().next().unwrap();
     assert_eq!(d.edits.cdi, vec![format!("nvidia.com/gpu={}", gpu_uuid(0))]);
     assert!(d.edits.env.is_empty());
+    // The nodes the name stands for, which devhost writes into its spec under that name (a
+    // name without them would resolve only where nvidia-ctk wrote a spec).
+    let dev = fx.path("dev");
+    let nodes: Vec<&str> = d.edits.device_nodes.iter().map(|(_, c, _)| c.as_str()).collect();
+    assert!(nodes.contains(&"/dev/nvidia0") && nodes.contains(&"/dev/nvidiactl"), "{nodes:?}");
+    assert!(d.edits.device_nodes.iter().all(|(h, _, _)| h.starts_with(&*dev.to_string_lossy())));
 }
 
 #[test]

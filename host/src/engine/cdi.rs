@@ -10,6 +10,14 @@
 //! - each entry holds the device's nodes, mounts and env, except *list variables*: env keys that
 //!   several devices of the resource set to different values (`X_VISIBLE_DEVICES=3`). The runtime
 //!   applies CDI env per device, last one winning, so those stay in the Allocate answer, joined.
+//! - a CDI name a device declares itself (`nvidia.com/gpu=GPU-…`, its driver's CDI strategy) is
+//!   defined here too when that device alone declares it and has edits: the same entry, under the
+//!   declared kind, in `devhost-<vendor>_<class>+<kind's vendor>_<class>.json` unless the kind is
+//!   the resource's own. Allocate then hands out the name instead of the edits it stands for.
+//!
+//! [`resolve`] checks that every name handed out resolves in the runtime's CDI folders.
+
+pub mod resolve;
 
 use crate::driver::device::{Device, Edits};
 use serde::Serialize;
@@ -75,9 +83,26 @@ pub fn qualified_name(resource: &str, device_id: &str) -> String {
 /// The spec file's name: `devhost-<vendor>_<class>.json` (a valid domain never holds `_`, so two
 /// resources never share a file).
 pub fn file_name(resource: &str) -> String {
-    let body: String =
-        resource.chars().map(|c| if is_alnum(c) || matches!(c, '.' | '-' | '_') { c } else { '_' }).collect();
-    format!("devhost-{body}.json")
+    format!("devhost-{}.json", file_body(resource))
+}
+
+fn file_body(kind: &str) -> String {
+    kind.chars().map(|c| if is_alnum(c) || matches!(c, '.' | '-' | '_') { c } else { '_' }).collect()
+}
+
+/// The file of a resource's spec of kind `kind`: [`file_name`] for its own kind, else
+/// `devhost-<resource>+<kind>.json` (no body holds `+`, so a file names one resource and kind).
+pub fn kind_file_name(resource: &str, kind: &str) -> String {
+    if kind == resource {
+        return file_name(resource);
+    }
+    format!("devhost-{}+{}.json", file_body(resource), file_body(kind))
+}
+
+/// Whether `file` is one of `resource`'s spec files.
+fn is_file_of(file: &str, resource: &str) -> bool {
+    file == file_name(resource)
+        || file.strip_prefix(&format!("devhost-{}+", file_body(resource))).is_some_and(|rest| rest.ends_with(".json"))
 }
 
 /// The annotation key for a resource's CDI names, `cdi.k8s.io/devhost_<vendor>_<class>`: unique
@@ -183,24 +208,73 @@ fn device_edits(edits: &Edits, list_vars: &BTreeSet<String>) -> Option<Container
     (!empty).then_some(out)
 }
 
-/// The spec file for a resource's devices, or `None` when no device has edits to describe (CDI
-/// requires at least one device). Deterministic: the same devices give the same bytes.
-pub fn render(resource: &str, devices: &[Device]) -> Option<Vec<u8>> {
+/// The CDI names devices declare themselves that devhost defines, each with the index of its
+/// device: a valid `kind=name` that one device of the resource alone declares (a name several
+/// devices share, like `vendor.com/x=all`, stands for no single device's edits), when that device
+/// has edits to describe.
+pub fn own_names(devices: &[Device]) -> BTreeMap<&str, usize> {
     let vars = list_vars(devices);
-    let entries: Vec<SpecDevice> = devices
-        .iter()
-        .filter_map(|d| {
-            device_edits(&d.edits, &vars).map(|e| SpecDevice { name: device_name(&d.id), container_edits: e })
-        })
-        .collect();
-    if entries.is_empty() {
-        return None;
+    let mut count: HashMap<&str, usize> = HashMap::new();
+    for name in devices.iter().flat_map(|d| &d.edits.cdi_devices) {
+        *count.entry(name).or_default() += 1;
     }
-    let spec = SpecFile { cdi_version: cdi_version(resource), kind: resource.to_string(), devices: entries };
-    // Serialising plain structs of strings cannot fail; an empty answer would only skip a write.
-    let mut bytes = serde_json::to_vec_pretty(&spec).ok()?;
-    bytes.push(b'\n');
-    Some(bytes)
+    let mut out = BTreeMap::new();
+    for (i, d) in devices.iter().enumerate() {
+        for name in &d.edits.cdi_devices {
+            let valid = split_name(name)
+                .is_some_and(|(kind, dev)| crate::manifest::check_kind(kind).is_ok() && is_device_name(dev));
+            if valid && count.get(name.as_str()) == Some(&1) && device_edits(&d.edits, &vars).is_some() {
+                out.insert(name.as_str(), i);
+            }
+        }
+    }
+    out
+}
+
+/// `kind=name` split at the `=`.
+pub fn split_name(qualified: &str) -> Option<(&str, &str)> {
+    qualified.split_once('=')
+}
+
+/// The spec files for a resource's devices, one per kind: the resource's own kind (each device
+/// under its ID's name) and each kind of the devices' [own names](own_names). Deterministic: the
+/// same devices give the same bytes. Empty when no device has edits to describe (CDI requires at
+/// least one device per spec).
+pub fn render_all(resource: &str, devices: &[Device]) -> Vec<(String, Vec<u8>)> {
+    let vars = list_vars(devices);
+    let mut kinds: BTreeMap<&str, Vec<SpecDevice>> = BTreeMap::new();
+    for d in devices {
+        if let Some(e) = device_edits(&d.edits, &vars) {
+            kinds.entry(resource).or_default().push(SpecDevice { name: device_name(&d.id), container_edits: e });
+        }
+    }
+    for (qualified, i) in own_names(devices) {
+        let Some((kind, name)) = split_name(qualified) else { continue };
+        let entries = kinds.entry(kind).or_default();
+        // The resource's own entry of that name (a uuid named under the resource's kind) is the
+        // same device's: CDI refuses a name twice in one spec.
+        if entries.iter().any(|e| e.name == name) {
+            continue;
+        }
+        if let Some(e) = device_edits(&devices[i].edits, &vars) {
+            entries.push(SpecDevice { name: name.to_string(), container_edits: e });
+        }
+    }
+    let mut out = Vec::new();
+    for (kind, devices) in kinds {
+        let spec = SpecFile { cdi_version: cdi_version(kind), kind: kind.to_string(), devices };
+        // Serialising plain structs of strings cannot fail; an empty answer would only skip a write.
+        if let Ok(mut bytes) = serde_json::to_vec_pretty(&spec) {
+            bytes.push(b'\n');
+            out.push((kind.to_string(), bytes));
+        }
+    }
+    out
+}
+
+/// The spec file of the resource's own kind only (see [`render_all`]), or `None`.
+pub fn render(resource: &str, devices: &[Device]) -> Option<Vec<u8>> {
+    render_all(resource, devices).into_iter().find(|(k, _)| k == resource).map(|(_, b)| b)
 }
 
 /// A spec file of kind `kind` with one entry per `(device name, edits)`; entries without edits
@@ -221,6 +295,20 @@ pub fn render_entries(kind: &str, entries: &[(String, Edits)]) -> Option<Vec<u8>
     let mut bytes = serde_json::to_vec_pretty(&spec).ok()?;
     bytes.push(b'\n');
     Some(bytes)
+}
+
+/// What a device whose [own names](own_names) devhost defines contributes to an Allocate answer
+/// in `edits` mode: its list variables, annotations and CDI names; its nodes, mounts and other
+/// env reach the container through those names.
+pub fn through_names(device: &Device, vars: &BTreeSet<String>) -> Device {
+    let e = &device.edits;
+    let edits = Edits {
+        envs: e.envs.iter().filter(|(k, _)| vars.contains(k)).cloned().collect(),
+        annotations: e.annotations.clone(),
+        cdi_devices: e.cdi_devices.clone(),
+        ..Edits::default()
+    };
+    Device { edits, ..device.clone() }
 }
 
 /// Turns the composed edits of one container request into the `cdi` strategy's answer: the CDI
@@ -296,15 +384,22 @@ impl CdiWriter {
         self.dir.join(file_name(resource))
     }
 
-    /// Brings a resource's spec file in step with its devices: written atomically (a temporary
-    /// file in the same folder, flushed to disk, then renamed over the old one, so a runtime never
-    /// reads half a spec), left alone when the content is unchanged, removed when no device has
-    /// edits. Returns whether the file changed.
+    /// Brings a resource's spec files in step with its devices ([`render_all`]): each written
+    /// atomically (a temporary file in the same folder, flushed to disk, then renamed over the old
+    /// one, so a runtime never reads half a spec), left alone when the content is unchanged; the
+    /// resource's files of kinds it no longer has are removed. Returns whether a file changed.
     pub fn write(&self, resource: &str, devices: &[Device]) -> io::Result<bool> {
-        let Some(bytes) = render(resource, devices) else {
-            return self.remove(resource);
-        };
-        let path = self.path(resource);
+        let specs = render_all(resource, devices);
+        let keep: BTreeSet<String> = specs.iter().map(|(kind, _)| kind_file_name(resource, kind)).collect();
+        let mut changed = self.remove_files(resource, &keep)?;
+        for (kind, bytes) in &specs {
+            changed |= self.write_file(&kind_file_name(resource, kind), bytes)?;
+        }
+        Ok(changed)
+    }
+
+    fn write_file(&self, file: &str, bytes: &[u8]) -> io::Result<bool> {
+        let path = self.dir.join(file);
         match std::fs::read(&path) {
             Ok(old) if old == bytes => return Ok(false),
             Ok(_) => {}
@@ -314,8 +409,8 @@ impl CdiWriter {
         std::fs::create_dir_all(&self.dir).map_err(|e| with_path(&self.dir, e))?;
         // No `.json` suffix: runtimes watching the folder only load `.json`/`.yaml` files.
         let seq = TEMP_SEQ.fetch_add(1, Ordering::Relaxed);
-        let temp = self.dir.join(format!(".{}.{}-{seq}.tmp", file_name(resource), std::process::id()));
-        let written = write_synced(&temp, &bytes).and_then(|()| std::fs::rename(&temp, &path));
+        let temp = self.dir.join(format!(".{file}.{}-{seq}.tmp", std::process::id()));
+        let written = write_synced(&temp, bytes).and_then(|()| std::fs::rename(&temp, &path));
         if let Err(e) = written {
             let _ = std::fs::remove_file(&temp);
             return Err(with_path(&path, e));
@@ -327,22 +422,38 @@ impl CdiWriter {
         Ok(true)
     }
 
-    /// Removes a resource's spec (the resource stopped or has nothing to describe). Returns
-    /// whether a file was there.
+    /// Removes a resource's spec files (the resource left the manifest). Returns whether a file
+    /// was there.
     pub fn remove(&self, resource: &str) -> io::Result<bool> {
-        let path = self.path(resource);
-        match std::fs::remove_file(&path) {
-            Ok(()) => Ok(true),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-            Err(e) => Err(with_path(&path, e)),
+        self.remove_files(resource, &BTreeSet::new())
+    }
+
+    /// Removes the resource's spec files not named in `keep`.
+    fn remove_files(&self, resource: &str, keep: &BTreeSet<String>) -> io::Result<bool> {
+        let entries = match std::fs::read_dir(&self.dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(with_path(&self.dir, e)),
+        };
+        let mut removed = false;
+        for entry in entries.filter_map(Result::ok) {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !is_file_of(&name, resource) || keep.contains(&name) {
+                continue;
+            }
+            match std::fs::remove_file(entry.path()) {
+                Ok(()) => removed = true,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(with_path(&entry.path(), e)),
+            }
         }
+        Ok(removed)
     }
 
     /// Removes devhost's spec files (and leftover temporary files) that belong to none of
     /// `resources`: what a previous run or an older manifest left behind. Other tools' files in
     /// the folder are never touched. Returns the removed paths.
     pub fn remove_stale(&self, resources: &[&str]) -> io::Result<Vec<PathBuf>> {
-        let keep: BTreeSet<String> = resources.iter().map(|r| file_name(r)).collect();
         let entries = match std::fs::read_dir(&self.dir) {
             Ok(entries) => entries,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -351,7 +462,8 @@ impl CdiWriter {
         let mut removed = Vec::new();
         for entry in entries.filter_map(Result::ok) {
             let name = entry.file_name().to_string_lossy().into_owned();
-            let ours = name.starts_with("devhost-") && name.ends_with(".json") && !keep.contains(&name);
+            let kept = resources.iter().any(|r| is_file_of(&name, r));
+            let ours = name.starts_with("devhost-") && name.ends_with(".json") && !kept;
             let temp = name.starts_with(".devhost-") && name.ends_with(".tmp");
             if (ours || temp) && std::fs::remove_file(entry.path()).is_ok() {
                 removed.push(entry.path());

@@ -60,6 +60,7 @@ pub struct Metrics {
     registry: Registry,
     devices: Family<DeviceLabels, Gauge>,
     unhealthy_devices: Family<ResourceLabels, Gauge>,
+    cdi_unresolvable_devices: Family<ResourceLabels, Gauge>,
     allocations: Family<AllocationLabels, Counter>,
     allocate_duration: Family<ResourceLabels, Histogram>,
     registrations: Family<ResourceLabels, Counter>,
@@ -90,6 +91,7 @@ impl Metrics {
         let mut registry = Registry::with_prefix("devhost");
         let devices = Family::<DeviceLabels, Gauge>::default();
         let unhealthy_devices = Family::<ResourceLabels, Gauge>::default();
+        let cdi_unresolvable_devices = Family::<ResourceLabels, Gauge>::default();
         let allocations = Family::<AllocationLabels, Counter>::default();
         let allocate_duration = Family::<ResourceLabels, Histogram>::new_with_constructor(
             (|| Histogram::new(ALLOCATE_BUCKETS)) as fn() -> Histogram,
@@ -111,6 +113,11 @@ impl Metrics {
             "unhealthy_devices",
             "Physical devices of the resource that are Unhealthy now (replicas not counted; why: /status)",
             unhealthy_devices.clone(),
+        );
+        registry.register(
+            "cdi_unresolvable_devices",
+            "Devices of the resource with a CDI name the runtime's CDI folders do not resolve (missing or defined twice; why: the log)",
+            cdi_unresolvable_devices.clone(),
         );
         registry.register("allocations", "Allocate container requests per resource and outcome", allocations.clone());
         registry.register_with_unit(
@@ -181,6 +188,7 @@ impl Metrics {
             registry,
             devices,
             unhealthy_devices,
+            cdi_unresolvable_devices,
             allocations,
             allocate_duration,
             registrations,
@@ -302,6 +310,13 @@ impl Metrics {
             .set(i64::try_from(unhealthy).unwrap_or(i64::MAX));
     }
 
+    /// How many of the resource's devices have a CDI name that does not resolve.
+    pub fn set_cdi_unresolvable(&self, resource: &str, devices: usize) {
+        self.cdi_unresolvable_devices
+            .get_or_create(&self::resource(resource))
+            .set(i64::try_from(devices).unwrap_or(i64::MAX));
+    }
+
     /// Counts one Allocate container request and, per call, its latency.
     pub fn allocation(&self, resource: &str, ok: bool, latency: Duration) {
         let outcome = if ok { "ok" } else { "error" };
@@ -344,6 +359,7 @@ impl Metrics {
             self.allocations.remove(&AllocationLabels { resource: name.to_string(), outcome });
         }
         self.unhealthy_devices.remove(&resource(name));
+        self.cdi_unresolvable_devices.remove(&resource(name));
         self.allocate_duration.remove(&resource(name));
         self.registrations.remove(&resource(name));
         self.registered.remove(&resource(name));

@@ -34,6 +34,7 @@ struct RawTop {
     call_timeout: Option<DurationSetting>,
     allow_untrusted_modules: Option<bool>,
     cdi_dir: Option<Spanned<String>>,
+    cdi_spec_dirs: Option<Spanned<Vec<Spanned<String>>>>,
     nfd_features_dir: Option<Spanned<String>>,
     metrics_addr: Option<Spanned<String>>,
     pod_resources_socket: Option<Spanned<String>>,
@@ -109,6 +110,7 @@ pub(super) fn parse(text: &str, path: &Path, kubelet_dir_override: Option<&Path>
     let node_name = super::dra::node_name(&top.node_name, &mut diags);
     let default_timeout = top.call_timeout.map_or(DEFAULT_CALL_TIMEOUT, |t| t.0);
     let cdi_dir = features::cdi_dir(&top.cdi_dir, base, &mut diags);
+    let cdi_spec_dirs = features::cdi_spec_dirs(&top.cdi_spec_dirs, base, &mut diags);
     let nfd_features_dir = features::nfd_features_dir(&top.nfd_features_dir, base, &mut diags);
     let metrics_addr = features::metrics_addr(&top.metrics_addr, &mut diags);
     let pod_resources_socket = pod_resources::socket(&top.pod_resources_socket, base, &mut diags);
@@ -141,6 +143,7 @@ pub(super) fn parse(text: &str, path: &Path, kubelet_dir_override: Option<&Path>
     let mut manifest = builder.finish(path)?;
     manifest.allow_untrusted_modules = top.allow_untrusted_modules.unwrap_or(false);
     manifest.cdi_dir = cdi_dir;
+    manifest.cdi_spec_dirs = cdi_spec_dirs;
     manifest.nfd_features_dir = nfd_features_dir;
     manifest.metrics_addr = metrics_addr;
     manifest.pod_resources_socket = pod_resources_socket;
@@ -471,6 +474,7 @@ impl Builder<'_> {
             warnings,
             allow_untrusted_modules: false,
             cdi_dir: None,
+            cdi_spec_dirs: super::DEFAULT_CDI_SPEC_DIRS.iter().map(PathBuf::from).collect(),
             nfd_features_dir: None,
             metrics_addr: None,
             pod_resources_socket: PathBuf::from(super::DEFAULT_POD_RESOURCES_SOCKET),

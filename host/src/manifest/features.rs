@@ -26,6 +26,29 @@ pub(super) fn cdi_dir(value: &Option<Spanned<String>>, base: &Path, diags: &mut 
     Some(base.join(dir.get_ref()))
 }
 
+/// `cdi_spec_dirs`, each resolved against the manifest's folder; the runtime's defaults when
+/// left out.
+pub(super) fn cdi_spec_dirs(
+    value: &Option<Spanned<Vec<Spanned<String>>>>,
+    base: &Path,
+    diags: &mut Diagnostics<'_>,
+) -> Vec<PathBuf> {
+    let Some(dirs) = value else { return super::DEFAULT_CDI_SPEC_DIRS.iter().map(PathBuf::from).collect() };
+    if dirs.get_ref().is_empty() {
+        let message = "the list is empty; leave cdi_spec_dirs out for the runtime's defaults (/etc/cdi, /var/run/cdi)";
+        diags.error(dirs.span(), "cdi_spec_dirs", message);
+    }
+    let mut out = Vec::new();
+    for dir in dirs.get_ref() {
+        if dir.get_ref().is_empty() {
+            diags.error(dir.span(), "cdi_spec_dirs", "a path is empty");
+        } else {
+            out.push(base.join(dir.get_ref()));
+        }
+    }
+    out
+}
+
 /// `nfd_features_dir`, resolved against the manifest's folder like the other paths.
 pub(super) fn nfd_features_dir(
     value: &Option<Spanned<String>>,

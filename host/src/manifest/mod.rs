@@ -38,6 +38,9 @@ pub const DEFAULT_DRIVER_DIR: &str = "/usr/lib/devhost/drivers";
 /// Deadline of one driver call unless the manifest says otherwise.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Where the kubelet serves its PodResources API unless the manifest says otherwise.
+/// The folders containerd and CRI-O read CDI specs from unless configured otherwise, in their
+/// order: a spec in the later folder wins.
+pub const DEFAULT_CDI_SPEC_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];
 pub const DEFAULT_POD_RESOURCES_SOCKET: &str = devhost_proto::POD_RESOURCES_SOCKET;
 /// How often the host asks the kubelet who holds which device unless the manifest says otherwise.
 pub const DEFAULT_POD_RESOURCES_INTERVAL: Duration = Duration::from_secs(2);
@@ -78,6 +81,9 @@ pub struct Manifest {
     pub allow_untrusted_modules: bool,
     /// Folder the host keeps one CDI spec file per resource in (`cdi_dir`); `None`: no CDI files.
     pub cdi_dir: Option<PathBuf>,
+    /// The container runtime's CDI folders, in its order (the later wins), where every CDI name
+    /// devhost hands out must resolve (`cdi_spec_dirs`).
+    pub cdi_spec_dirs: Vec<PathBuf>,
     /// Node Feature Discovery's `features.d` folder, where the host keeps its feature file
     /// (`nfd_features_dir`); `None`: no file.
     pub nfd_features_dir: Option<PathBuf>,

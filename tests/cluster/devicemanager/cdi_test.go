@@ -73,50 +73,80 @@ func TestCDISpecsResolvedByTheReferenceLibraryEqualTheEditsStrategy(t *testing.T
 	var cache *cdi.Cache
 	t.Run("cdi", func(t *testing.T) {
 		_, viaCDI = runDemo(t, devhost.Options{CDIDir: cdiDir})
-		// Read the specs while devhost runs: it removes them when it stops.
-		files, _ := filepath.Glob(filepath.Join(cdiDir, "devhost-*.json"))
-		if len(files) == 0 {
-			t.Fatalf("devhost wrote no CDI spec into %s", cdiDir)
-		}
-		for _, f := range files {
-			spec, err := cdi.ReadSpec(f, 0)
-			if err != nil {
-				t.Errorf("the CDI library refuses %s: %v", filepath.Base(f), err)
-				continue
-			}
-			t.Logf("%s: kind %s, cdiVersion %s, %d device(s)", filepath.Base(f), spec.Kind, spec.Version, len(spec.Devices))
-		}
-		copyDir := t.TempDir()
-		for _, f := range files {
-			data, err := os.ReadFile(f)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(filepath.Join(copyDir, filepath.Base(f)), data, 0o644); err != nil {
-				t.Fatal(err)
-			}
-		}
-		var err error
-		cache, err = cdi.NewCache(cdi.WithSpecDirs(copyDir), cdi.WithAutoRefresh(false))
-		if err != nil {
-			t.Fatalf("CDI cache on devhost's specs: %v", err)
-		}
-		for path, errs := range cache.GetErrors() {
-			t.Errorf("CDI cache: %s: %v", path, errs)
-		}
+		cache = loadSpecs(t, cdiDir)
 	})
+	sameContainers(t, pods, plain, viaCDI, cache, func(string) bool { return true })
+}
+
+// The NVIDIA driver's own "cdi" strategy (nvidia.com/gpu=<uuid>, as NVIDIA's plugin names
+// devices): devhost defines those names in its spec from what the driver knows, so they resolve
+// in the reference library and give the container what the driver's "device-nodes" strategy
+// gives it, while the resources keep the "edits" strategy.
+func TestNvidiaCDIStrategyNamesResolveToTheDeviceNodesStrategy(t *testing.T) {
+	var pods []string
+	var plain, viaCDI []admitted
+	t.Run("device-nodes", func(t *testing.T) { pods, plain = runDemo(t, devhost.Options{}) })
+	cdiDir := t.TempDir()
+	var cache *cdi.Cache
+	t.Run("cdi", func(t *testing.T) {
+		_, viaCDI = runDemo(t, devhost.Options{CDIDir: cdiDir, NvidiaCDI: true})
+		cache = loadSpecs(t, cdiDir)
+	})
+	sameContainers(t, pods, plain, viaCDI, cache, func(pod string) bool { return strings.Contains(pod, "nvidia-com") })
+}
+
+// loadSpecs reads devhost's specs (as it wrote them for this run; a stopping devhost keeps
+// them) with the reference library, from a copy of the folder so that nothing else is in it.
+func loadSpecs(t *testing.T, cdiDir string) *cdi.Cache {
+	files, _ := filepath.Glob(filepath.Join(cdiDir, "devhost-*.json"))
+	if len(files) == 0 {
+		t.Fatalf("devhost wrote no CDI spec into %s", cdiDir)
+	}
+	for _, f := range files {
+		spec, err := cdi.ReadSpec(f, 0)
+		if err != nil {
+			t.Errorf("the CDI library refuses %s: %v", filepath.Base(f), err)
+			continue
+		}
+		t.Logf("%s: kind %s, cdiVersion %s, %d device(s)", filepath.Base(f), spec.Kind, spec.Version, len(spec.Devices))
+	}
+	copyDir := t.TempDir()
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(copyDir, filepath.Base(f)), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cache, err := cdi.NewCache(cdi.WithSpecDirs(copyDir), cdi.WithAutoRefresh(false))
+	if err != nil {
+		t.Fatalf("CDI cache on devhost's specs: %v", err)
+	}
+	for path, errs := range cache.GetErrors() {
+		t.Errorf("CDI cache: %s: %v", path, errs)
+	}
+	return cache
+}
+
+// sameContainers checks, pod by pod, that the CDI run's names resolve in cache and, injected
+// with the rest of its answer, give the container the plain run's env, nodes and mounts. A pod
+// for which wantNames is true must have been given CDI names.
+func sameContainers(t *testing.T, pods []string, plain, viaCDI []admitted, cache *cdi.Cache, wantNames func(string) bool) {
+	t.Helper()
 	if t.Failed() || len(plain) != len(viaCDI) {
 		t.FailNow()
 	}
 	for i, pod := range pods {
 		for res, ids := range plain[i].ids {
 			if strings.Join(ids, ",") != strings.Join(viaCDI[i].ids[res], ",") {
-				t.Fatalf("%s: %s got %v with edits and %v with cdi: cannot compare", pod, res, ids, viaCDI[i].ids[res])
+				t.Fatalf("%s: %s got %v in one run and %v in the other: cannot compare", pod, res, ids, viaCDI[i].ids[res])
 			}
 		}
 		o := viaCDI[i].opts
-		if len(o.CDIDevices) == 0 {
-			t.Fatalf("%s: Allocate returned no CDI name with device_list_strategy = \"cdi\"", pod)
+		if len(o.CDIDevices) == 0 && wantNames(pod) {
+			t.Fatalf("%s: Allocate returned no CDI name", pod)
 		}
 		var names []string
 		for _, d := range o.CDIDevices {
@@ -131,9 +161,9 @@ func TestCDISpecsResolvedByTheReferenceLibraryEqualTheEditsStrategy(t *testing.T
 		want := &oci.Spec{Process: &oci.Process{}, Linux: &oci.Linux{}}
 		applyRunOptions(want, plain[i].opts)
 		if d := diffOCI(spec, want); d != "" {
-			t.Errorf("%s: CDI (%d names) and the edits strategy give different containers:\n%s", pod, len(names), d)
+			t.Errorf("%s: CDI (%d names) and the plain run give different containers:\n%s", pod, len(names), d)
 		} else {
-			t.Logf("%s: %d CDI names resolve to the edits strategy's container (%d env, %d devices, %d mounts)",
+			t.Logf("%s: %d CDI names resolve to the plain run's container (%d env, %d devices, %d mounts)",
 				pod, len(names), len(want.Process.Env), len(want.Linux.Devices), len(want.Mounts))
 		}
 	}

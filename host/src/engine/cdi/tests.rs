@@ -336,3 +336,80 @@ fn remove_stale_touches_only_devhosts_leftovers() {
     assert!(writer.path("example.com/gpu").exists() && dir.path().join("nvidia.yaml").exists());
     assert_eq!(CdiWriter::new(dir.path().join("missing")).remove_stale(&[]).unwrap(), Vec::<PathBuf>::new());
 }
+
+/// `dev` that also declares CDI names of its own, as the NVIDIA driver's `cdi` strategy does.
+fn declaring(id: &str, n: usize, names: &[&str]) -> Device {
+    let mut d = dev(id, n, &[]);
+    d.edits.cdi_devices = names.iter().map(|s| s.to_string()).collect();
+    d
+}
+
+fn names_in(spec: &[u8]) -> (String, Vec<String>) {
+    let v: Value = serde_json::from_slice(spec).unwrap();
+    check_spec(&v).unwrap();
+    let names = v["devices"].as_array().unwrap().iter().map(|d| d["name"].as_str().unwrap().to_string()).collect();
+    (v["kind"].as_str().unwrap().to_string(), names)
+}
+
+#[test]
+fn a_name_one_device_declares_is_defined_under_its_own_kind_with_the_devices_edits() {
+    let mut bare = declaring("GPU-c", 2, &["nvidia.com/gpu=GPU-c"]);
+    bare.edits.device_nodes.clear();
+    bare.edits.mounts.clear();
+    let devices = [
+        declaring("GPU-a", 0, &["nvidia.com/gpu=GPU-a", "vendor.com/x=all"]),
+        declaring("GPU-b", 1, &["nvidia.com/gpu=GPU-b", "vendor.com/x=all", "bad name"]),
+        bare,
+    ];
+    let specs = render_all("nvidia.com/h100", &devices);
+    let got: Vec<(String, Vec<String>)> = specs.iter().map(|(_, b)| names_in(b)).collect();
+    // A name two devices share stands for neither; a device without edits defines nothing.
+    assert_eq!(
+        got,
+        [
+            ("nvidia.com/gpu".to_string(), vec!["GPU-a".to_string(), "GPU-b".to_string()]),
+            ("nvidia.com/h100".to_string(), vec!["GPU-a".to_string(), "GPU-b".to_string()]),
+        ]
+    );
+    let spec: Value = serde_json::from_slice(&specs[0].1).unwrap();
+    assert_eq!(spec["devices"][1]["containerEdits"]["deviceNodes"][0]["path"], "/dev/accel1");
+    assert_eq!(kind_file_name("nvidia.com/h100", "nvidia.com/gpu"), "devhost-nvidia.com_h100+nvidia.com_gpu.json");
+    // Under the resource's own kind the names join its file, each once.
+    let same = render_all("nvidia.com/gpu", &[declaring("GPU-a", 0, &["nvidia.com/gpu=GPU-a", "nvidia.com/gpu=0"])]);
+    assert_eq!(same.len(), 1);
+    assert_eq!(names_in(&same[0].1).1, ["GPU-a", "0"]);
+}
+
+#[test]
+fn allocate_in_edits_mode_takes_a_defined_names_edits_through_the_name() {
+    let d = declaring("GPU-a", 0, &["nvidia.com/gpu=GPU-a"]);
+    let mut d = d;
+    d.edits.envs = vec![("LIST".into(), "GPU-a".into()), ("MODE".into(), "x".into())];
+    d.edits.annotations = vec![("a".into(), "1".into())];
+    let vars: BTreeSet<String> = ["LIST".to_string()].into();
+    let through = through_names(&d, &vars);
+    assert!(through.edits.device_nodes.is_empty() && through.edits.mounts.is_empty());
+    assert_eq!(through.edits.envs, [("LIST".to_string(), "GPU-a".to_string())]);
+    assert_eq!(through.edits.annotations, d.edits.annotations);
+    assert_eq!(through.edits.cdi_devices, ["nvidia.com/gpu=GPU-a"]);
+}
+
+#[test]
+fn the_writer_keeps_one_file_per_kind_and_removes_a_kind_no_longer_declared() {
+    let dir = tempfile::tempdir().unwrap();
+    let writer = CdiWriter::new(dir.path());
+    let r = "example.com/gpu";
+    writer.write(r, &[declaring("a", 0, &["vendor.com/one=a"])]).unwrap();
+    let one = dir.path().join("devhost-example.com_gpu+vendor.com_one.json");
+    assert!(writer.path(r).exists() && one.exists());
+    writer.write(r, &[declaring("a", 0, &["vendor.com/two=a"])]).unwrap();
+    let two = dir.path().join("devhost-example.com_gpu+vendor.com_two.json");
+    assert!(!one.exists() && two.exists());
+    // Another resource's files, and a resource whose name starts the same, are not its own.
+    writer.write("example.com/gpu2", &[declaring("b", 1, &["vendor.com/one=b"])]).unwrap();
+    assert_eq!(writer.remove_stale(&[r, "example.com/gpu2"]).unwrap(), Vec::<PathBuf>::new());
+    assert_eq!(writer.remove_stale(&[r]).unwrap().len(), 2, "gpu2's two files are stale");
+    assert!(two.exists());
+    assert!(writer.remove(r).unwrap());
+    assert!(!two.exists() && !writer.path(r).exists());
+}

@@ -14,16 +14,23 @@ use super::View;
 /// The edits for the physical devices `physical` of resource `resource` (their devices are in
 /// `view`; IDs not in it contribute nothing). With `cdi_names`, the answer carries the devices'
 /// CDI names instead of their raw edits (the `cdi` device list strategy). The driver's allocate
-/// hook, if it has one, is called once with all of `physical` and its edits go on top.
+/// hook, if it has one, is called once with all of `physical` and its edits go on top. With
+/// `through_cdi`, a device whose own CDI names devhost defines gives those names instead of the
+/// edits they stand for (`View::through_cdi`).
 pub async fn compose(
     resource: &str,
     view: &View,
     physical: &[String],
     cdi_names: bool,
+    through_cdi: bool,
     driver: &Instance,
     metrics: &Metrics,
 ) -> Result<Edits, CallError> {
-    let (mut edits, conflicts) = device::compose(physical.iter().filter_map(|id| view.physical(id)));
+    let through = |id: &String| match through_cdi {
+        true => view.through_cdi.get(id).or_else(|| view.physical(id)),
+        false => view.physical(id),
+    };
+    let (mut edits, conflicts) = device::compose(physical.iter().filter_map(through));
     for conflict in conflicts.shown() {
         tracing::warn!(resource, "conflicting container edits: {conflict}");
     }

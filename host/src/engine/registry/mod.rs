@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use tokio::sync::watch;
 
+mod cdi_check;
 pub mod compose;
 mod view;
 pub use view::{Mode, Services, View};
@@ -39,6 +40,8 @@ pub struct Resource {
     /// True once its driver's first scan is in (or the start grace ran
     /// out): the endpoint registers then, not when every driver is done.
     ready: watch::Sender<bool>,
+    /// The CDI problems last logged (`cdi_check`), so a rescan logs only a change.
+    cdi_problems: Mutex<Vec<String>>,
 }
 
 impl Resource {
@@ -196,7 +199,9 @@ impl Registry {
     /// up (see [`Registry::installs`]).
     pub fn new(manifest: &Manifest, mode: Mode) -> Arc<Registry> {
         let watching = mode != Mode::Inspect;
-        let cdi = manifest.cdi_dir.as_ref().map(CdiWriter::new);
+        // `list` and `check` write nothing: a spec written or removed by them would change what
+        // the running daemon's containers get.
+        let cdi = manifest.cdi_dir.as_ref().filter(|_| watching).map(CdiWriter::new);
         let follower = (mode == Mode::Serve)
             .then(|| Arc::new(Follower::start(manifest.pod_resources_socket.clone(), manifest.pod_resources_interval)));
         let release_state = (mode == Mode::Serve).then(|| {
@@ -205,7 +210,13 @@ impl Registry {
             store
         });
         let reg = Arc::new(Registry {
-            services: Arc::new(Services { metrics: Arc::new(Metrics::new()), cdi, follower }),
+            services: Arc::new(Services {
+                metrics: Arc::new(Metrics::new()),
+                cdi,
+                cdi_dir: manifest.cdi_dir.clone(),
+                cdi_spec_dirs: manifest.cdi_spec_dirs.clone(),
+                follower,
+            }),
             drivers: RwLock::new(BTreeMap::new()),
             resources: RwLock::new(Vec::new()),
             // Not ready before the first apply has settled them.
@@ -560,6 +571,7 @@ impl Registry {
                 },
                 raw: Mutex::new((Vec::new(), String::new())),
                 ready: watch::channel(false).0,
+                cdi_problems: Mutex::new(Vec::new()),
                 driver,
                 error,
             });
@@ -798,7 +810,12 @@ impl Registry {
         let per = res.config.replicas.max(1) as usize;
         self.services.metrics.set_devices(name, healthy * per, (mine.len() - healthy) * per);
         self.services.metrics.set_unhealthy_devices(name, mine.len() - healthy);
-        res.view.send_replace(Arc::new(View::new(mine, res.config.replicas)));
+        let cdi = self.services.cdi.is_some();
+        let view = Arc::new(View::new(mine, res.config.replicas, cdi));
+        res.view.send_replace(view.clone());
+        if self.watching {
+            self.check_cdi(res, &view.devices, false);
+        }
     }
 
     /// Republishes a resource whenever its release overlay changes, for as

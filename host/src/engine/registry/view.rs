@@ -2,12 +2,13 @@
 //! advertised, the ListAndWatch message) and what every resource shares.
 
 use crate::driver::device::Device;
-use crate::engine::cdi::CdiWriter;
+use crate::engine::cdi::{self, CdiWriter};
 use crate::engine::podresources::Follower;
 use crate::engine::sharing;
 use crate::engine::telemetry::Metrics;
 use devhost_proto::v1beta1 as pb;
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 /// A resource's current devices, with health already decided by the host.
@@ -21,10 +22,24 @@ pub struct View {
     pub replicas: u32,
     /// The ListAndWatch message for these devices, built once per change.
     pub list: pb::ListAndWatchResponse,
+    /// The devices whose edits reach containers through the CDI names they declare, as devhost
+    /// defines those in its spec files ([`cdi::own_names`]; empty without `cdi_dir`), each as
+    /// the Allocate answer takes it ([`cdi::through_names`]).
+    pub through_cdi: HashMap<String, Device>,
 }
 
 impl View {
-    pub(super) fn new(devices: Vec<Device>, replicas: u32) -> View {
+    /// `cdi`: devhost writes spec files (`cdi_dir`), so devices' own CDI names are defined.
+    pub(super) fn new(devices: Vec<Device>, replicas: u32, cdi: bool) -> View {
+        let through_cdi = if cdi {
+            let vars = cdi::list_vars(&devices);
+            cdi::own_names(&devices)
+                .into_values()
+                .map(|i| (devices[i].id.clone(), cdi::through_names(&devices[i], &vars)))
+                .collect()
+        } else {
+            HashMap::new()
+        };
         let index = devices.iter().enumerate().map(|(i, d)| (d.id.clone(), i)).collect();
         let advertised = if replicas > 1 { sharing::expand(&devices, replicas) } else { devices.clone() };
         let list = pb::ListAndWatchResponse {
@@ -37,7 +52,7 @@ impl View {
                 })
                 .collect(),
         };
-        View { devices, index, replicas: replicas.max(1), list }
+        View { devices, index, replicas: replicas.max(1), list, through_cdi }
     }
 
     /// The physical device behind an advertised ID (a replica ID when the
@@ -60,11 +75,17 @@ impl View {
     }
 }
 
-/// What every resource and endpoint shares: metrics, the CDI writer and the
+/// What every resource and endpoint shares: metrics, the CDI writer and folders and the
 /// pod-resources follower (who holds which device).
 pub struct Services {
     pub metrics: Arc<Metrics>,
+    /// Writes the resources' spec files into `cdi_dir`; `None` without it, and for `list` and
+    /// `check`, which write nothing.
     pub cdi: Option<CdiWriter>,
+    /// The manifest's `cdi_dir`.
+    pub cdi_dir: Option<PathBuf>,
+    /// The runtime's CDI folders, where the names handed out must resolve (`cdi_spec_dirs`).
+    pub cdi_spec_dirs: Vec<PathBuf>,
     pub follower: Option<Arc<Follower>>,
 }
 

@@ -171,7 +171,7 @@ impl Claims {
                 return Err(format!("the driver of resource {} is not loaded", self.resource.config.name));
             };
             let ids: Vec<String> = planned.iter().map(|p| p.id.clone()).collect();
-            let total = compose::compose(&self.resource.config.name, &view, &ids, false, driver, &self.metrics)
+            let total = compose::compose(&self.resource.config.name, &view, &ids, false, false, driver, &self.metrics)
                 .await
                 .map_err(|e| e.to_string())?;
             let own: Vec<(String, &crate::driver::device::Edits)> = planned

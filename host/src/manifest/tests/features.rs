@@ -1,4 +1,4 @@
-//! The keys of the cross-vendor features: `cdi_dir`, `metrics_addr`, `replicas`,
+//! The keys of the cross-vendor features: `cdi_dir`, `cdi_spec_dirs`, `metrics_addr`, `replicas`,
 //! `one_replica_per_container` and `device_list_strategy`.
 
 use std::path::PathBuf;
@@ -43,6 +43,18 @@ fn metrics_addr_must_be_ip_and_port() {
 fn empty_cdi_dir_is_an_error() {
     let error = only_error("cdi_dir = \"\"\n");
     assert!(error.starts_with(&format!("{PATH}:1:11: cdi_dir: the path is empty")), "{error}");
+}
+
+#[test]
+fn cdi_spec_dirs_default_to_the_runtimes_folders_and_resolve_like_other_paths() {
+    let defaults = parse(RESOURCE).unwrap().cdi_spec_dirs;
+    assert_eq!(defaults, vec![PathBuf::from("/etc/cdi"), PathBuf::from("/var/run/cdi")]);
+    let manifest = parse(&format!("cdi_spec_dirs = [\"/run/cdi\", \"cdi\"]\n{RESOURCE}")).unwrap();
+    assert_eq!(manifest.cdi_spec_dirs, vec![PathBuf::from("/run/cdi"), PathBuf::from("/etc/devhost/cdi")]);
+    let error = only_error("cdi_spec_dirs = []\n");
+    assert!(error.starts_with(&format!("{PATH}:1:17: cdi_spec_dirs: the list is empty")), "{error}");
+    let error = only_error("cdi_spec_dirs = [\"/etc/cdi\", \"\"]\n");
+    assert!(error.contains("cdi_spec_dirs: a path is empty"), "{error}");
 }
 
 #[test]

@@ -40,8 +40,11 @@ type Options struct {
 	KubeletDir         string // kubelet_dir
 	PodResourcesSocket string // pod_resources_socket ("" = a path that does not exist)
 	CDIDir             string // cdi_dir; with it every resource uses device_list_strategy = "cdi"
-	HealthFile         string // the example_c driver's health file
-	ReleaseFile        string // the example_c driver's release record ("" = none)
+	// NvidiaCDI gives the NVIDIA driver device_list_strategy ["envvar", "cdi"] instead of the
+	// resources' "cdi" strategy: its own CDI names, which devhost defines in cdi_dir.
+	NvidiaCDI   bool
+	HealthFile  string // the example_c driver's health file
+	ReleaseFile string // the example_c driver's release record ("" = none)
 	// ReleaseDelayMs is how long the example_c driver's release hook takes (its
 	// release_delay_ms; 0 = at once). With it the instance's call_timeout is 60 s.
 	ReleaseDelayMs int
@@ -90,7 +93,13 @@ func WriteDemoConfig(t testing.TB, dir string, opts Options) string {
 		}
 		text = strings.Replace(text, table, table+"call_timeout = \"60s\"\n", 1)
 	}
-	if opts.CDIDir != "" {
+	if opts.NvidiaCDI {
+		const strategy = `device_list_strategy = ["envvar", "device-nodes"]`
+		if !strings.Contains(text, strategy) {
+			t.Fatalf("config/demo.toml no longer contains %s: update tests/cluster/internal/devhost", strategy)
+		}
+		text = strings.Replace(text, strategy, `device_list_strategy = ["envvar", "cdi"]`, 1)
+	} else if opts.CDIDir != "" {
 		text = strings.ReplaceAll(text, "[[resource]]\n", "[[resource]]\ndevice_list_strategy = \"cdi\"\n")
 	}
 	podRes := opts.PodResourcesSocket
