@@ -2,6 +2,8 @@ package containers_test
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -27,7 +29,44 @@ while read -r _ _ _ _ m _; do echo "mount $m"; done < /proc/self/mountinfo`
 // major:minor), the env and the mounts that those names stand for, resolved independently by the
 // reference CDI library, and the env the answer carries beside the names.
 func TestEveryDemoResourceThroughCDIReachesTheContainer(t *testing.T) {
-	_, list := startDevhost(t, devhost.Options{CDIDir: "/var/run/cdi"})
+	throughCDI(t, devhost.Options{CDIDir: "/var/run/cdi"}, func(string) bool { return true })
+}
+
+// TestNvidiaDriversOwnCDIStrategyStartsPodsOnContainerd: with the NVIDIA driver's own
+// device_list_strategy = "cdi" (what NVIDIA recommends), devhost answers Allocate with the
+// driver's CDI names and defines them in its specs in /var/run/cdi: pods asking for a GPU and for
+// a MIG device start on containerd (before, every such pod failed with CreateContainerError:
+// `unresolvable CDI devices nvidia.com/gpu=GPU-…`), and each container has what the names stand for.
+func TestNvidiaDriversOwnCDIStrategyStartsPodsOnContainerd(t *testing.T) {
+	throughCDI(t, devhost.Options{CDIDir: "/var/run/cdi", NvidiaCDI: true},
+		func(res string) bool { return strings.HasPrefix(res, "nvidia.com/") })
+}
+
+// clearCDI removes the spec files an earlier test's devhost left in the runtime's folders (a
+// stopping devhost keeps its specs, for containers that restart during an upgrade).
+func clearCDI(t *testing.T) {
+	for _, dir := range cluster.CDIDirs {
+		files, _ := filepath.Glob(filepath.Join(dir, "devhost-*"))
+		for _, f := range files {
+			if err := os.Remove(f); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+// throughCDI starts devhost with opts and, for each resource that only selects, a pod asking
+// for one device, and checks each container against the CDI names devhost answers for it.
+func throughCDI(t *testing.T, opts devhost.Options, only func(resource string) bool) {
+	needCluster(t)
+	clearCDI(t)
+	_, all := startDevhost(t, opts)
+	var list []devhost.Resource
+	for _, r := range all {
+		if only(r.Resource) {
+			list = append(list, r)
+		}
+	}
 	pods := map[string]string{} // resource -> pod
 	for _, r := range list {
 		name := "cdi-" + strings.NewReplacer("/", "-", ".", "-").Replace(r.Resource)

@@ -79,6 +79,13 @@ func startDevhost(t *testing.T, opts devhost.Options) (*devhost.Process, []devho
 // waits (exiting on SIGTERM), asking for limits; it is deleted when the test ends.
 func shellPod(t *testing.T, name, script string, limits map[string]int64) *v1.Pod {
 	t.Helper()
+	return scriptPod(t, name, script+"\necho done\ntrap 'exit 0' TERM\nwhile :; do sleep 1; done\n", limits)
+}
+
+// scriptPod makes a pod on the node whose one container runs script in busybox's sh, asking for
+// limits, with a grace period of 2 s; it is deleted when the test ends.
+func scriptPod(t *testing.T, name, script string, limits map[string]int64) *v1.Pod {
+	t.Helper()
 	rl := cluster.Limits(limits)
 	no, grace := false, int64(2)
 	pod := &v1.Pod{
@@ -90,7 +97,7 @@ func shellPod(t *testing.T, name, script string, limits map[string]int64) *v1.Po
 			RestartPolicy:                 v1.RestartPolicyNever,
 			Containers: []v1.Container{{
 				Name: "main", Image: cluster.BusyboxImage, ImagePullPolicy: v1.PullNever,
-				Command:   []string{"/bin/sh", "-c", script + "\necho done\ntrap 'exit 0' TERM\nwhile :; do sleep 1; done\n"},
+				Command:   []string{"/bin/sh", "-c", script},
 				Resources: v1.ResourceRequirements{Limits: rl, Requests: rl},
 			}},
 		},

@@ -21,7 +21,7 @@ var (
 
 func TestMain(m *testing.M) {
 	nodens.EnterNode(filepath.Join(devhost.Root(), "config", "sim"))
-	os.Exit(cluster.Main(m, "containers", cluster.Options{Containerd: true}, func(c *cluster.Cluster, skip string) { cl, skipReason = c, skip }))
+	os.Exit(cluster.Main(m, "containers", cluster.Options{Containerd: true, ControlPlane: true}, func(c *cluster.Cluster, skip string) { cl, skipReason = c, skip }))
 }
 
 func needCluster(t *testing.T) {

@@ -20,10 +20,11 @@ import (
 // (ResourceClaimTemplate -> one ResourceClaim per pod, reservedFor kept, the allocation dropped
 // once no pod uses it) and the garbage collector, which deletes a generated claim once its pod
 // is gone (the claim's owner reference; the resourceclaim controller deletes it only for a pod
-// that is still there and done). The scheduler writes allocations and extended-resource claims
+// that is still there and done), and the DaemonSet controller (devhost's own DaemonSet in
+// containers/, its pods and rolling updates). The scheduler writes allocations and extended-resource claims
 // itself; service accounts and namespaces are made by the tests; nothing else is needed, and
 // fewer controllers start faster on a loaded machine.
-const KCMControllers = "resourceclaim-controller,garbage-collector-controller"
+const KCMControllers = "resourceclaim-controller,garbage-collector-controller,daemonset-controller"
 
 // startControlPlane starts kube-scheduler and kube-controller-manager as cluster admin, with
 // their HTTPS ports off (two clusters may run at once on one machine).

@@ -30,7 +30,8 @@ func Enter(simDev ...string) { enter(false, simDev) }
 // every component listens on its loopback), and the kernel settings the kubelet sets at start
 // (vm.overcommit_memory, vm.panic_on_oom, kernel.panic, kernel.panic_on_oops; not namespaced)
 // are files of the namespace's own, so a test never changes the machine it runs on; /etc/cdi and
-// /run/cdi (= /var/run/cdi), the CDI folders a runtime reads by default, are tmpfs mounts.
+// /run/cdi (= /var/run/cdi), the CDI folders a runtime reads by default, and /run/udev are tmpfs
+// mounts.
 func EnterNode(simDev ...string) { enter(true, simDev) }
 
 // The kernel settings the kubelet writes at start (its container manager's kernel tunables).
@@ -118,8 +119,9 @@ func enterNode() {
 		must(os.WriteFile(own, value, 0o644), "write "+own)
 		must(syscall.Mount(own, path, "", syscall.MS_BIND, ""), "bind a file over "+path)
 	}
-	// The CDI folders a container runtime reads by default, empty and the namespace's own.
-	for _, dir := range []string{"/etc/cdi", "/run/cdi"} {
+	// The CDI folders a container runtime reads by default, empty and the namespace's own, and
+	// udev's database folder, which devhost's DaemonSet mounts (creating it if missing).
+	for _, dir := range []string{"/etc/cdi", "/run/cdi", "/run/udev"} {
 		must(os.MkdirAll(dir, 0o755), "mkdir "+dir)
 		must(syscall.Mount("devhost-test", dir, "tmpfs", 0, "mode=0755"), "mount tmpfs on "+dir)
 	}
