@@ -199,7 +199,8 @@ func (rt *Containerd) importImages() error {
 }
 
 // removeContainers kills and deletes every container runc runs for this containerd (they
-// outlive containerd and its shims otherwise), then the shims.
+// outlive containerd and its shims otherwise), then the shims, and removes the cgroup folders
+// containerd made for its namespace once they are empty (cgroups are not namespaced).
 func (rt *Containerd) removeContainers() {
 	runc := filepath.Join(rt.Bin, "runc")
 	out, _ := exec.Command(runc, "--root", filepath.Join(rt.RuncRoot, "k8s.io"), "list", "-q").Output()
@@ -216,5 +217,9 @@ func (rt *Containerd) removeContainers() {
 		if _, err := fmt.Sscanf(f, "/proc/%d/cmdline", &pid); err == nil {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
+	}
+	parents, _ := filepath.Glob("/sys/fs/cgroup/*/k8s.io")
+	for _, p := range parents {
+		_ = os.Remove(p) // fails, harmlessly, while another cluster's containers are in it
 	}
 }
