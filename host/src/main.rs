@@ -144,6 +144,11 @@ fn main() -> ExitCode {
     if let Some(code) = devhost::driver::isolation::worker_entry() {
         return code;
     }
+    // So is the probe process `devhost conformance` runs a module's raw calls in.
+    #[cfg(feature = "sim")]
+    if let Some(code) = devhost::ops::conformance::probe_entry() {
+        return code;
+    }
     let cli = Cli::parse();
     // Generated from the command line definition, without logs or a runtime.
     match cli.command {

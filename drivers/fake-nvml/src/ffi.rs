@@ -227,13 +227,19 @@ pub extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> Ret {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn nvmlShutdown() -> Ret {
-    with_rt(|rt| {
+    catch_unwind(|| {
+        let mut guard = lock();
+        let Some(rt) = guard.as_mut().filter(|rt| rt.init_count > 0) else { return UNINITIALIZED };
         rt.init_count -= 1;
         if rt.init_count == 0 {
-            rt.sets.clear();
+            // Like the real library, the last shutdown releases all that init
+            // took (event sets, the control file's inotify descriptor): the
+            // caller may dlclose us next, and that drops no static.
+            *guard = None;
         }
-        Ok(())
+        SUCCESS
     })
+    .unwrap_or(UNKNOWN)
 }
 
 #[unsafe(no_mangle)]

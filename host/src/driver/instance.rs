@@ -590,6 +590,14 @@ impl Instance {
         }
     }
 
+    /// How an isolated instance's last worker process ended, if one did.
+    pub fn worker_ended(&self) -> Option<crate::driver::isolation::supervisor::Ended> {
+        match &self.backend {
+            Backend::Process(w) => w.ended(),
+            Backend::InProcess(_) => None,
+        }
+    }
+
     /// Runs `f` on the worker thread with the instance pointer and the host API.
     async fn run<T: Send + 'static>(
         &self,

@@ -96,6 +96,21 @@ pub(super) struct Shared {
     watching: AtomicBool,
     /// Set while no worker's create has succeeded yet and more are tried.
     creating: CreateState,
+    /// How the last worker process that served calls ended.
+    ended: Mutex<Option<Ended>>,
+}
+
+/// How a worker process that served calls ended: what `devhost
+/// conformance` reports for a call that lost its worker, and for destroy.
+#[derive(Clone, Debug)]
+pub struct Ended {
+    pub pid: u32,
+    /// As the supervisor logs it: "exit status 0", "signal 11 (SIGSEGV), core dumped".
+    pub status: String,
+    /// It exited with status 0 after the host asked it to stop (its destroy returned).
+    pub clean: bool,
+    /// Why the host's stop request (watch_stop and destroy) failed, if it did.
+    pub stop_failed: Option<CallError>,
 }
 
 enum Link {
@@ -171,6 +186,7 @@ impl Worker {
             misses: AtomicU32::new(0),
             watching: AtomicBool::new(false),
             creating: Arc::default(),
+            ended: Mutex::new(None),
         });
         let (first_tx, first_rx) = oneshot::channel();
         let sup = shared.clone();
@@ -280,6 +296,11 @@ impl Worker {
         self.shared.conn().ok().map(|c| c.pid)
     }
 
+    /// How the last worker process that served calls ended, if one did.
+    pub fn ended(&self) -> Option<Ended> {
+        lock(&self.shared.ended).clone()
+    }
+
     /// Stops the worker (watch_stop and destroy in it) without waiting.
     pub fn stop(&self) {
         *lock(&self.shared.link) = Link::Stopped;
@@ -323,8 +344,9 @@ fn supervise(
                     }
                 }
                 let end = watch(&s, &conn, &mut child, &events);
+                let mut stop_failed = None;
                 if matches!(end, End::Stop) {
-                    let _ = conn.call_blocking(&s, "shutdown", &Request::Shutdown);
+                    stop_failed = conn.call_blocking(&s, "destroy", &Request::Shutdown).err();
                     wait_exit(&mut child, s.timeout);
                 }
                 let reason = match &end {
@@ -335,7 +357,9 @@ fn supervise(
                 // Unavailable first, so that nothing new is sent to it.
                 s.down_if_current(conn.generation, &reason);
                 conn.close(&s, &reason);
-                let status = reap(&mut child);
+                let (status, exit) = reap(&mut child);
+                let clean = matches!(end, End::Stop) && stop_failed.is_none() && exit == Some(0);
+                *lock(&s.ended) = Some(Ended { pid: conn.pid, status: status.clone(), clean, stop_failed });
                 if matches!(end, End::Stop) {
                     return;
                 }
@@ -481,18 +505,25 @@ fn wait_exit(child: &mut Child, within: Duration) {
     }
 }
 
-/// Kills the worker if it still runs, collects it, and says how it ended.
-fn reap(child: &mut Child) -> String {
+/// Kills the worker if it still runs, collects it, and says how it ended
+/// (and its exit code, when it exited).
+fn reap(child: &mut Child) -> (String, Option<i32>) {
     let _ = child.kill();
     match child.wait() {
-        Err(e) => format!("its status is unknown: {e}"),
-        Ok(st) => match (st.code(), st.signal()) {
-            (Some(code), _) => format!("exit status {code}"),
-            (None, Some(sig)) => {
-                format!("signal {sig} ({}){}", signal_name(sig), if st.core_dumped() { ", core dumped" } else { "" })
-            }
-            _ => st.to_string(),
-        },
+        Err(e) => (format!("its status is unknown: {e}"), None),
+        Ok(st) => (describe_exit(st), st.code()),
+    }
+}
+
+/// How a process ended, as logs and reports say it: "exit status 7",
+/// "signal 11 (SIGSEGV), core dumped".
+pub(crate) fn describe_exit(st: std::process::ExitStatus) -> String {
+    match (st.code(), st.signal()) {
+        (Some(code), _) => format!("exit status {code}"),
+        (None, Some(sig)) => {
+            format!("signal {sig} ({}){}", signal_name(sig), if st.core_dumped() { ", core dumped" } else { "" })
+        }
+        _ => st.to_string(),
     }
 }
 
@@ -610,7 +641,7 @@ fn start_from(s: &Arc<Shared>, spec: &Spec, program: &Path) -> Result<Started, B
         // its dynamic loader, a program of another build): the program's
         // fault, not the module's.
         Err(GreetError::Call(CallError::Unavailable { driver, reason })) if own_exit(&mut child).is_some() => {
-            let status = reap(&mut child);
+            let (status, _) = reap(&mut child);
             let error = CallError::Unavailable { driver, reason: format!("{reason} ({status})") };
             Err(Box::new(Failed { child: None, error, info, program_fault: !ran }))
         }

@@ -2,43 +2,33 @@
 //! each hook, the kubelet's view, overlapping calls, a doorbell storm, and
 //! create/destroy cycles that must not leak.
 
-use super::{DEADLINE, Report, Verdict};
+use super::probe::{self, Probe};
+use super::subject::Subject;
+use super::{Report, Verdict};
 use crate::driver::callbacks::check_device_id;
 use crate::driver::device::{Device, compose};
-use crate::driver::instance::{CallError, Instance};
-use crate::driver::loader::{self, Module};
-use std::collections::{BTreeMap, BTreeSet};
+use crate::driver::loader;
+use std::collections::BTreeSet;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// Create/destroy cycles of the leak check, after a few warm-up ones.
-const CYCLES: usize = 100;
-const WARM_UP: usize = 5;
-/// What 100 cycles may add before it counts as a leak.
-const MAX_FD_GROWTH: i64 = 4;
-const MAX_THREAD_GROWTH: i64 = 2;
-const MAX_RSS_GROWTH_KIB: i64 = 16 * 1024;
-/// Growth above this is reported (allocator noise stays well below it).
-const WARN_RSS_GROWTH_KIB: i64 = 1024;
 
 pub(super) async fn run(path: &Path, options: &[(String, String)]) -> Report {
     let mut r = Report { module: path.display().to_string(), outcomes: Vec::new() };
-    let Some(module) = descriptor(&mut r, path) else { return r };
-    let Some(inst) = create(&mut r, &module, options).await else { return r };
-    let devices = scans(&mut r, &inst).await;
+    trust(&mut r, path);
+    if probe::run(&mut r, Probe::Handshake, path, options).await == Verdict::Fail {
+        return r;
+    }
+    let mut subject = create(&mut r, path, options).await;
+    let devices = scans(&mut r, &mut subject).await;
     ids_and_attributes(&mut r, &devices);
     links(&mut r, &devices);
     conflicts(&mut r, &devices);
-    hooks(&mut r, &inst, &devices).await;
-    inst.shutdown();
+    super::hooks::run(&mut r, &mut subject, &devices).await;
+    super::hooks::destroy(&mut r, &mut subject).await;
     super::node::kubelet_checks(&mut r, path, options, &devices).await;
-    match loader::load(path) {
-        Ok(m) => super::raw::concurrent(&mut r, m, options, &devices),
-        Err(e) => r.add("concurrent calls", Verdict::Fail, format!("the module no longer loads: {e}")),
-    }
-    storm(&mut r, &module, options).await;
-    cycles(&mut r, path, options).await;
+    probe::run(&mut r, Probe::Concurrent, path, options).await;
+    storm(&mut r, path, options).await;
+    probe::run(&mut r, Probe::Cycles, path, options).await;
     r
 }
 
@@ -46,7 +36,7 @@ fn ms(d: Duration) -> String {
     format!("{} ms", d.as_millis())
 }
 
-fn descriptor(r: &mut Report, path: &Path) -> Option<Module> {
+fn trust(r: &mut Report, path: &Path) {
     if let Err(problems) = loader::check_trust(path, None) {
         let text: Vec<String> = problems.iter().map(|e| e.to_string()).collect();
         r.add(
@@ -57,12 +47,15 @@ fn descriptor(r: &mut Report, path: &Path) -> Option<Module> {
     } else {
         r.add("trust", Verdict::Pass, "owner and permissions pass the host's checks");
     }
+}
+
+/// `dlopen`, the entry point and the descriptor: in a probe process, where
+/// a module that crashes while loading takes only the probe down.
+pub(super) fn handshake(r: &mut Report, path: &Path) {
+    super::probe::calling("load");
     let m = match loader::load(path) {
         Ok(m) => m,
-        Err(e) => {
-            r.add("handshake and descriptor", Verdict::Fail, e.to_string());
-            return None;
-        }
+        Err(e) => return r.add("handshake and descriptor", Verdict::Fail, e.to_string()),
     };
     let hooks = match m.capabilities() {
         c if c.is_empty() => "no optional hooks".to_string(),
@@ -74,7 +67,6 @@ fn descriptor(r: &mut Report, path: &Path) -> Option<Module> {
     } else {
         r.add("handshake and descriptor", Verdict::Pass, detail);
     }
-    Some(m)
 }
 
 fn is_semver(v: &str) -> bool {
@@ -83,25 +75,40 @@ fn is_semver(v: &str) -> bool {
     parts.len() == 3 && parts.iter().all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
 }
 
-async fn create(r: &mut Report, module: &Module, options: &[(String, String)]) -> Option<Arc<Instance>> {
+/// The first worker and its `create`; when that fails, one more worker
+/// for the checks that follow (a module that fails once may work again).
+async fn create(r: &mut Report, path: &Path, options: &[(String, String)]) -> Subject {
     let started = Instant::now();
-    match Instance::create("conformance", *module, options, DEADLINE).await {
-        Ok(inst) => {
-            r.add("create", Verdict::Pass, format!("{} option(s), {}", options.len(), ms(started.elapsed())));
-            Some(inst)
-        }
+    let (mut subject, created) = Subject::start("conformance", path, options).await;
+    match created {
+        Ok(()) => r.add(
+            "create",
+            Verdict::Pass,
+            format!("{} option(s), {} in a worker process", options.len(), ms(started.elapsed())),
+        ),
         Err(e) => {
-            r.add("create", Verdict::Fail, e.to_string());
-            None
+            r.add("create", Verdict::Fail, e);
+            subject.restart().await;
         }
     }
+    subject
 }
 
-async fn scans(r: &mut Report, inst: &Instance) -> Vec<Device> {
-    let started = Instant::now();
+async fn scans(r: &mut Report, s: &mut Subject) -> Vec<Device> {
+    let inst = match s.live() {
+        Ok(inst) => inst.clone(),
+        Err(why) => {
+            r.add("scan", Verdict::Skip, why);
+            return Vec::new();
+        }
+    };
+    let (started, pid) = (Instant::now(), s.pid());
     let first = inst.scan().await;
     let took = started.elapsed();
-    let second = inst.scan().await;
+    let second = match &first {
+        Ok(_) => inst.scan().await,
+        Err(e) => Err(e.clone()),
+    };
     match (first, second) {
         (Ok(a), Ok(b)) => {
             let ids = |d: &[Device]| d.iter().map(|d| d.id.clone()).collect::<Vec<_>>();
@@ -126,7 +133,29 @@ async fn scans(r: &mut Report, inst: &Instance) -> Vec<Device> {
             a.devices
         }
         (Err(e), _) | (_, Err(e)) => {
-            r.add("scan", Verdict::Fail, e.to_string());
+            let why = s.failed("scan", pid, e).await;
+            let devices = rescan(s).await;
+            match devices.len() {
+                0 => r.add("scan", Verdict::Fail, why),
+                n => r.add(
+                    "scan",
+                    Verdict::Fail,
+                    format!("{why}; a new worker's scan found {n} device(s) for the checks below"),
+                ),
+            }
+            devices
+        }
+    }
+}
+
+/// After a failed scan: the devices of one more, for the checks that need some.
+async fn rescan(s: &mut Subject) -> Vec<Device> {
+    let Ok(inst) = s.live().cloned() else { return Vec::new() };
+    let pid = s.pid();
+    match inst.scan().await {
+        Ok(o) => o.devices,
+        Err(e) => {
+            s.failed("scan", pid, e).await;
             Vec::new()
         }
     }
@@ -204,107 +233,27 @@ fn conflicts(r: &mut Report, devices: &[Device]) {
     }
 }
 
-fn answered<T>(r: &mut Report, check: &'static str, started: Instant, result: Result<T, CallError>) -> Option<T> {
-    match result {
-        Ok(v) => {
-            r.add(check, Verdict::Pass, format!("answered in {}", ms(started.elapsed())));
-            Some(v)
-        }
-        Err(e) => {
-            r.add(check, Verdict::Fail, e.to_string());
-            None
-        }
-    }
-}
-
-/// Each optional hook once, the way a pod's life calls them, within the deadline.
-async fn hooks(r: &mut Report, inst: &Instance, devices: &[Device]) {
-    let m = inst.module.clone();
-    let first: Vec<String> = devices.iter().take(1).map(|d| d.id.clone()).collect();
-    let none = |r: &mut Report, check, what: &str| r.add(check, Verdict::Skip, format!("no {what} hook"));
-    if !m.watch {
-        none(r, "watch_start", "watch");
-    } else {
-        let t = Instant::now();
-        answered(r, "watch_start", t, inst.watch_start().await);
-    }
-    if first.is_empty() {
-        for check in ["allocate", "preferred_allocation", "pre_start", "release after the pod ends"] {
-            r.add(check, Verdict::Skip, "no device to call it with");
-        }
-        return;
-    }
-    if !m.allocate {
-        none(r, "allocate", "allocate");
-    } else {
-        let t = Instant::now();
-        answered(r, "allocate", t, inst.allocate(first.clone()).await);
-    }
-    if !m.preferred_allocation {
-        none(r, "preferred_allocation", "preferred_allocation");
-    } else {
-        let all: Vec<String> = devices.iter().map(|d| d.id.clone()).collect();
-        let size = all.len().min(2) as u32;
-        let t = Instant::now();
-        let result = inst.preferred(all.clone(), first.clone(), size).await;
-        let took = t.elapsed();
-        match result {
-            Ok(Some(ids)) if !ids.starts_with(&first) || ids.iter().any(|i| !all.contains(i)) => r.add(
-                "preferred_allocation",
-                Verdict::Warn,
-                format!(
-                    "proposed {ids:?} for must_include {first:?} of {all:?}: the host repairs it and logs a warning"
-                ),
-            ),
-            Ok(_) => r.add("preferred_allocation", Verdict::Pass, format!("answered in {}", ms(took))),
-            Err(e) => r.add("preferred_allocation", Verdict::Fail, e.to_string()),
-        }
-    }
-    if !m.pre_start {
-        none(r, "pre_start", "pre_start");
-    } else {
-        let t = Instant::now();
-        answered(r, "pre_start", t, inst.pre_start(first.clone()).await);
-    }
-    if !m.release {
-        none(r, "release after the pod ends", "release");
-    } else {
-        // The pod that got `first` ended: release once, then again as the
-        // host's retry after a missed deadline would (it must be repeatable).
-        let t = Instant::now();
-        let once = inst.release(first.clone()).await;
-        let took = t.elapsed();
-        let again = inst.release(first.clone()).await;
-        let refused =
-            |e: &CallError| matches!(e, CallError::Status { code, .. } if *code != devhost_abi::DEVHOST_ERR_NOT_FOUND);
-        match (once, again) {
-            (Err(e), _) if refused(&e) => r.add("release after the pod ends", Verdict::Fail, e.to_string()),
-            (_, Err(e)) if refused(&e) => {
-                r.add("release after the pod ends", Verdict::Fail, format!("a repeated release failed: {e}"))
-            }
-            (Err(e), _) | (_, Err(e)) if !matches!(e, CallError::Status { .. }) => {
-                r.add("release after the pod ends", Verdict::Fail, e.to_string())
-            }
-            _ => r.add(
-                "release after the pod ends",
-                Verdict::Pass,
-                format!("{} for {first:?}, and repeatable", ms(took)),
-            ),
-        }
-    }
-}
-
 /// A storm of `devices_changed` from several threads while the host rescans
 /// on each doorbell, as the registry does: every rescan answers in time with
 /// the same devices.
-async fn storm(r: &mut Report, module: &Module, options: &[(String, String)]) {
+async fn storm(r: &mut Report, path: &Path, options: &[(String, String)]) {
+    const CHECK: &str = "devices_changed storm";
     const THREADS: usize = 8;
     const RINGS: usize = 2_000;
-    let inst = match Instance::create("conformance-storm", *module, options, DEADLINE).await {
-        Ok(i) => i,
-        Err(e) => return r.add("devices_changed storm", Verdict::Fail, e.to_string()),
+    let (mut s, created) = Subject::start("conformance-storm", path, options).await;
+    let inst = match (created, s.live()) {
+        (Ok(()), Ok(inst)) => inst.clone(),
+        (Err(why), _) | (_, Err(why)) => return r.add(CHECK, Verdict::Fail, why),
     };
-    let before = inst.scan().await.map(|o| o.devices.into_iter().map(|d| d.id).collect::<Vec<_>>());
+    let ids = |devices: &[Device]| devices.iter().map(|d| d.id.clone()).collect::<Vec<_>>();
+    let pid = s.pid();
+    let before = match inst.scan().await {
+        Ok(o) => ids(&o.devices),
+        Err(e) => {
+            let why = s.failed("scan", pid, e).await;
+            return r.add(CHECK, Verdict::Fail, why);
+        }
+    };
     let ringers: Vec<_> = (0..THREADS)
         .map(|_| {
             let changed = inst.changed.clone();
@@ -325,14 +274,13 @@ async fn storm(r: &mut Report, module: &Module, options: &[(String, String)]) {
         }
         rescans += 1;
         match inst.scan().await {
-            Ok(o)
-                if before.as_ref().is_ok_and(|b| *b == o.devices.iter().map(|d| d.id.clone()).collect::<Vec<_>>()) => {}
+            Ok(o) if ids(&o.devices) == before => {}
             Ok(o) => {
-                verdict = Err(format!("a rescan reported {} device(s), not the {:?} before", o.devices.len(), before));
+                verdict = Err(format!("a rescan reported {:?}, not the {before:?} before", ids(&o.devices)));
                 break;
             }
             Err(e) => {
-                verdict = Err(e.to_string());
+                verdict = Err(s.failed("scan", pid, e).await);
                 break;
             }
         }
@@ -352,87 +300,5 @@ async fn storm(r: &mut Report, module: &Module, options: &[(String, String)]) {
             ),
         ),
         Err(e) => r.add("devices_changed storm", Verdict::Fail, e),
-    }
-}
-
-/// Open descriptors, threads and resident memory of this process.
-fn footprint() -> (i64, i64, i64) {
-    let count = |dir: &str| std::fs::read_dir(dir).map(|d| d.count() as i64).unwrap_or(-1);
-    let rss = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|n| n.parse::<i64>().ok()))
-        })
-        .unwrap_or(-1);
-    (count("/proc/self/fd"), count("/proc/self/task"), rss)
-}
-
-async fn cycle(module: &Module, options: &[(String, String)], watch: bool) -> Result<(), CallError> {
-    let inst = Instance::create("conformance-cycle", *module, options, DEADLINE).await?;
-    let result = async {
-        if watch {
-            inst.watch_start().await?;
-        }
-        inst.scan().await.map(drop)
-    }
-    .await;
-    inst.shutdown();
-    result
-}
-
-/// `destroy` then `create`, 100 times: descriptors, threads and memory stay put.
-async fn cycles(r: &mut Report, path: &Path, options: &[(String, String)]) {
-    const CHECK: &str = "create/destroy x100";
-    let module = match loader::load(path) {
-        Ok(m) => m,
-        Err(e) => return r.add(CHECK, Verdict::Fail, e.to_string()),
-    };
-    let watch = module.watch_start().is_some();
-    for _ in 0..WARM_UP {
-        if let Err(e) = cycle(&module, options, watch).await {
-            return r.add(CHECK, Verdict::Fail, e.to_string());
-        }
-    }
-    let settle = || async {
-        // A destroyed instance's worker thread ends after destroy returns.
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    };
-    settle().await;
-    let before = footprint();
-    let started = Instant::now();
-    for n in 0..CYCLES {
-        if let Err(e) = cycle(&module, options, watch).await {
-            return r.add(CHECK, Verdict::Fail, format!("cycle {}: {e}", n + 1));
-        }
-    }
-    let took = started.elapsed();
-    // Destroy runs on each worker thread as it ends: wait until they are
-    // gone (or 10 s), so what is left over is what the driver left.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut after = footprint();
-    while after.1 > before.1 && Instant::now() < deadline {
-        settle().await;
-        after = footprint();
-    }
-    let growth =
-        BTreeMap::from([("fds", after.0 - before.0), ("threads", after.1 - before.1), ("rss_kib", after.2 - before.2)]);
-    let detail = format!(
-        "{CYCLES} cycles{} in {}: fds {:+}, threads {:+}, memory {:+} KiB",
-        if watch { " with watch_start" } else { "" },
-        ms(took),
-        growth["fds"],
-        growth["threads"],
-        growth["rss_kib"]
-    );
-    if growth["fds"] > MAX_FD_GROWTH || growth["threads"] > MAX_THREAD_GROWTH || growth["rss_kib"] > MAX_RSS_GROWTH_KIB
-    {
-        r.add(CHECK, Verdict::Fail, format!("{detail} (allowed: fds +{MAX_FD_GROWTH}, threads +{MAX_THREAD_GROWTH}, memory +{MAX_RSS_GROWTH_KIB} KiB)"));
-    } else if growth["rss_kib"] > WARN_RSS_GROWTH_KIB {
-        let per_cycle = growth["rss_kib"] as f64 / CYCLES as f64;
-        r.add(CHECK, Verdict::Warn, format!("{detail}: about {per_cycle:.0} KiB per cycle stays behind"));
-    } else {
-        r.add(CHECK, Verdict::Pass, detail);
     }
 }

@@ -6,8 +6,13 @@
 //! `DEVHOST_CAP_CONCURRENT` must survive, [`node`] the kubelet's side.
 
 mod checks;
+mod hooks;
 mod node;
+mod probe;
 mod raw;
+mod subject;
+
+pub use probe::entry as probe_entry;
 
 use std::fmt::Write as _;
 use std::path::Path;
