@@ -60,7 +60,7 @@ func clearCDI(t *testing.T) {
 func throughCDI(t *testing.T, opts devhost.Options, only func(resource string) bool) {
 	needCluster(t)
 	clearCDI(t)
-	_, all := startDevhost(t, opts)
+	all := startDevhost(t, opts).list
 	var list []devhost.Resource
 	for _, r := range all {
 		if only(r.Resource) {

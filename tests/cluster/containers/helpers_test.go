@@ -47,9 +47,16 @@ func makeExampleNodes(t *testing.T, dir string) {
 	}
 }
 
+// node is a devhost started by startDevhost: the process, its manifest and what it lists.
+type node struct {
+	dh     *devhost.Process
+	config string
+	list   []devhost.Resource
+}
+
 // startDevhost runs devhost on the demo manifest (opts changing it), registered with the
 // cluster's kubelet, and waits until the Node shows every resource.
-func startDevhost(t *testing.T, opts devhost.Options) (*devhost.Process, []devhost.Resource) {
+func startDevhost(t *testing.T, opts devhost.Options) *node {
 	t.Helper()
 	needCluster(t)
 	dir := t.TempDir()
@@ -58,7 +65,14 @@ func startDevhost(t *testing.T, opts devhost.Options) (*devhost.Process, []devho
 	opts.HealthFile, opts.ReleaseFile = health, release
 	config := devhost.WriteDemoConfig(t, dir, opts)
 	list := devhost.List(t, config)
-	p := devhost.Start(t, config)
+	n := &node{dh: devhost.Start(t, config), config: config, list: list}
+	waitNodeShows(t, list)
+	return n
+}
+
+// waitNodeShows waits until the Node's allocatable shows every healthy device of list.
+func waitNodeShows(t *testing.T, list []devhost.Resource) {
+	t.Helper()
 	devhost.Eventually(t, 60*time.Second, "the Node shows every resource of devhost list", func() string {
 		nd, err := cl.Node()
 		if err != nil {
@@ -72,7 +86,6 @@ func startDevhost(t *testing.T, opts devhost.Options) (*devhost.Process, []devho
 		}
 		return ""
 	})
-	return p, list
 }
 
 // shellPod makes a pod on the node whose one container runs script in busybox's sh and then
@@ -83,8 +96,9 @@ func shellPod(t *testing.T, name, script string, limits map[string]int64) *v1.Po
 }
 
 // scriptPod makes a pod on the node whose one container runs script in busybox's sh, asking for
-// limits, with a grace period of 2 s; it is deleted when the test ends.
-func scriptPod(t *testing.T, name, script string, limits map[string]int64) *v1.Pod {
+// limits, with a grace period of 2 s and restart policy Never, changed by mods; it is deleted
+// when the test ends.
+func scriptPod(t *testing.T, name, script string, limits map[string]int64, mods ...func(*v1.Pod)) *v1.Pod {
 	t.Helper()
 	rl := cluster.Limits(limits)
 	no, grace := false, int64(2)
@@ -95,12 +109,17 @@ func scriptPod(t *testing.T, name, script string, limits map[string]int64) *v1.P
 			AutomountServiceAccountToken:  &no,
 			TerminationGracePeriodSeconds: &grace,
 			RestartPolicy:                 v1.RestartPolicyNever,
+			// No cluster DNS here: the node's own resolver, without the kubelet's warning event.
+			DNSPolicy: v1.DNSDefault,
 			Containers: []v1.Container{{
 				Name: "main", Image: cluster.BusyboxImage, ImagePullPolicy: v1.PullNever,
 				Command:   []string{"/bin/sh", "-c", script},
 				Resources: v1.ResourceRequirements{Limits: rl, Requests: rl},
 			}},
 		},
+	}
+	for _, m := range mods {
+		m(pod)
 	}
 	created, err := cl.Client.CoreV1().Pods("default").Create(context.Background(), pod, metav1.CreateOptions{})
 	if err != nil {
@@ -130,7 +149,14 @@ func deletePod(t *testing.T, name string) {
 // "<time> <stream> <tag> <text>").
 func containerOutput(t *testing.T, pod *v1.Pod, timeout time.Duration) []string {
 	t.Helper()
-	glob := fmt.Sprintf("/var/log/pods/%s_%s_%s/main/*.log", pod.Namespace, pod.Name, pod.UID)
+	return attemptOutput(t, pod, 0, timeout)
+}
+
+// attemptOutput is containerOutput for the container's attempt-th start (0 the first; the
+// kubelet keeps one log file per attempt).
+func attemptOutput(t *testing.T, pod *v1.Pod, attempt int, timeout time.Duration) []string {
+	t.Helper()
+	glob := fmt.Sprintf("/var/log/pods/%s_%s_%s/main/%d.log", pod.Namespace, pod.Name, pod.UID, attempt)
 	var lines []string
 	devhost.Eventually(t, timeout, "pod "+pod.Name+"'s container printed its report", func() string {
 		files, _ := filepath.Glob(glob)

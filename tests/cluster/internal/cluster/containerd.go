@@ -31,6 +31,7 @@ const PodSubnet = "10.88.0.0/16"
 // containerd, its runc shim and runc, and the CNI bridge plugin, from tests/cluster/build-runtime.
 type Containerd struct {
 	Bin, Dir, Socket, RuncRoot string
+	proc                       *Proc
 }
 
 // runtimeBin is the folder of the runtime's binaries: $DEVHOST_RUNTIME_BIN, else what
@@ -70,19 +71,81 @@ func (c *Cluster) startContainerd() (string, error) {
 	if err := writeFile(config, containerdConfig(rt, CDIDirs)); err != nil {
 		return "", err
 	}
-	p, err := c.startFrom(bin, "containerd", []string{"PATH=" + bin + ":" + os.Getenv("PATH")}, "--config", config)
-	if err != nil {
-		return "", err
-	}
-	c.procs = append(c.procs, p)
 	c.Containerd = rt
-	if err := waitSocket(rt.Socket, p, 30*time.Second); err != nil {
+	if err := c.runContainerd(); err != nil {
 		return "", err
 	}
 	if err := rt.importImages(); err != nil {
 		return "", err
 	}
 	return rt.Socket, nil
+}
+
+// runContainerd starts the containerd process on the configuration startContainerd wrote.
+func (c *Cluster) runContainerd() error {
+	rt := c.Containerd
+	p, err := c.startFrom(rt.Bin, "containerd", []string{"PATH=" + rt.Bin + ":" + os.Getenv("PATH")},
+		"--config", filepath.Join(rt.Dir, "config.toml"))
+	if err != nil {
+		return err
+	}
+	c.procs = append(c.procs, p)
+	rt.proc = p
+	return waitSocket(rt.Socket, p, 30*time.Second)
+}
+
+// PowerOff is what a node's power loss does to its runtime: the kubelet and containerd are
+// killed (SIGKILL) with every container, and what lives in tmpfs is gone: containerd's state,
+// runc's, the shims' sockets, and the CDI folder /var/run/cdi. What is on disk stays: the
+// images, the kubelet's folder (its device checkpoint; the plugin sockets left in it are stale).
+func (c *Cluster) PowerOff() error {
+	rt := c.Containerd
+	if rt == nil {
+		return fmt.Errorf("PowerOff needs a cluster with Options.Containerd")
+	}
+	c.kubelet.Stop(syscall.SIGKILL)
+	rt.removeContainers()
+	rt.proc.Stop(syscall.SIGKILL)
+	tmpfs := []string{filepath.Join(rt.Dir, "state"), rt.RuncRoot, shimSocketDir, "/var/run/cdi"}
+	unmountUnder(tmpfs)
+	for _, d := range tmpfs {
+		entries, _ := os.ReadDir(d)
+		for _, e := range entries {
+			if err := os.RemoveAll(filepath.Join(d, e.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// unmountUnder detaches every mount below the folders (the sandboxes' shm and network
+// namespaces, the containers' root file systems), deepest first, as a power-off does.
+func unmountUnder(dirs []string) {
+	data, _ := os.ReadFile("/proc/self/mountinfo")
+	var points []string
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 {
+			continue
+		}
+		for _, d := range dirs {
+			if strings.HasPrefix(f[4], d+"/") {
+				points = append(points, f[4])
+			}
+		}
+	}
+	for i := len(points) - 1; i >= 0; i-- {
+		_ = syscall.Unmount(points[i], syscall.MNT_DETACH)
+	}
+}
+
+// PowerOnRuntime starts containerd again after PowerOff (StartKubelet starts the kubelet).
+func (c *Cluster) PowerOnRuntime() error {
+	if c.Containerd == nil {
+		return fmt.Errorf("PowerOnRuntime needs a cluster with Options.Containerd")
+	}
+	return c.runContainerd()
 }
 
 // shimSocketDir is where the shims' sockets go: containerd refuses a folder name longer than 42
