@@ -146,3 +146,21 @@ fn a_store_in_memory_writes_no_file_and_still_hands_allocations_to_the_runner() 
     assert_eq!(store.take_allocations("r", owner + 1).len(), 0, "only the owner takes them");
     assert!(store.path().is_none());
 }
+
+#[test]
+fn an_allocation_alone_is_left_to_the_journal_but_what_judges_it_is_recorded() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = Store::open(tmp.path(), &tmp.path().join("dp"));
+    let (owner, _, _) = store.claim("r");
+    store.allocate("r", &ids(&["a"]));
+    let mut t = Tracker::new(FAST);
+    for a in store.take_allocations("r", owner) {
+        t.allocate(&a.devices, a.at, a.seq);
+    }
+    store.update("r", owner, t.saved());
+    assert_eq!(store.get("r"), None, "an Allocate alone costs no state write: the journal has it");
+    t.observe_listed(&held(&[("a", holder("p", "c"))]), after(Instant::now(), 1000));
+    store.update("r", owner, t.saved());
+    let kept = store.get("r").unwrap();
+    assert_eq!((kept.held.len(), kept.allocated.len(), kept.journal_seq), (1, 0, 1));
+}

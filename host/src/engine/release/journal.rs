@@ -27,6 +27,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 /// the log says so.
 pub const MAX_JOURNAL_BYTES: u64 = 4 << 20;
 
+/// A journal this long asks for a state save that covers it (and so empties
+/// it): some 900 Allocates that no List confirmed (no pod-resources socket).
+pub const COMPACT_AT: u64 = 64 << 10;
+
 /// One Allocate's devices.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Entry {
@@ -219,6 +223,11 @@ impl Journal {
             }
             Err(e) => tracing::warn!(file = %self.path.display(), "cannot empty the allocation journal: {e}"),
         }
+    }
+
+    /// Whether the journal is long enough to be folded into the state file.
+    pub fn long(&self) -> bool {
+        self.lock().bytes >= COMPACT_AT
     }
 
     /// Stops waiting for `resource`'s entries to be covered (it left the

@@ -193,10 +193,16 @@ impl Store {
     }
 
     /// Records `resource`'s state (`None`: nothing to keep), if `owner` still
-    /// owns it; saved to the file soon after.
+    /// owns it; saved to the file soon after. A change that only adds
+    /// allocations is left to the journal, which has them, until the journal
+    /// is [long](journal::COMPACT_AT): an Allocate costs no state write then.
     pub fn update(&self, resource: &str, owner: u64, saved: Option<Saved>) {
         let mut inner = self.lock();
         if inner.owners.get(resource) != Some(&owner) || inner.resources.get(resource) == saved.as_ref() {
+            return;
+        }
+        let journal_short = self.journal.as_ref().is_none_or(|j| !j.long());
+        if journal_short && only_adds_allocations(inner.resources.get(resource), saved.as_ref()) {
             return;
         }
         match saved {
@@ -321,6 +327,14 @@ fn read_state(path: &Path) -> BTreeMap<String, Saved> {
             BTreeMap::new()
         }
     }
+}
+
+/// Whether `new` is `old` with more allocated devices (and a newer journal
+/// entry), nothing else changed.
+fn only_adds_allocations(old: Option<&Saved>, new: Option<&Saved>) -> bool {
+    let empty = Saved::default();
+    let (old, Some(new)) = (old.unwrap_or(&empty), new) else { return false };
+    old.held == new.held && old.pending == new.pending && old.allocated.iter().all(|a| new.allocated.contains(a))
 }
 
 /// Adds the journal's entries newer than each resource's state to its
