@@ -206,7 +206,7 @@ struct Run<R> {
     /// Where the tracker's state is kept, and our owner token there.
     store: Arc<Store>,
     owner: u64,
-    /// Woken when Allocate handed out devices.
+    /// Woken when allocations pile up (the List each Allocate asks for wakes it otherwise).
     allocated: Arc<Notify>,
 }
 

@@ -13,6 +13,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+/// Allocations waiting for the runner past which an Allocate wakes it.
+const WAKE_AT: usize = 64;
+
 /// One Allocate's devices on their way to the release runner.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Allocation {
@@ -169,10 +172,15 @@ impl Store {
             }
         };
         let mut inner = self.lock();
-        if let Some(a) = inner.inbox.get_mut(resource).and_then(|q| q.iter_mut().find(|a| a.seq == seq)) {
+        let queue = inner.inbox.entry(resource.to_string()).or_default();
+        if let Some(a) = queue.iter_mut().find(|a| a.seq == seq) {
             a.at = Some(Instant::now());
         }
-        let waker = inner.wakers.get(resource).cloned();
+        // The runner takes allocations in whenever it wakes, and the List each Allocate asks for
+        // wakes it before it judges them: it is woken here only so that the queue stays short
+        // where no List comes (no pod-resources socket), and to fold a long journal in.
+        let wake = queue.len() >= WAKE_AT || self.journal.as_ref().is_some_and(Journal::long);
+        let waker = inner.wakers.get(resource).cloned().filter(|_| wake);
         drop(inner);
         if let Some(w) = waker {
             w.notify_one();
