@@ -186,8 +186,11 @@ async fn allocate(art: &Artifacts, keep: Option<&Path>) -> Result<u64> {
     let manifest = node.write_manifest(
         "devhost.toml",
         &format!(
-            "[driver.c]\nmodule = \"{}\"\nisolation = \"in-process\"\noptions = {{ count = 8, numa_nodes = 2 }}\n\n\
-             [[resource]]\nname = \"{RESOURCE}\"\ndriver = \"c\"\n",
+            "state_dir = \"{}\"\n[driver.c]\nmodule = \"{}\"\nisolation = \"in-process\"\n\
+             options = {{ count = 8, numa_nodes = 2 }}\n\n[[resource]]\nname = \"{RESOURCE}\"\ndriver = \"c\"\n",
+            // The C example has a release hook: each Allocate appends to the allocation journal
+            // here (and fdatasyncs it) before it answers, as on a node.
+            node.path().join("state").display(),
             art.module("example_c").display()
         ),
     )?;

@@ -573,7 +573,7 @@ async fn add_holders(out: &mut [serde_json::Value], manifest: &Manifest) {
                 let snap = devhost::engine::podresources::Snapshot {
                     generation: 1,
                     resources: Some(std::sync::Arc::new(map.clone())),
-                    error: None,
+                    ..Default::default()
                 };
                 if let Some(devices) = r["devices"].as_array_mut() {
                     for d in devices {

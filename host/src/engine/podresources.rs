@@ -35,8 +35,23 @@ pub struct Holder {
     pub container: String,
 }
 
+impl Holder {
+    /// The holder of a device that Allocate handed out and no List ever
+    /// showed: its container is not known (all fields empty).
+    pub fn unseen() -> Holder {
+        Holder { namespace: String::new(), pod: String::new(), container: String::new() }
+    }
+
+    pub fn is_unseen(&self) -> bool {
+        self.namespace.is_empty() && self.pod.is_empty() && self.container.is_empty()
+    }
+}
+
 impl fmt::Display for Holder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_unseen() {
+            return f.write_str("the container it was allocated to");
+        }
         write!(f, "{}/{}/{}", self.namespace, self.pod, self.container)
     }
 }
@@ -56,6 +71,9 @@ pub struct Snapshot {
     pub resources: Option<Arc<HolderMap>>,
     /// Why the latest attempt failed, if it did; `resources` is then older.
     pub error: Option<String>,
+    /// When the latest successful List started (it shows every Allocate
+    /// the kubelet had taken in by then).
+    pub listed_at: Option<tokio::time::Instant>,
 }
 
 impl Snapshot {
@@ -198,7 +216,9 @@ async fn follow(socket: PathBuf, interval: Duration, tx: watch::Sender<Snapshot>
     let mut client = None;
     let mut said_missing = false;
     let mut last_error: Option<String> = None;
+    let mut poked = false;
     loop {
+        let started = tokio::time::Instant::now();
         let result = match client.as_mut() {
             Some(c) => list(c, &socket).await,
             None => match connect(&socket).await {
@@ -212,7 +232,7 @@ async fn follow(socket: PathBuf, interval: Duration, tx: watch::Sender<Snapshot>
                     tracing::info!(socket = %socket.display(), "pod-resources socket answers; following device holders");
                     said_missing = false;
                 }
-                publish(&tx, Ok(map));
+                publish(&tx, Ok((map, started)), poked);
             }
             Err(e) => {
                 // The channel redials by itself, but a fresh one after a
@@ -234,27 +254,33 @@ async fn follow(socket: PathBuf, interval: Duration, tx: watch::Sender<Snapshot>
                     _ => tracing::debug!("{text}"),
                 }
                 last_error = Some(text.clone());
-                publish(&tx, Err(text));
+                publish(&tx, Err(text), poked);
             }
         }
-        tokio::select! {
-            _ = tokio::time::sleep(interval) => {}
-            _ = poke.notified() => tokio::time::sleep(POKE_DELAY).await,
-        }
+        poked = tokio::select! {
+            _ = tokio::time::sleep(interval) => false,
+            _ = poke.notified() => {
+                tokio::time::sleep(POKE_DELAY).await;
+                true
+            }
+        };
     }
 }
 
-/// Records one poll; subscribers are woken only when holders or the error changed.
-fn publish(tx: &watch::Sender<Snapshot>, result: Result<HolderMap, String>) {
+/// Records one poll; subscribers are woken only when holders or the error
+/// changed, or when an Allocate asked for this List (`poked`): the release
+/// runners then judge the devices it handed out, held or not.
+fn publish(tx: &watch::Sender<Snapshot>, result: Result<(HolderMap, tokio::time::Instant), String>, poked: bool) {
     tx.send_if_modified(|snap| match result {
-        Ok(map) => {
+        Ok((map, started)) => {
             snap.generation += 1;
+            snap.listed_at = Some(started);
             let changed = snap.error.take().is_some() || snap.resources.as_deref() != Some(&map);
             if changed {
                 log_changes(snap.resources.as_deref(), &map);
                 snap.resources = Some(Arc::new(map));
             }
-            changed
+            changed || poked
         }
         Err(text) => {
             let changed = snap.error.as_deref() != Some(text.as_str());
@@ -350,7 +376,7 @@ mod tests {
                 pod("a", "p", vec![("c", "r", &["gpu-0::0", "gpu-10"])]),
             ],
         };
-        let snap = Snapshot { generation: 1, resources: Some(Arc::new(holders_of(&list))), error: None };
+        let snap = Snapshot { generation: 1, resources: Some(Arc::new(holders_of(&list))), ..Default::default() };
         assert_eq!(snap.holders_of_device("r", "gpu-0"), [&holder("a", "p", "c"), &holder("b", "q", "c")]);
         assert_eq!(snap.holders_of_device("r", "gpu-1"), [&holder("b", "q", "c")]);
         assert_eq!(snap.holders_of_device("r", "gpu-10"), [&holder("a", "p", "c")]);
@@ -366,7 +392,7 @@ mod tests {
     fn unknown_holders_differ_from_none() {
         let unknown = Snapshot::default();
         assert_eq!(unknown.holders("r"), None);
-        let known = Snapshot { generation: 1, resources: Some(Arc::new(HolderMap::new())), error: None };
+        let known = Snapshot { generation: 1, resources: Some(Arc::new(HolderMap::new())), ..Default::default() };
         assert_eq!(known.holders("r"), Some(Holders::new()));
         assert_eq!(known.holder("r", "d"), None);
     }
@@ -376,19 +402,24 @@ mod tests {
         let (tx, mut rx) = watch::channel(Snapshot::default());
         let map =
             holders_of(&ListPodResourcesResponse { pod_resources: vec![pod("n", "p", vec![("c", "r", &["d"])])] });
-        publish(&tx, Ok(map.clone()));
+        let t0 = tokio::time::Instant::now();
+        let t1 = t0 + Duration::from_millis(5);
+        publish(&tx, Ok((map.clone(), t0)), false);
         assert!(rx.has_changed().unwrap());
         assert_eq!(rx.borrow_and_update().holder("r", "d"), Some(&holder("n", "p", "c")));
-        publish(&tx, Ok(map.clone()));
+        publish(&tx, Ok((map.clone(), t1)), false);
         assert!(!rx.has_changed().unwrap(), "an unchanged List woke subscribers");
-        assert_eq!(rx.borrow().generation, 2, "every successful List counts");
-        publish(&tx, Err("gone".into()));
+        assert_eq!((rx.borrow().generation, rx.borrow().listed_at), (2, Some(t1)), "every successful List counts");
+        publish(&tx, Ok((map.clone(), t1)), true);
+        assert!(rx.has_changed().unwrap(), "the List an Allocate asked for must wake the release runners");
+        rx.borrow_and_update();
+        publish(&tx, Err("gone".into()), false);
         assert!(rx.has_changed().unwrap());
         let snap = rx.borrow_and_update().clone();
         assert_eq!((snap.error.as_deref(), snap.holder("r", "d").is_some()), (Some("gone"), true), "holders kept");
-        publish(&tx, Err("gone".into()));
+        publish(&tx, Err("gone".into()), true);
         assert!(!rx.has_changed().unwrap(), "a repeated error woke subscribers");
-        publish(&tx, Ok(map));
+        publish(&tx, Ok((map, t1)), false);
         assert!(rx.has_changed().unwrap(), "recovery must wake subscribers");
         assert_eq!(rx.borrow().error, None);
     }

@@ -68,6 +68,11 @@ pub async fn run(config: &Path, keep_running: bool, stop: impl std::future::Futu
     for (n, r) in resources.iter().filter(|r| r.driver.is_some()).enumerate() {
         let name = r.config.name.as_str();
         let allocated = allocation_report(&kubelet, name, &mut out).await;
+        // The kubelet lists a container's devices as soon as their Allocate is answered; a device
+        // handed out and never listed would be released as one whose pod is gone.
+        if let Some(id) = &allocated {
+            pods.set_pod("sim", &format!("sim-pod-{n}"), vec![("main".into(), name.into(), vec![id.clone()])]);
+        }
         out.push_str(&preferred_report(&kubelet, r).await);
         if let Some(id) = allocated {
             let timeout = manifest.drivers.get(&r.config.driver).map_or(DEFAULT_CALL_TIMEOUT, |d| d.call_timeout);

@@ -11,25 +11,33 @@
 //! through a latest-value channel the registry consults when it publishes.
 //! With a [`Store`] (the daemon), the tracker's state is kept in a file
 //! (`state.rs`) and restored at the next start, so a device let go of while
-//! devhost was down is still released.
+//! devhost was down is still released. Allocate tells the runner what it hands
+//! out ([`ReleaseRunner::allocated`]): on disk in the allocation journal
+//! (`journal.rs`) before the kubelet gets the answer, so a pod that ends
+//! before devhost saw it, or while devhost is down, is not forgotten.
 
+pub mod journal;
 pub mod state;
+mod store;
 mod tracker;
 
+#[cfg(test)]
+mod durable_tests;
 #[cfg(test)]
 mod restart_tests;
 #[cfg(test)]
 mod tests;
 
-pub use state::{Saved, SavedBatch, Store};
-pub use tracker::{Backoff, Batch, Finished, Observed, Outcome, Phase, Tracker, driver_id};
+pub use state::{Saved, SavedBatch};
+pub use store::{Allocation, Store};
+pub use tracker::{ALLOCATE_GRACE, Backoff, Batch, Finished, Observed, Outcome, Phase, Tracker, driver_id};
 
 use crate::driver::instance::CallError;
 use crate::engine::podresources::Snapshot;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::Instant;
 
 /// Devices to report Unhealthy because of a pending release: driver device
@@ -47,6 +55,8 @@ pub struct ReleaseRunner {
     seen: Arc<AtomicU64>,
     /// Whether the tracker went on from a saved state.
     restored: bool,
+    /// Where Allocate records what it hands out (a driver with a hook only).
+    allocations: Option<(Arc<Store>, String)>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -66,7 +76,8 @@ impl ReleaseRunner {
     /// Like [`start`](Self::start), going on from what `store` kept for
     /// `resource` (a previous daemon, or the runner a reload replaces) and
     /// keeping its state there from now on. A driver without a release hook
-    /// leaves the kept state as it is.
+    /// leaves the kept state as it is. Without a store, one in memory only
+    /// takes the allocations.
     pub fn start_kept<R: Releaser>(
         resource: &str,
         driver: Arc<R>,
@@ -74,29 +85,31 @@ impl ReleaseRunner {
         backoff: Backoff,
         store: Option<Arc<Store>>,
     ) -> ReleaseRunner {
-        let store = store.filter(|_| driver.has_release()).map(|s| {
-            let (owner, saved) = s.claim(resource);
-            (s, owner, saved)
-        });
-        let tracker = match store.as_ref().and_then(|(_, _, saved)| saved.as_ref()) {
+        let store = driver.has_release().then(|| store.unwrap_or_else(Store::memory));
+        let claimed = store.as_ref().map(|s| s.claim(resource));
+        let saved = claimed.as_ref().and_then(|(_, saved, _)| saved.as_ref());
+        let tracker = match saved {
             Some(saved) => {
-                if !saved.pending.is_empty() || !saved.held.is_empty() {
+                if !saved.pending.is_empty() || !saved.held.is_empty() || !saved.allocated.is_empty() {
                     tracing::info!(
                         resource = %resource,
-                        "going on from the kept release state: {} held device(s), {} pending release(s)",
+                        "going on from the kept release state: {} held device(s), {} pending release(s), {} device(s) \
+                         allocated but not listed yet",
                         saved.held.len(),
-                        saved.pending.len()
+                        saved.pending.len(),
+                        saved.allocated.len()
                     );
                 }
                 Tracker::restore(backoff, saved, Instant::now())
             }
             None => Tracker::new(backoff),
         };
-        let restored = store.as_ref().is_some_and(|(_, _, saved)| saved.is_some());
+        let restored = saved.is_some();
         let tracker = Arc::new(Mutex::new(tracker));
         let (tx, overlay) = watch::channel(Arc::new(Overlay::new()));
         let seen = Arc::new(AtomicU64::new(0));
-        let task = driver.has_release().then(|| {
+        let allocations = store.as_ref().map(|s| (s.clone(), resource.to_string()));
+        let task = store.zip(claimed).map(|(store, (owner, _, allocated))| {
             let run = Run {
                 resource: resource.to_string(),
                 driver,
@@ -104,11 +117,30 @@ impl ReleaseRunner {
                 tracker: tracker.clone(),
                 overlay: tx,
                 seen: seen.clone(),
-                store: store.map(|(s, owner, _)| (s, owner)),
+                store,
+                owner,
+                allocated,
             };
             tokio::spawn(run.run())
         });
-        ReleaseRunner { tracker, overlay, seen, restored, task }
+        ReleaseRunner { tracker, overlay, seen, restored, allocations, task }
+    }
+
+    /// Whether Allocate must tell [`allocated`](Self::allocated) what it
+    /// hands out (the driver has a release hook).
+    pub fn tracks_allocations(&self) -> bool {
+        self.allocations.is_some()
+    }
+
+    /// Records that Allocate handed out `ids` (driver device IDs) and
+    /// returns once that is on disk; answer the kubelet only then. Nothing
+    /// to do (no I/O) for a driver without a release hook.
+    pub async fn allocated(&self, ids: Vec<String>) {
+        let Some((store, resource)) = self.allocations.clone() else { return };
+        let done = tokio::task::spawn_blocking(move || store.allocate(&resource, &ids)).await;
+        if let Err(e) = done {
+            tracing::error!("recording an allocation failed: {e}");
+        }
     }
 
     /// Whether the runner went on from a kept state: the registry then waits
@@ -172,7 +204,10 @@ struct Run<R> {
     overlay: watch::Sender<Arc<Overlay>>,
     seen: Arc<AtomicU64>,
     /// Where the tracker's state is kept, and our owner token there.
-    store: Option<(Arc<Store>, u64)>,
+    store: Arc<Store>,
+    owner: u64,
+    /// Woken when allocations pile up (the List each Allocate asks for wakes it otherwise).
+    allocated: Arc<Notify>,
 }
 
 impl<R: Releaser> Run<R> {
@@ -180,18 +215,21 @@ impl<R: Releaser> Run<R> {
         let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(u64, Result<bool, CallError>)>();
         let mut seen_generation = 0;
         loop {
+            for a in self.store.take_allocations(&self.resource, self.owner) {
+                lock(&self.tracker).allocate(&a.devices, a.at, a.seq);
+            }
             let fresh = {
                 let snap = self.holders.borrow_and_update();
                 match snap.holders(&self.resource) {
                     Some(h) if snap.generation != seen_generation => {
                         seen_generation = snap.generation;
-                        Some(h)
+                        Some((h, snap.listed_at))
                     }
                     _ => None,
                 }
             };
-            if let Some(holders) = fresh {
-                let observed = lock(&self.tracker).observe(&holders);
+            if let Some((holders, listed_at)) = fresh {
+                let observed = lock(&self.tracker).observe_listed(&holders, listed_at);
                 self.seen.store(seen_generation, Ordering::Release);
                 self.log_observed(&observed);
             }
@@ -218,8 +256,13 @@ impl<R: Releaser> Run<R> {
                 Some((id, result)) = done_rx.recv() => {
                     let finished = lock(&self.tracker).finished(id, outcome(result), Instant::now());
                     self.keep();
+                    // A finished release is on disk before it is logged and
+                    // the devices turn Healthy: only a crash between the
+                    // hook's return and this write runs the hook again.
+                    self.flush().await;
                     self.log_finished(finished);
                 }
+                _ = self.allocated.notified() => {}
                 _ = sleep_until(retry) => {}
             }
         }
@@ -227,10 +270,14 @@ impl<R: Releaser> Run<R> {
 
     /// Hands the tracker's state to the store (written soon after).
     fn keep(&self) {
-        if let Some((store, owner)) = &self.store {
-            let saved = lock(&self.tracker).saved();
-            store.update(&self.resource, *owner, saved);
-        }
+        let saved = lock(&self.tracker).saved();
+        self.store.update(&self.resource, self.owner, saved);
+    }
+
+    /// Writes the store's state now (off the async threads) and waits for it.
+    async fn flush(&self) {
+        let store = self.store.clone();
+        let _ = tokio::task::spawn_blocking(move || store.save()).await;
     }
 
     fn publish(&self) {
@@ -260,6 +307,15 @@ impl<R: Releaser> Run<R> {
                 "{} let go of {}; calling the driver's release hook (Unhealthy meanwhile)",
                 holder,
                 devices.join(",")
+            );
+        }
+        if !observed.unclaimed.is_empty() {
+            tracing::info!(
+                resource = %resource,
+                "{} handed out by Allocate but held by no container in the kubelet's pod-resources answer{}; calling \
+                 the driver's release hook (Unhealthy meanwhile)",
+                observed.unclaimed.join(","),
+                if observed.since_restart { " after devhost restarted or reloaded" } else { "" }
             );
         }
         for (device, holder) in &observed.reused {

@@ -2,7 +2,8 @@
 //! file (format, bound, versions, atomic replacement) and runners going on
 //! from a [`Store`] on real files.
 
-use super::state::{self, LoadError, MAX_BYTES, Saved, SavedBatch, Store, VERSION};
+use super::Store;
+use super::state::{self, LoadError, MAX_BYTES, Saved, SavedBatch, VERSION};
 use super::tests::{FAST, Fake, Lists, Step, eventually, held, holder, ids};
 use super::*;
 use crate::engine::podresources::{Holder, Holders};
@@ -11,7 +12,11 @@ use std::path::Path;
 use std::time::Duration;
 
 fn saved_held(pairs: &[(&str, Holder)]) -> Saved {
-    Saved { held: pairs.iter().map(|(id, h)| (id.to_string(), vec![h.clone()])).collect(), pending: vec![] }
+    Saved {
+        held: pairs.iter().map(|(id, h)| (id.to_string(), vec![h.clone()])).collect(),
+        pending: vec![],
+        ..Saved::default()
+    }
 }
 
 fn failed_batch(pod: &str, devices: &[&str], attempts: u32, error: &str) -> SavedBatch {
@@ -58,7 +63,11 @@ fn nothing_saved_is_released_before_a_first_list() {
 #[test]
 fn a_release_that_failed_before_the_restart_stays_unhealthy_with_its_message_and_backs_off() {
     let backoff = Backoff { first: Duration::from_secs(1), max: Duration::from_secs(60) };
-    let saved = Saved { held: BTreeMap::new(), pending: vec![failed_batch("a", &["gpu-0"], 3, "reset timed out")] };
+    let saved = Saved {
+        held: BTreeMap::new(),
+        pending: vec![failed_batch("a", &["gpu-0"], 3, "reset timed out")],
+        ..Saved::default()
+    };
     let start = Instant::now();
     let mut t = Tracker::restore(backoff, &saved, start);
     let reason = t.unhealthy("gpu-0").expect("Unhealthy");
@@ -76,7 +85,8 @@ fn a_release_that_failed_before_the_restart_stays_unhealthy_with_its_message_and
 
 #[test]
 fn a_saved_device_handed_to_someone_else_is_not_released() {
-    let saved = Saved { held: BTreeMap::new(), pending: vec![failed_batch("a", &["gpu-0"], 1, "x")] };
+    let saved =
+        Saved { held: BTreeMap::new(), pending: vec![failed_batch("a", &["gpu-0"], 1, "x")], ..Saved::default() };
     let mut t = Tracker::restore(FAST, &saved, Instant::now());
     let observed = t.observe(&held(&[("gpu-0", holder("b", "c"))]));
     assert_eq!(observed.reused, [("gpu-0".to_string(), holder("b", "c"))]);
@@ -166,7 +176,10 @@ fn the_size_is_bounded_when_reading_and_when_writing() {
     // Long error messages are cut, so one chatty driver cannot fill the file.
     let mut r = BTreeMap::new();
     let long = "é".repeat(5000);
-    r.insert("r".to_string(), Saved { held: BTreeMap::new(), pending: vec![failed_batch("a", &["d"], 1, &long)] });
+    r.insert(
+        "r".to_string(),
+        Saved { held: BTreeMap::new(), pending: vec![failed_batch("a", &["d"], 1, &long)], ..Saved::default() },
+    );
     let back = state::decode(&doc(&r)).unwrap();
     let kept = back["r"].pending[0].error.as_deref().unwrap();
     assert_eq!(kept.chars().count(), 513, "512 characters and an ellipsis");
@@ -211,48 +224,48 @@ fn an_unusable_file_is_set_aside_and_the_store_starts_empty() {
 fn a_replaced_runner_cannot_overwrite_its_successor() {
     let tmp = tempfile::tempdir().unwrap();
     let store = Store::open(tmp.path(), &tmp.path().join("dp"));
-    let (old, _) = store.claim("r");
+    let (old, _, _) = store.claim("r");
     store.update("r", old, Some(saved_held(&[("a", holder("p", "c"))])));
-    let (new, kept) = store.claim("r");
+    let (new, kept, _) = store.claim("r");
     assert_eq!(kept, Some(saved_held(&[("a", holder("p", "c"))])));
     store.update("r", old, None);
     store.update("r", new, Some(saved_held(&[("b", holder("p", "c"))])));
     store.update("r", old, Some(saved_held(&[("stale", holder("p", "c"))])));
     assert_eq!(store.get("r"), Some(saved_held(&[("b", holder("p", "c"))])));
     store.save();
-    let on_disk = state::load(store.path()).unwrap().unwrap();
+    let on_disk = state::load(store.path().unwrap()).unwrap().unwrap();
     assert_eq!(on_disk["r"], saved_held(&[("b", holder("p", "c"))]));
     // A resource gone from the manifest is forgotten.
     store.retain(&["other"]);
     store.save();
-    assert!(state::load(store.path()).unwrap().unwrap().is_empty());
+    assert!(state::load(store.path().unwrap()).unwrap().unwrap().is_empty());
 }
 
 #[test]
 fn a_state_over_the_bound_is_not_saved_and_the_previous_file_stays() {
     let tmp = tempfile::tempdir().unwrap();
     let store = Store::open(tmp.path(), &tmp.path().join("dp"));
-    let (owner, _) = store.claim("r");
+    let (owner, _, _) = store.claim("r");
     store.update("r", owner, Some(saved_held(&[("a", holder("p", "c"))])));
     store.save();
-    let before = std::fs::read(store.path()).unwrap();
+    let before = std::fs::read(store.path().unwrap()).unwrap();
     let many: Vec<(String, Holder)> =
         (0..20_000).map(|i| (format!("d{i}"), holder(&format!("pod-{i}"), "c"))).collect();
     let pairs: Vec<(&str, Holder)> = many.iter().map(|(id, h)| (id.as_str(), h.clone())).collect();
     store.update("r", owner, Some(saved_held(&pairs)));
     store.save();
-    assert_eq!(std::fs::read(store.path()).unwrap(), before);
+    assert_eq!(std::fs::read(store.path().unwrap()).unwrap(), before);
     // Back under the bound: saved again.
     store.update("r", owner, Some(saved_held(&[("b", holder("p", "c"))])));
     store.save();
-    assert_eq!(state::load(store.path()).unwrap().unwrap()["r"], saved_held(&[("b", holder("p", "c"))]));
+    assert_eq!(state::load(store.path().unwrap()).unwrap().unwrap()["r"], saved_held(&[("b", holder("p", "c"))]));
 }
 
 #[test]
 fn nothing_is_written_while_nothing_is_kept() {
     let tmp = tempfile::tempdir().unwrap();
     let store = Store::open(&tmp.path().join("state"), &tmp.path().join("dp"));
-    let (owner, _) = store.claim("r");
+    let (owner, _, _) = store.claim("r");
     store.update("r", owner, None);
     store.save();
     assert!(!tmp.path().join("state").exists(), "a node where nothing is held gets no file");
@@ -265,7 +278,7 @@ async fn a_runner_goes_on_from_the_kept_state_and_keeps_the_new_one() {
     let tmp = tempfile::tempdir().unwrap();
     let kubelet = tmp.path().join("dp");
     let store = Store::open(tmp.path(), &kubelet);
-    let (owner, _) = store.claim("x.com/gpu");
+    let (owner, _, _) = store.claim("x.com/gpu");
     store.update("x.com/gpu", owner, Some(saved_held(&[("gpu-0", holder("a", "c")), ("gpu-1", holder("b", "c"))])));
     store.save();
 
@@ -294,7 +307,7 @@ async fn a_runner_without_a_kept_state_or_a_hook_waits_for_nothing() {
     let runner =
         ReleaseRunner::start_kept("x.com/gpu", Fake::with(vec![]), lists.tx.subscribe(), FAST, Some(store.clone()));
     assert!(!runner.restored());
-    let (owner, _) = store.claim("y.com/nic");
+    let (owner, _, _) = store.claim("y.com/nic");
     store.update("y.com/nic", owner, Some(saved_held(&[("n0", holder("a", "c"))])));
     let no_hook = Arc::new(Fake { no_hook: true, ..Fake::default() });
     let runner = ReleaseRunner::start_kept("y.com/nic", no_hook, lists.tx.subscribe(), FAST, Some(store.clone()));

@@ -9,8 +9,8 @@
 //! the folder), so a crash leaves the old file or the new one, never half of
 //! one. One that cannot be read, is too large or has another version is set
 //! aside as `<file>.ignored`, with a log line, and devhost starts as if it had
-//! none. The [`Store`] keeps the latest state in memory; the release runners
-//! update it and a writer task saves it soon after each change.
+//! none. The [`Store`](super::Store) keeps the latest state in memory; the
+//! release runners update it and a writer task saves it soon after each change.
 
 use crate::engine::podresources::Holder;
 use serde::{Deserialize, Serialize};
@@ -18,8 +18,6 @@ use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
-use tokio::sync::Notify;
 
 /// The format this devhost reads and writes.
 pub const VERSION: u64 = 1;
@@ -40,6 +38,17 @@ pub struct Saved {
     /// Releases not finished yet.
     #[serde(default)]
     pub pending: Vec<SavedBatch>,
+    /// Driver device IDs Allocate handed out that no List has shown yet:
+    /// released at the next start unless its first List shows them held.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allocated: Vec<String>,
+    /// The newest allocation journal entry this state includes.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub journal_seq: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A release not finished yet: what one container let go of.
@@ -120,7 +129,7 @@ pub fn decode(bytes: &[u8]) -> Result<BTreeMap<String, Saved>, LoadError> {
     }
     let doc: Document = serde_json::from_slice(bytes).map_err(|e| LoadError::Corrupt(e.to_string()))?;
     for (resource, saved) in &doc.resources {
-        let ids = saved.held.keys().chain(saved.pending.iter().flat_map(|b| &b.devices));
+        let ids = saved.held.keys().chain(saved.pending.iter().flat_map(|b| &b.devices)).chain(&saved.allocated);
         if let Some(bad) = ids.into_iter().find(|id| id.is_empty()) {
             return Err(LoadError::Corrupt(format!("resource {resource} has an empty device ID {bad:?}")));
         }
@@ -173,184 +182,4 @@ pub fn ignored_path(path: &Path) -> PathBuf {
     let mut name = path.as_os_str().to_owned();
     name.push(".ignored");
     PathBuf::from(name)
-}
-
-struct Inner {
-    resources: BTreeMap<String, Saved>,
-    /// Resource → the runner allowed to update it (a reload may start a new
-    /// runner while the old one still winds down).
-    owners: BTreeMap<String, u64>,
-    next_owner: u64,
-    /// Bumped at every change; `saved` is the one last written (or refused).
-    changes: u64,
-    saved: u64,
-    /// The last write problem, logged once until it changes.
-    problem: Option<String>,
-}
-
-/// The release state of every resource of one daemon, and its file.
-pub struct Store {
-    path: PathBuf,
-    kubelet_dir: PathBuf,
-    inner: Mutex<Inner>,
-    /// Held while a write runs: two writes never share the temporary file.
-    writing: Mutex<()>,
-    wake: Notify,
-}
-
-impl Store {
-    /// Reads the state file for `kubelet_dir` in `state_dir`. A file that
-    /// cannot be used is logged, set aside as `<file>.ignored`, and the store
-    /// starts empty.
-    pub fn open(state_dir: &Path, kubelet_dir: &Path) -> Arc<Store> {
-        let path = state_path(state_dir, kubelet_dir);
-        let resources = match load(&path) {
-            Ok(Some(r)) => {
-                let (held, pending) = r.values().fold((0, 0), |(h, p), s| (h + s.held.len(), p + s.pending.len()));
-                tracing::info!(
-                    file = %path.display(),
-                    "release state read: {held} held device(s), {pending} pending release(s) in {} resource(s)",
-                    r.len()
-                );
-                r
-            }
-            Ok(None) => {
-                tracing::info!(file = %path.display(), "no release state yet; it is kept in this file from now on");
-                BTreeMap::new()
-            }
-            Err(e) => {
-                let aside = ignored_path(&path);
-                let kept = match std::fs::rename(&path, &aside) {
-                    Ok(()) => format!("moved to {}", aside.display()),
-                    Err(err) => format!("left in place ({err}); it is replaced at the next save"),
-                };
-                tracing::warn!(
-                    file = %path.display(),
-                    "release state file ignored: {e}; {kept}. Devices let go of while devhost was not running \
-                     are not released; holders are followed afresh from the next pod-resources answer"
-                );
-                BTreeMap::new()
-            }
-        };
-        Arc::new(Store {
-            path,
-            kubelet_dir: kubelet_dir.to_path_buf(),
-            inner: Mutex::new(Inner {
-                resources,
-                owners: BTreeMap::new(),
-                next_owner: 1,
-                changes: 0,
-                saved: 0,
-                problem: None,
-            }),
-            writing: Mutex::new(()),
-            wake: Notify::new(),
-        })
-    }
-
-    /// The state file.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Makes the caller the only one to update `resource` from now on, and
-    /// gives it the state kept for it.
-    pub fn claim(&self, resource: &str) -> (u64, Option<Saved>) {
-        let mut inner = self.lock();
-        let owner = inner.next_owner;
-        inner.next_owner += 1;
-        inner.owners.insert(resource.to_string(), owner);
-        (owner, inner.resources.get(resource).cloned())
-    }
-
-    /// Records `resource`'s state (`None`: nothing to keep), if `owner` still
-    /// owns it; saved to the file soon after.
-    pub fn update(&self, resource: &str, owner: u64, saved: Option<Saved>) {
-        let mut inner = self.lock();
-        if inner.owners.get(resource) != Some(&owner) || inner.resources.get(resource) == saved.as_ref() {
-            return;
-        }
-        match saved {
-            Some(s) => inner.resources.insert(resource.to_string(), s),
-            None => inner.resources.remove(resource),
-        };
-        inner.changes += 1;
-        drop(inner);
-        self.wake.notify_one();
-    }
-
-    /// Forgets resources no longer in the manifest.
-    pub fn retain(&self, names: &[&str]) {
-        let mut inner = self.lock();
-        let gone: Vec<String> = inner.resources.keys().filter(|r| !names.contains(&r.as_str())).cloned().collect();
-        for r in &gone {
-            tracing::info!(resource = %r, "not in the manifest any more; its release state is forgotten");
-            inner.resources.remove(r);
-            inner.owners.remove(r);
-        }
-        if !gone.is_empty() {
-            inner.changes += 1;
-            drop(inner);
-            self.wake.notify_one();
-        }
-    }
-
-    /// What is kept for `resource` now.
-    pub fn get(&self, resource: &str) -> Option<Saved> {
-        self.lock().resources.get(resource).cloned()
-    }
-
-    /// Saves the latest state soon after each change, until the runtime ends.
-    pub fn start_writer(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
-        let store = self.clone();
-        tokio::spawn(async move {
-            loop {
-                store.wake.notified().await;
-                let s = store.clone();
-                let _ = tokio::task::spawn_blocking(move || s.save()).await;
-            }
-        })
-    }
-
-    /// Writes the state now if it changed since the last write; blocking.
-    /// Problems are logged (once until they change), never returned: the
-    /// daemon serves on without the file.
-    pub fn save(&self) {
-        let _writing = self.writing.lock().unwrap_or_else(|p| p.into_inner());
-        // The file is written without holding the state: runners that update
-        // it meanwhile never wait for an fsync (their change is written next).
-        let (changes, resources) = {
-            let inner = self.lock();
-            if inner.saved == inner.changes {
-                return;
-            }
-            (inner.changes, inner.resources.clone())
-        };
-        let problem = match encode(&self.kubelet_dir, &resources) {
-            Ok(bytes) => write_atomic(&self.path, &bytes).err().map(|e| {
-                format!(
-                    "cannot save the release state to {}: {e}; devices let go of while devhost is down will not be \
-                     released (state_dir must be writable)",
-                    self.path.display()
-                )
-            }),
-            Err(size) => Some(format!(
-                "the release state is {size} bytes, over the {MAX_BYTES}-byte bound; not saved, {} keeps the \
-                 previous state: devices let go of while devhost is down may not be released",
-                self.path.display()
-            )),
-        };
-        let mut inner = self.lock();
-        inner.saved = changes;
-        match (&problem, &inner.problem) {
-            (Some(p), last) if last.as_ref() != Some(p) => tracing::error!("{p}"),
-            (None, Some(_)) => tracing::info!(file = %self.path.display(), "release state saved again"),
-            _ => {}
-        }
-        inner.problem = problem;
-    }
 }

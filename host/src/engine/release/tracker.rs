@@ -14,12 +14,23 @@
 //! with the holders saved before, so a device let go of meanwhile is released.
 //! Nothing is called before a first List: until then, whether a saved device
 //! was handed to someone else is unknown.
+//!
+//! Allocate tells it which devices it handed out ([`Tracker::allocate`]):
+//! such a device is released when a List that started [`ALLOCATE_GRACE`]
+//! after the Allocate answer (or any List after a restart) shows no container
+//! holding it, so a pod that ended before devhost saw it, or while devhost was
+//! down, still has its devices released.
 
 use super::state::{Saved, SavedBatch};
 use crate::engine::podresources::{Holder, Holders};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 use tokio::time::Instant;
+
+/// How long after an Allocate answer a List must start to show the devices it
+/// handed out: the kubelet records them as soon as the answer is back, and the
+/// List poked by the Allocate starts `POKE_DELAY` (250 ms) after it.
+pub const ALLOCATE_GRACE: Duration = Duration::from_millis(200);
 
 /// The pause before retry number `n` is `first * 2^(n-1)`, at most `max`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,6 +97,10 @@ pub struct Observed {
     /// Devices that went from one container straight to another between two
     /// Lists, so they were never seen free and are not released.
     pub moved: Vec<(String, Holder, Holder)>,
+    /// Devices Allocate handed out that no container holds in this List
+    /// (their pod ended before any List showed it, or never started): new
+    /// batches, with the [unseen](Holder::is_unseen) holder.
+    pub unclaimed: Vec<String>,
     /// This List was compared with holders saved before a restart or by the
     /// runner a reload replaced: what it released was let go of meanwhile.
     pub since_restart: bool,
@@ -110,6 +125,12 @@ pub struct Tracker {
     listed: bool,
     /// `previous` came from a saved state and no List was taken in since.
     restored: bool,
+    /// Devices Allocate handed out that no List has shown yet: driver device
+    /// ID → when the answer went back (`None`: before a restart, so any
+    /// List taken in now shows them if a container holds them).
+    allocated: BTreeMap<String, Option<Instant>>,
+    /// The last allocation journal entry taken in (`Store::allocate`).
+    journal_seq: u64,
 }
 
 impl Tracker {
@@ -125,6 +146,8 @@ impl Tracker {
     pub fn restore(backoff: Backoff, saved: &Saved, now: Instant) -> Tracker {
         let previous = saved.held.iter().map(|(id, holders)| (id.clone(), holders.iter().cloned().collect())).collect();
         let mut t = Tracker { backoff, previous: Some(previous), restored: true, ..Tracker::default() };
+        t.allocated = saved.allocated.iter().map(|id| (id.clone(), None)).collect();
+        t.journal_seq = saved.journal_seq;
         for b in saved.pending.iter().filter(|b| !b.devices.is_empty()) {
             let mut devices = b.devices.clone();
             devices.sort();
@@ -167,13 +190,36 @@ impl Tracker {
                 },
             })
             .collect();
-        let saved = Saved { held, pending };
+        let allocated = self.allocated.keys().cloned().collect();
+        let saved = Saved { held, pending, allocated, journal_seq: self.journal_seq };
         (saved != Saved::default()).then_some(saved)
     }
 
-    /// Takes the holders of a successful List. The first one only sets the
-    /// baseline: what was released before it is unknown.
+    /// Records that Allocate handed out `ids` (driver device IDs) at `at`
+    /// (`None`: before a restart), from allocation journal entry `seq`.
+    pub fn allocate(&mut self, ids: &[String], at: Option<Instant>, seq: u64) {
+        for id in ids {
+            self.allocated.insert(driver_id(id).to_string(), at);
+        }
+        self.journal_seq = self.journal_seq.max(seq);
+    }
+
+    /// Whether Allocate handed out devices that no List has shown yet.
+    pub fn awaiting_list(&self) -> bool {
+        !self.allocated.is_empty()
+    }
+
+    /// Takes the holders of a successful List whose start is unknown: like
+    /// [`observe_listed`](Self::observe_listed), judging only allocations
+    /// made before a restart.
     pub fn observe(&mut self, holders: &Holders) -> Observed {
+        self.observe_listed(holders, None)
+    }
+
+    /// Takes the holders of a successful List that started at `listed_at`.
+    /// The first one only sets the baseline for holders: what was released
+    /// before it is unknown; devices Allocate handed out are compared with it.
+    pub fn observe_listed(&mut self, holders: &Holders, listed_at: Option<Instant>) -> Observed {
         let mut now: BTreeMap<String, BTreeSet<Holder>> = BTreeMap::new();
         for (id, holder) in holders {
             now.entry(driver_id(id).to_string()).or_default().insert(holder.clone());
@@ -222,8 +268,45 @@ impl Tracker {
                 observed.released.push((holder, devices));
             }
         }
+        self.unclaimed(&now, listed_at, &mut observed);
         self.previous = Some(now);
         observed
+    }
+
+    /// Allocations this List can judge: shown held (from now on followed as
+    /// holders), or held by no container, to be released once (unless a
+    /// batch already releases the device).
+    fn unclaimed(
+        &mut self,
+        now: &BTreeMap<String, BTreeSet<Holder>>,
+        listed_at: Option<Instant>,
+        observed: &mut Observed,
+    ) {
+        let judged = |at: &Option<Instant>| match (at, listed_at) {
+            (None, _) => true,
+            (Some(at), Some(listed)) => listed >= *at + ALLOCATE_GRACE,
+            (Some(_), None) => false,
+        };
+        let mut free = Vec::new();
+        self.allocated.retain(|id, at| {
+            if now.contains_key(id) {
+                return false;
+            }
+            if !judged(at) {
+                return true;
+            }
+            free.push(id.clone());
+            false
+        });
+        free.retain(|id| !self.batches.values().any(|b| b.devices.contains(id)));
+        if free.is_empty() {
+            return;
+        }
+        let batch =
+            Batch { holder: Holder::unseen(), devices: free.clone(), phase: Phase::Due, attempts: 0, last_error: None };
+        self.batches.insert(self.next_id, batch);
+        self.next_id += 1;
+        observed.unclaimed = free;
     }
 
     /// Batches to call the driver for now; they become Running.

@@ -319,6 +319,13 @@ impl Endpoint {
             };
             physical.push(phys);
         }
+        // A driver with a release hook must know what was handed out even if devhost dies right after
+        // answering: the driver IDs go to disk before the answer leaves (nothing to do without a hook).
+        let release = self.resource.release.as_ref().filter(|r| r.tracks_allocations());
+        let handed: Vec<String> = match release {
+            Some(_) => physical.iter().flatten().cloned().collect(),
+            None => Vec::new(),
+        };
         let mut responses = Vec::with_capacity(req.container_requests.len());
         for (i, (c, phys)) in req.container_requests.into_iter().zip(physical).enumerate() {
             let cdi_names = cfg.device_list_strategy == DeviceListStrategy::Cdi;
@@ -333,6 +340,9 @@ impl Endpoint {
             };
             status.allocation(i, &c.devices_ids, Ok(()), started.elapsed());
             responses.push(to_response(edits));
+        }
+        if let Some(release) = release {
+            release.allocated(handed).await;
         }
         // The kubelet lists the new holder shortly: look soon, not at the next poll.
         if let Some(follower) = &self.services.follower {
