@@ -238,7 +238,9 @@ async fn a_panicking_driver_call_is_internal_and_marks_its_devices_unhealthy() {
     assert_eq!(err.code(), tonic::Code::Internal);
     assert!(err.message().contains("panicked"), "{}", err.message());
     kubelet.wait_devices("example.com/bad", WAIT, |x| x.iter().all(|d| d.health == "Unhealthy")).await.unwrap();
-    // The other vendor keeps working, and the daemon is alive.
+    // The other vendor keeps working, and the daemon is alive. (Each resource registers on its
+    // own: wait for this one too, or a loaded machine asks before it is there.)
+    kubelet.wait_devices("example.com/good", WAIT, |x| !x.is_empty()).await.unwrap();
     let ok = kubelet.allocate("example.com/good", vec![vec!["example-0".into()]]).await.unwrap();
     assert_eq!(env_of(&ok, 0, "EXAMPLE_ALLOCATED").as_deref(), Some("example-0"));
     assert!(d.child.try_wait().unwrap().is_none(), "daemon must keep running");
@@ -256,6 +258,7 @@ async fn a_hanging_driver_call_hits_its_deadline_and_the_host_stays_responsive()
     assert!(start.elapsed() < Duration::from_secs(2), "deadline is 300 ms, took {:?}", start.elapsed());
     // While it hangs: its devices are Unhealthy, the other resource answers.
     kubelet.wait_devices("example.com/bad", WAIT, |x| x.iter().all(|d| d.health == "Unhealthy")).await.unwrap();
+    kubelet.wait_devices("example.com/good", WAIT, |x| !x.is_empty()).await.unwrap();
     let ok = kubelet.allocate("example.com/good", vec![vec!["example-1".into()]]).await.unwrap();
     assert_eq!(env_of(&ok, 0, "EXAMPLE_ALLOCATED").as_deref(), Some("example-1"));
     // Once the call returns, the devices come back.
