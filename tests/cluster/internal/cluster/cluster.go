@@ -286,14 +286,7 @@ resolvConf: ""
 	if err := c.StartKubelet(); err != nil {
 		return nil, err
 	}
-	// On containerd the kubelet registers the Node only once its runtime-dependent modules
-	// (cAdvisor on the real cgroups) have started: usually within 20 s, but twice, on this
-	// 2-core machine loaded by a Docker build, only after about 2 minutes.
-	ready := 120 * time.Second
-	if opts.Containerd {
-		ready = 300 * time.Second
-	}
-	if err := c.WaitNodeReady(ready); err != nil {
+	if err := c.WaitNodeReady(120 * time.Second); err != nil {
 		return nil, err
 	}
 	if opts.ControlPlane {

@@ -95,6 +95,10 @@ func enter(node bool, simDev []string) {
 // TEST-NET-1, which is never routed anywhere, and nothing is sent there.
 const nodeAddress = "192.0.2.10/24"
 
+// NodeName is the node's name, which /etc/hosts of the namespace resolves to nodeAddress (the
+// cluster package's NodeName; nodens cannot import it).
+const NodeName = "devhost-node"
+
 // enterNode brings the new network namespace's loopback up, gives it an interface with
 // the default route, and puts a file of this namespace's own over each kernel setting the
 // kubelet writes (/var/lib is the tmpfs mounted above).
@@ -118,6 +122,18 @@ func enterNode() {
 		own := filepath.Join("/var/lib/devhost-test-sysctl", filepath.Base(name))
 		must(os.WriteFile(own, value, 0o644), "write "+own)
 		must(syscall.Mount(own, path, "", syscall.MS_BIND, ""), "bind a file over "+path)
+	}
+	// Name resolution of the namespace's own: the node's name (the kubelet's --hostname-override)
+	// at its address, and a resolver on loopback, where nothing answers. The machine's resolver
+	// is unreachable from here: each lookup the kubelet made of its node's name waited for DNS
+	// time-outs, and the Node registered only after about 2.5 minutes.
+	for name, text := range map[string]string{
+		"hosts":       "127.0.0.1 localhost\n" + strings.Split(nodeAddress, "/")[0] + " " + NodeName + "\n",
+		"resolv.conf": "nameserver 127.0.0.1\noptions timeout:1 attempts:1\n",
+	} {
+		own := filepath.Join("/var/lib/devhost-test-sysctl", name)
+		must(os.WriteFile(own, []byte(text), 0o644), "write "+own)
+		must(syscall.Mount(own, "/etc/"+name, "", syscall.MS_BIND, ""), "bind a file over /etc/"+name)
 	}
 	// The CDI folders a container runtime reads by default, empty and the namespace's own, and
 	// udev's database folder, which devhost's DaemonSet mounts (creating it if missing).
