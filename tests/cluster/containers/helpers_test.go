@@ -11,7 +11,6 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"devhost.test/cluster/internal/cluster"
@@ -129,21 +128,6 @@ func scriptPod(t *testing.T, name, script string, limits map[string]int64, mods 
 	return created
 }
 
-func deletePod(t *testing.T, name string) {
-	ctx := context.Background()
-	err := cl.Client.CoreV1().Pods("default").Delete(ctx, name, metav1.DeleteOptions{})
-	if err != nil && !apierrors.IsNotFound(err) {
-		t.Errorf("deleting pod %s: %v", name, err)
-	}
-	devhost.Eventually(t, 60*time.Second, "pod "+name+" gone", func() string {
-		_, err := cl.Client.CoreV1().Pods("default").Get(ctx, name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			return ""
-		}
-		return fmt.Sprintf("still there (%v)", err)
-	})
-}
-
 // containerOutput waits until the pod's container has printed "done" and returns what it
 // printed before, one line each (the kubelet's log file of the container, in the CRI format
 // "<time> <stream> <tag> <text>").
@@ -195,11 +179,6 @@ func waitingReasons(p *v1.Pod) string {
 	return strings.Join(out, "; ")
 }
 
-func getPod(t *testing.T, name string) *v1.Pod {
-	t.Helper()
-	p, err := cl.Client.CoreV1().Pods("default").Get(context.Background(), name, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
+func deletePod(t *testing.T, name string) { cl.DeletePod(t, name, nil) }
+
+func getPod(t *testing.T, name string) *v1.Pod { return cl.Pod(t, name) }

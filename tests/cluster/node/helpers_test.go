@@ -9,7 +9,6 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
@@ -134,31 +133,6 @@ func createPod(t *testing.T, name string, limits map[string]int64) *v1.Pod {
 	return created
 }
 
-func deletePod(t *testing.T, name string) {
-	ctx := context.Background()
-	zero := int64(0)
-	err := cl.Client.CoreV1().Pods("default").Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
-	if err != nil && !apierrors.IsNotFound(err) {
-		t.Errorf("deleting pod %s: %v", name, err)
-	}
-	devhost.Eventually(t, 60*time.Second, "pod "+name+" gone", func() string {
-		_, err := cl.Client.CoreV1().Pods("default").Get(ctx, name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			return ""
-		}
-		return fmt.Sprintf("still there (%v)", err)
-	})
-}
-
-func getPod(t *testing.T, name string) *v1.Pod {
-	t.Helper()
-	p, err := cl.Client.CoreV1().Pods("default").Get(context.Background(), name, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
 func waitPodPhase(t *testing.T, name string, phase v1.PodPhase, timeout time.Duration) *v1.Pod {
 	t.Helper()
 	var p *v1.Pod
@@ -222,3 +196,10 @@ func allocate(t *testing.T, res string, ids []string) *pluginapi.ContainerAlloca
 	}
 	return resp.ContainerResponses[0]
 }
+
+func deletePod(t *testing.T, name string) {
+	zero := int64(0)
+	cl.DeletePod(t, name, &zero)
+}
+
+func getPod(t *testing.T, name string) *v1.Pod { return cl.Pod(t, name) }

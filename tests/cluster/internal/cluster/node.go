@@ -3,11 +3,13 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"testing"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	podresources "k8s.io/kubelet/pkg/apis/podresources/v1"
 )
@@ -69,4 +71,35 @@ func PodDevices(namespace, pod string) (map[string][]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// Pod reads pod default/name, failing the test if it cannot.
+func (c *Cluster) Pod(t testing.TB, name string) *v1.Pod {
+	t.Helper()
+	p, err := c.Client.CoreV1().Pods("default").Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// DeletePod deletes pod default/name with grace (nil: the pod's own grace period) and waits up
+// to 60 s until the API server no longer has it.
+func (c *Cluster) DeletePod(t testing.TB, name string, grace *int64) {
+	ctx := context.Background()
+	err := c.Client.CoreV1().Pods("default").Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: grace})
+	if err != nil && !apierrors.IsNotFound(err) {
+		t.Errorf("deleting pod %s: %v", name, err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		_, err := c.Client.CoreV1().Pods("default").Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pod %s still there 60 s after its deletion (%v)", name, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
