@@ -60,12 +60,23 @@ fn fnv1a(text: &str) -> u32 {
     text.bytes().fold(0x811c_9dc5, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193))
 }
 
+/// Whether `name` ends as [`device_name`] ends the names it hashes: `-` and 8 hex digits.
+fn has_hash_suffix(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    bytes.len() >= 9
+        && bytes[bytes.len() - 9] == b'-'
+        && bytes[bytes.len() - 8..].iter().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))
+}
+
 /// The CDI device name for a device ID: the ID itself when it is a valid name (the usual case:
-/// `0`, `GPU-8c1e…`, `0000:3b:00.0`, `MIG-…`); otherwise every character CDI does not allow
-/// becomes `_`, an `x` is put in front when the result does not start with a letter or digit, and
-/// `-` plus 8 hex digits of the ID's hash is appended, so two different IDs never share a name.
+/// `0`, `GPU-8c1e…`, `0000:3b:00.0`, `MIG-…`) that does not end like a hashed name (`-` and 8
+/// hex digits); otherwise every character CDI does not allow becomes `_`, an `x` is put in front
+/// when the result does not start with a letter or digit, and `-` plus 8 hex digits of the ID's
+/// hash is appended, so two different IDs share a name only on a 32-bit hash collision (without
+/// the exception, found by fuzzing, ID `x-811c9dc5` took the name of a hashed ID and the spec
+/// file named one device twice, which CDI refuses whole).
 pub fn device_name(id: &str) -> String {
-    if is_device_name(id) {
+    if is_device_name(id) && !has_hash_suffix(id) {
         return id.to_string();
     }
     let mut body: String = id.chars().map(|c| if is_device_name_char(c) { c } else { '_' }).collect();

@@ -182,6 +182,18 @@ fn device_ids_become_valid_distinct_cdi_names() {
 }
 
 #[test]
+fn an_id_shaped_like_a_hashed_name_never_shares_a_spec_entry_with_another_id() {
+    // Found by tests/fuzz (compose): ID `a_b-<hash of a/b>` is a valid name, and was its own.
+    let hashed = device_name("a/b");
+    assert_ne!(device_name(&hashed), hashed);
+    let devices = [dev("a/b", 0, &[]), dev(&hashed, 1, &[])];
+    let (_, bytes) = &render_all("example.com/gpu", &devices)[0];
+    let spec: Value = serde_json::from_slice(bytes).unwrap();
+    check_spec(&spec).unwrap();
+    assert_eq!(device_name("card-1234567"), "card-1234567", "7 hex digits are not a hash");
+}
+
+#[test]
 fn file_and_annotation_names() {
     assert_eq!(file_name("nvidia.com/gpu"), "devhost-nvidia.com_gpu.json");
     assert_eq!(annotation_key("nvidia.com/gpu"), "cdi.k8s.io/devhost_nvidia.com_gpu");

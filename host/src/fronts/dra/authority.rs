@@ -30,6 +30,11 @@ const PRIORITY: u8 = 0x20;
 const MAX_FRAME: usize = 16_384;
 /// Largest header block accepted from a client (a gRPC request's is well under 1 KiB).
 pub const MAX_HEADER_BLOCK: usize = 64 * 1024;
+/// Largest decoded header list accepted, counted as HTTP/2 counts SETTINGS_MAX_HEADER_LIST_SIZE
+/// (name, value and 32 bytes per field). HPACK lets a 64 KiB block name one 4 KiB table entry
+/// tens of thousands of times, a quarter of a gigabyte decoded; hyper under tonic refuses
+/// anything over 16 KiB anyway, so this only stops the mender from building such a list.
+pub const MAX_HEADER_LIST: usize = 64 * 1024;
 /// The dynamic table size h2 advertises (SETTINGS_HEADER_TABLE_SIZE's default), which bounds the
 /// client's table and so the decoder's.
 const TABLE_SIZE: usize = 4096;
@@ -100,7 +105,7 @@ where
             continue;
         }
         let block = read_header_block(from, len, flags, stream).await?;
-        let mut headers = decoder.decode(&block).map_err(|e| broken(format!("bad header block: {e:?}")))?;
+        let mut headers = decode_block(&mut decoder, &block)?;
         for (name, value) in &mut headers {
             if name.as_slice() == b":authority" && !is_authority(value) {
                 *value = LOCALHOST.to_vec();
@@ -109,6 +114,33 @@ where
         let mended = encoder.encode(headers.iter().map(|(n, v)| (n.as_slice(), v.as_slice())));
         write_header_block(to, &mended, flags & END_STREAM, stream).await?;
     }
+}
+
+/// The client → server half of [`mend`] over a whole byte string (the client's bytes, preface
+/// first), for the fuzz target tests/fuzz/fuzz_targets/authority.rs: what reaches the server is
+/// appended to `out`.
+#[doc(hidden)]
+pub async fn mend_requests(input: &[u8], out: &mut Vec<u8>) -> io::Result<()> {
+    pump_requests(&mut &input[..], out).await
+}
+
+/// The header list of `block`, refused past [`MAX_HEADER_LIST`] without holding more than that.
+fn decode_block(decoder: &mut Decoder<'_>, block: &[u8]) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let mut headers = Vec::new();
+    let mut size = 0usize;
+    decoder
+        .decode_with_cb(block, |name, value| {
+            // The decoder still runs to the end of the block: its table must stay in step.
+            size = size.saturating_add(name.len() + value.len() + 32);
+            if size <= MAX_HEADER_LIST {
+                headers.push((name.into_owned(), value.into_owned()));
+            }
+        })
+        .map_err(|e| broken(format!("bad header block: {e:?}")))?;
+    if size > MAX_HEADER_LIST {
+        return Err(broken(format!("a header list over {MAX_HEADER_LIST} bytes decoded")));
+    }
+    Ok(headers)
 }
 
 fn parse_head(head: &[u8; 9]) -> (usize, u8, u8, u32) {
@@ -238,6 +270,22 @@ mod tests {
         cut.extend_from_slice(&[0, 0, 0, 0x0, 0, 0, 0, 0, 1]);
         let error = pump_requests(&mut cut.as_slice(), &mut Vec::new()).await.unwrap_err();
         assert!(error.to_string().contains("interrupted"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn a_block_that_decodes_past_the_header_list_limit_closes_the_connection() {
+        // One 4,000-byte value put in the dynamic table, then named again 100 times by its index
+        // (one byte each): 4 KiB of block, 400 KB of header list.
+        // The encoder adds a header of a new name to its table (literal with incremental indexing).
+        let mut block = Encoder::new().encode([(&b"x-big"[..], &[b'v'; 4000][..])]);
+        assert_eq!(block[0], 0x40);
+        block.extend_from_slice(&[0x80 | 62; 100]);
+        let mut input = PREFACE.to_vec();
+        let len = block.len();
+        input.extend_from_slice(&[0, (len >> 8) as u8, len as u8, HEADERS, END_HEADERS, 0, 0, 0, 1]);
+        input.extend_from_slice(&block);
+        let error = pump_requests(&mut input.as_slice(), &mut Vec::new()).await.unwrap_err();
+        assert!(error.to_string().contains("header list over"), "{error}");
     }
 
     /// What the kubelet's plugin watcher sends: GetInfo with the socket path as `:authority`,

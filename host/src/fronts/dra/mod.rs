@@ -12,6 +12,8 @@ pub mod checkpoint;
 pub mod claim_spec;
 pub mod claims;
 mod fronts;
+#[doc(hidden)]
+pub use authority::mend_requests;
 pub mod plugin;
 pub mod prepare;
 pub mod registration;

@@ -5,10 +5,11 @@
 //!
 //! Device names, fixed here: a DRA device name is a DNS label (lower-case letters, digits and
 //! `-`, at most 63, starting and ending with a letter or digit). A device ID that already is one
-//! is its own name; any other is lower-cased, every other character becomes `-`, the ends are
-//! trimmed, the body is cut to 54 characters and `-` plus 8 hex digits of the ID's hash is
-//! appended, so a name never changes across restarts and two IDs share a name only on a 32-bit
-//! hash collision.
+//! is its own name, unless it ends like a hashed name does (`-` and 8 hex digits); any other is
+//! lower-cased, every other character becomes `-`, the ends are trimmed, the body is cut to 54
+//! characters and `-` plus 8 hex digits of the ID's hash is appended, so a name never changes
+//! across restarts and two IDs share a name only on a 32-bit hash collision (without the
+//! exception, ID `x-264d58fb` would take the name of ID `}}}}}}`).
 
 use crate::driver::device::Device;
 
@@ -46,9 +47,17 @@ fn fnv1a(text: &str) -> u32 {
     text.bytes().fold(0x811c_9dc5, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193))
 }
 
+/// Whether `name` ends as [`device_name`] ends the names it hashes: `-` and 8 hex digits.
+fn has_hash_suffix(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    bytes.len() >= 9
+        && bytes[bytes.len() - 9] == b'-'
+        && bytes[bytes.len() - 8..].iter().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))
+}
+
 /// The DRA device name of a driver's device ID (rule in the module docs).
 pub fn device_name(id: &str) -> String {
-    if is_device_name(id) {
+    if is_device_name(id) && !has_hash_suffix(id) {
         return id.to_owned();
     }
     let body: String =
@@ -160,6 +169,19 @@ mod tests {
         let long = device_name(&"A".repeat(100));
         assert!(long.len() <= 63 && is_device_name(&long), "{long}");
         assert!(is_device_name(&device_name("::")), "{}", device_name("::"));
+    }
+
+    #[test]
+    fn an_id_shaped_like_a_hashed_name_never_takes_another_ids_name() {
+        // Found by tests/fuzz (dra_plan): `}}}}}}` is named `x-264d58fb`, which is also a DNS label.
+        assert_eq!(device_name("}}}}}}"), "x-264d58fb");
+        for id in ["}}}}}}", "GPU-A", "0000:3B:00.0", &"A".repeat(63)] {
+            let name = device_name(id);
+            assert_ne!(device_name(&name), name, "ID {name:?} would share the name of ID {id:?}");
+            assert!(is_device_name(&device_name(&name)));
+        }
+        assert_eq!(device_name("gpu-0"), "gpu-0", "other labels stay their own names");
+        assert_eq!(device_name("gpu-1234567"), "gpu-1234567", "7 hex digits are not a hash");
     }
 
     #[test]
