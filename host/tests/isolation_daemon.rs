@@ -68,17 +68,18 @@ async fn crash_next_to_a_healthy_driver(hook: &str, how: &str, placement: Placem
 
     let done = AtomicBool::new(false);
     let hammer = async {
-        let mut answered = 0u32;
+        let mut answered = Vec::new();
         while !done.load(Ordering::Acquire) {
             let resp = kubelet.allocate("example.com/ok", vec![vec!["example-0".into()]]).await;
             let resp = resp.unwrap_or_else(|e| panic!("healthy resource failed while {hook} crashed ({how}): {e}"));
             assert_eq!(env_of(&resp, 0, "EXAMPLE_ALLOCATED").as_deref(), Some("example-0"));
-            answered += 1;
+            answered.push(std::time::Instant::now());
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         answered
     };
     let crash = async {
+        let armed = std::time::Instant::now();
         std::fs::write(&arm, "").unwrap();
         if hook == "allocate" {
             let err = kubelet.allocate("example.com/crashy", vec![vec!["crash-0".into()]]).await.unwrap_err();
@@ -87,12 +88,22 @@ async fn crash_next_to_a_healthy_driver(hook: &str, how: &str, placement: Placem
         // The poll_interval rescan hits the armed scan hook.
         kubelet.wait_devices("example.com/crashy", WAIT, all_health("Unhealthy")).await.unwrap();
         kubelet.wait_devices("example.com/crashy", WAIT, all_health("Healthy")).await.unwrap();
+        let recovered = std::time::Instant::now();
         let resp = kubelet.allocate("example.com/crashy", vec![vec!["crash-1".into()]]).await.unwrap();
         assert_eq!(env_of(&resp, 0, "CRASH_ALLOCATED").as_deref(), Some("1"));
         done.store(true, Ordering::Release);
+        (armed, recovered)
     };
-    let (answered, ()) = tokio::join!(hammer, crash);
-    assert!(answered >= 10, "the healthy resource was asked only {answered} times");
+    let (answered, (armed, recovered)) = tokio::join!(hammer, crash);
+    // The healthy resource kept answering while its neighbour crashed and came back (every call
+    // succeeded, checked above). Counted inside that window, not against a rate: each Allocate of
+    // the example driver waits for its allocation journal's fdatasync, slow on a loaded machine.
+    let during = answered.iter().filter(|t| (armed..=recovered).contains(t)).count();
+    assert!(
+        during >= 3,
+        "the healthy resource answered {during} times while {hook} crashed ({} in all)",
+        answered.len()
+    );
     let logs = daemon.logs();
     let signal = if how == "abort" { "SIGABRT" } else { "SIGSEGV" };
     assert!(logs.contains(signal) && logs.contains("worker process restarted"), "{logs}");
