@@ -33,8 +33,12 @@ use std::time::{Duration, Instant};
 /// Called whenever a GPU's health changes (the host's `devices_changed`).
 pub type Notify = Arc<dyn Fn() + Send + Sync>;
 
-/// Longest single NVML wait: bounds how long `watch_stop` takes.
+/// Longest pause between recovery probes of an Unhealthy GPU.
 const MAX_TICK: Duration = Duration::from_millis(500);
+/// Longest single NVML wait: bounds how long `watch_stop` (and so the
+/// driver's destroy) waits for the thread. NVML's wait cannot be woken; each
+/// slice is one idle wake-up (docs/benchmarks.md, "Idle wake-ups").
+const WAIT_SLICE: Duration = Duration::from_millis(200);
 const MIN_TICK: Duration = Duration::from_millis(10);
 /// First and longest delay before rebuilding a broken event set.
 const FIRST_RETRY: Duration = Duration::from_secs(1);
@@ -179,7 +183,7 @@ impl Watcher {
         Watcher { stop, thread }
     }
 
-    /// Stops the thread and waits for it (at most one NVML wait).
+    /// Stops the thread and waits for it (at most one NVML wait, [`WAIT_SLICE`]).
     pub fn stop(mut self) {
         self.stop.store(true, Ordering::Release);
         if let Some(t) = self.thread.take()
@@ -208,6 +212,8 @@ struct Events<'n> {
     /// Periodic checks failed in a row, per GPU.
     failures: HashMap<String, u32>,
     next_check: Option<Instant>,
+    /// When the Unhealthy GPUs are probed next (every `tick`).
+    next_recover: Instant,
 }
 
 impl<'n> Events<'n> {
@@ -231,6 +237,7 @@ impl<'n> Events<'n> {
             handles: HashMap::new(),
             failures: HashMap::new(),
             next_check,
+            next_recover: Instant::now() + tick,
         }
     }
 
@@ -317,7 +324,7 @@ impl<'n> Events<'n> {
             if self.rebuild_at.is_some_and(|t| Instant::now() >= t) {
                 self.register();
             }
-            let tick_ms = u32::try_from(self.tick.as_millis()).unwrap_or(u32::MAX);
+            let tick_ms = u32::try_from(self.tick.min(WAIT_SLICE).as_millis()).unwrap_or(u32::MAX);
             match self.set.as_ref().map(|s| s.wait(tick_ms)) {
                 None => self.pause(),
                 Some(Ok(event)) => {
@@ -460,6 +467,10 @@ impl<'n> Events<'n> {
     fn recover(&mut self) {
         let Some(period) = self.config.recovery_period else { return };
         let now = Instant::now();
+        if now < self.next_recover {
+            return;
+        }
+        self.next_recover = now + self.tick;
         let candidates: Vec<(String, Watch, Instant)> = self
             .board
             .lock()

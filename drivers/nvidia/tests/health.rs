@@ -228,6 +228,26 @@ fn watch_stop_joins_the_thread_promptly() {
 }
 
 #[test]
+fn watch_stop_waits_at_most_one_short_nvml_wait() {
+    // Without recovery the tick is 500 ms, but the thread's NVML waits are
+    // sliced (200 ms): a driver's destroy, and so each conformance cycle,
+    // must not wait out a whole tick. Each stop comes early in a wait: a
+    // 500 ms wait would still have over 400 ms to go.
+    let (gpus, machine) = four_gpus("");
+    let fx = Fixture::new(&gpus, &machine);
+    let node = fx.open(&[("recovery_period", "never")]);
+    let mut slowest = Duration::ZERO;
+    for settle in [20, 50, 80] {
+        node.watch_start();
+        std::thread::sleep(Duration::from_millis(settle));
+        let start = Instant::now();
+        node.watch_stop();
+        slowest = slowest.max(start.elapsed());
+    }
+    assert!(slowest < Duration::from_millis(350), "the slowest watch_stop took {slowest:?}");
+}
+
+#[test]
 fn a_gpu_lost_without_any_event_is_found_by_the_periodic_check_and_recovers() {
     let (gpus, machine) = four_gpus("");
     let fx = Fixture::new(&gpus, &machine);
