@@ -75,6 +75,21 @@ fn sim(manifest: &str) -> String {
 }
 
 #[test]
+fn sim_keeps_no_state_in_the_manifests_state_dir() {
+    // The example driver has a release hook, so a daemon would keep release
+    // state and an allocation journal in state_dir; a simulation must not
+    // touch the node's.
+    let node = Node::new();
+    let state = node.path().join("node-state");
+    let body = format!("state_dir = \"{}\"\n{}", state.display(), example_c("count = 2"));
+    let out = sim(&manifest(&node, &body));
+    assert!(out.contains("Allocate"), "{out}");
+    let written: Vec<_> =
+        std::fs::read_dir(&state).map(|d| d.flatten().map(|e| e.file_name()).collect()).unwrap_or_default();
+    assert!(written.is_empty(), "sim wrote into the manifest's state_dir: {written:?}");
+}
+
+#[test]
 fn sim_prints_links_and_the_preferred_choice_with_its_scores() {
     let node = Node::new();
     let out = sim(&manifest(&node, &example_c("count = 4, numa_nodes = 2")));

@@ -44,6 +44,10 @@ pub async fn run(config: &Path, keep_running: bool, stop: impl std::future::Futu
     let pods = PodResourcesServer::start(&scratch.0.join("pod-resources/kubelet.sock"))?;
     manifest.pod_resources_socket = pods.socket_path().to_path_buf();
     manifest.pod_resources_interval = POD_RESOURCES_INTERVAL;
+    // A simulation keeps no node state: its release state and allocation
+    // journal live and die with the scratch folder, never in the node's
+    // `state_dir` (/var/lib/devhost by default).
+    manifest.state_dir = scratch.0.join("state");
     let registry = Registry::open(&manifest, crate::engine::registry::Mode::Serve).await;
     let endpoints =
         crate::fronts::device_plugin::kubelet::Endpoints::start(scratch.0.clone(), registry.services.clone());

@@ -85,8 +85,16 @@ impl Node {
     pub fn kubelet_dir(&self) -> PathBuf {
         self.path().join("dp")
     }
+    /// Writes `body` as the node's manifest. A body that sets no `state_dir`
+    /// gets the node's own, so a test never writes into the machine's
+    /// /var/lib/devhost.
     pub fn write_manifest(&self, body: &str) -> PathBuf {
         let p = self.path().join("devhost.toml");
+        let body = if body.lines().any(|l| l.trim_start().starts_with("state_dir")) {
+            body.to_string()
+        } else {
+            format!("state_dir = \"{}\"\n{body}", self.path().join("state").display())
+        };
         std::fs::write(&p, body).expect("write manifest");
         p
     }

@@ -186,6 +186,26 @@ fn the_size_is_bounded_when_reading_and_when_writing() {
 }
 
 #[test]
+fn opening_the_store_removes_temporaries_of_dead_writers_only() {
+    let tmp = tempfile::tempdir().unwrap();
+    let kubelet = tmp.path().join("kubelet");
+    let path = state::state_path(tmp.path(), &kubelet);
+    let name = path.file_name().unwrap().to_string_lossy().into_owned();
+    // A writer SIGKILLed between create and rename left its temporary; pid
+    // 4194304 is above Linux's pid_max, so no process has it.
+    let dead = tmp.path().join(format!(".{name}.4194304.tmp"));
+    let mine = tmp.path().join(format!(".{name}.{}.tmp", std::process::id()));
+    let other = tmp.path().join(".release-elsewhere.json.4194304.tmp");
+    for f in [&dead, &mine, &other] {
+        std::fs::write(f, b"{").unwrap();
+    }
+    let _store = Store::open(tmp.path(), &kubelet);
+    assert!(!dead.exists(), "a dead writer's temporary was kept");
+    assert!(mine.exists(), "a live writer's temporary was removed");
+    assert!(other.exists(), "another state file's temporary was touched");
+}
+
+#[test]
 fn an_atomic_write_replaces_the_file_and_leaves_no_temporary_behind() {
     let tmp = tempfile::tempdir().unwrap();
     let path = tmp.path().join("state/sub/release.json");

@@ -177,6 +177,28 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     written
 }
 
+/// Removes the temporary files [`write_atomic`] left beside `path` when its
+/// writer died between creating and renaming them (a SIGKILL, a crash): each
+/// is named after the writing process, and one whose process is gone is
+/// never used again. Returns how many were removed.
+pub fn remove_stale_temporaries(path: &Path) -> usize {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let Some(name) = path.file_name().map(|n| n.to_string_lossy().into_owned()) else { return 0 };
+    let prefix = format!(".{name}.");
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let file = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = file.strip_prefix(&prefix).and_then(|rest| rest.strip_suffix(".tmp")) else { continue };
+        let Ok(pid) = pid.parse::<u32>() else { continue };
+        let alive = pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists();
+        if !alive && std::fs::remove_file(entry.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
 /// Where an ignored state file is kept for inspection.
 pub fn ignored_path(path: &Path) -> PathBuf {
     let mut name = path.as_os_str().to_owned();

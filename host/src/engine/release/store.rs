@@ -6,7 +6,7 @@
 //! a runner started without one).
 
 use super::journal::{self, Journal};
-use super::state::{MAX_BYTES, Saved, encode, ignored_path, load, state_path, write_atomic};
+use super::state::{MAX_BYTES, Saved, encode, ignored_path, load, remove_stale_temporaries, state_path, write_atomic};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -65,6 +65,10 @@ impl Store {
     /// (but for the journal's allocations).
     pub fn open(state_dir: &Path, kubelet_dir: &Path) -> Arc<Store> {
         let path = state_path(state_dir, kubelet_dir);
+        let stale = remove_stale_temporaries(&path);
+        if stale > 0 {
+            tracing::info!(file = %path.display(), "removed {stale} temporary file(s) of earlier devhost processes");
+        }
         let mut resources = read_state(&path);
         let journal_path = journal::journal_path(&path);
         let read = match journal::read(&journal_path) {
