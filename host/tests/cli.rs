@@ -96,7 +96,7 @@ fn check_passes_a_good_manifest_and_lists_every_manifest_error() {
     let (code, out, err) = devhost(&["check", "--config", m.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("OK"), "{out}");
-    let bad = node.write_manifest("bogus = 1\n[[resource]]\nname = \"gpu\"\ndriver = \"x\"\n");
+    let bad = node.write_manifest_exact("bogus = 1\n[[resource]]\nname = \"gpu\"\ndriver = \"x\"\n");
     let (code, _, err) = devhost(&["check", "--config", bad.to_str().unwrap()]);
     assert_eq!(code, 2);
     assert!(err.contains("devhost.toml:1:1") && err.contains("bogus"), "{err}");
@@ -157,7 +157,7 @@ driver = "example_rust"
             dir = module("example_c").parent().unwrap().display()
         )
     };
-    let m = node.write_manifest(&body(""));
+    let m = node.write_manifest_exact(&body(""));
     let (code, _, err) = devhost(&["check", "--config", m.to_str().unwrap()]);
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("devhost.toml:10:1: device `rex-1` of driver `example_rust`"), "{err}");

@@ -21,7 +21,7 @@ fn a_mistyped_subcommand_or_flag_gets_a_suggestion() {
 #[test]
 fn a_mistyped_resource_driver_names_the_declared_driver() {
     let node = Node::new();
-    let m = node.write_manifest(&format!(
+    let m = node.write_manifest_exact(&format!(
         "driver_dir = \"{dir}\"\n[driver.example_c]\noptions = {{ count = 1 }}\n[[resource]]\nname = \"example.com/c\"\ndriver = \"example_c\"\n[[resource]]\nname = \"example.com/d\"\ndriver = \"exmaple_c\"\n",
         dir = module("example_c").parent().unwrap().display()
     ));
@@ -41,7 +41,7 @@ fn a_mistyped_resource_driver_names_the_declared_driver() {
 #[test]
 fn every_unknown_driver_option_is_reported_where_it_is_written() {
     let node = Node::new();
-    let m = node.write_manifest(&format!(
+    let m = node.write_manifest_exact(&format!(
         "[driver.t]\nmodule = \"{t}\"\n[driver.t.options]\ncount = 1\ncolour = \"blue\"\ntopo = {{ numa = 1 }}\n[[resource]]\nname = \"example.com/t\"\ndriver = \"t\"\n",
         t = module("testdrv").display()
     ));
@@ -58,8 +58,9 @@ fn every_unknown_driver_option_is_reported_where_it_is_written() {
 #[test]
 fn the_daemon_logs_where_the_options_of_a_failed_create_are_written() {
     let node = Node::new();
-    let m = node.write_manifest(&format!(
-        "[driver.t]\nmodule = \"{t}\"\noptions = {{ colour = \"blue\" }}\n[[resource]]\nname = \"example.com/t\"\ndriver = \"t\"\n",
+    let m = node.write_manifest_exact(&format!(
+        "state_dir = \"{state}\"\n[driver.t]\nmodule = \"{t}\"\noptions = {{ colour = \"blue\" }}\n[[resource]]\nname = \"example.com/t\"\ndriver = \"t\"\n",
+        state = node.path().join("state").display(),
         t = module("testdrv").display()
     ));
     let d = Daemon::start(&m, &node.kubelet_dir());
@@ -67,7 +68,7 @@ fn the_daemon_logs_where_the_options_of_a_failed_create_are_written() {
     let needle = "create failed (retried with backoff): ";
     let log = rt.block_on(d.wait_log(needle, WAIT));
     let line = log.lines().find(|l| l.contains(needle)).unwrap();
-    assert!(line.contains(&format!("in the manifest: {}:3:13: option \"colour\"", m.display())), "{line}");
+    assert!(line.contains(&format!("in the manifest: {}:4:13: option \"colour\"", m.display())), "{line}");
 }
 
 /// The subcommands `devhost help` lists, but `help` itself.

@@ -14,7 +14,7 @@ fn setup(mode: u32, dir_mode: u32, extra: &str) -> (Node, PathBuf) {
     std::fs::copy(module("example_c"), &so).unwrap();
     std::fs::set_permissions(&so, std::fs::Permissions::from_mode(mode)).unwrap();
     std::fs::set_permissions(&drivers, std::fs::Permissions::from_mode(dir_mode)).unwrap();
-    let m = node.write_manifest(&format!(
+    let m = node.write_manifest_exact(&format!(
         "{extra}\ndriver_dir = \"drivers\"\n[driver.example_c]\n\n[[resource]]\nname = \"example.com/x\"\ndriver = \"example_c\"\n"
     ));
     (node, m)

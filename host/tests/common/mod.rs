@@ -98,6 +98,15 @@ impl Node {
         std::fs::write(&p, body).expect("write manifest");
         p
     }
+
+    /// Writes `body` as the manifest, byte for byte, for tests that assert
+    /// line numbers: a body that runs the daemon names its own `state_dir`
+    /// (`check` writes nothing).
+    pub fn write_manifest_exact(&self, body: &str) -> PathBuf {
+        let p = self.path().join("devhost.toml");
+        std::fs::write(&p, body).expect("write manifest");
+        p
+    }
 }
 
 /// The running daemon; killed on drop if still alive.
