@@ -50,6 +50,8 @@ async fn every_documented_alert_fires_on_a_real_scrape() {
     let manifest_text = |ex_extra: &str| {
         format!(
             r#"metrics_addr = "{addr}"
+cdi_dir = "{cdi}"
+cdi_spec_dirs = ["{runtime_cdi}"]
 [driver.ex]
 module = "{ex}"
 options = {{ count = 2, health_file = "{health}"{ex_extra} }}
@@ -65,6 +67,7 @@ options = {{ fail_create_until = "{never}" }}
 [[resource]]
 name = "example.com/accel"
 driver = "ex"
+device_list_strategy = "cdi"
 [[resource]]
 name = "example.com/slow"
 driver = "slow"
@@ -80,6 +83,9 @@ driver = "booting"
             health = node.path().join("health").display(),
             missing = node.path().join("libdevhost_missing.so").display(),
             never = node.path().join("never").display(),
+            // devhost writes its specs where the runtime does not look: its CDI names do not resolve.
+            cdi = node.path().join("cdi").display(),
+            runtime_cdi = node.path().join("runtime-cdi").display(),
         )
     };
     let m = node.write_manifest(&manifest_text(""));
@@ -93,6 +99,7 @@ driver = "booting"
             r#"devhost_resource_registered{resource="example.com/accel"} 1"#,
             r#"devhost_resource_registered{resource="example.com/slow"} 1"#,
             r#"devhost_driver_create_retrying{driver="booting"} 1"#,
+            r#"devhost_cdi_unresolvable_devices{resource="example.com/accel"} 2"#,
         ],
     )
     .await;
@@ -102,6 +109,7 @@ driver = "booting"
         r#"devhost_module_load_failures_total{driver="ex"} 0"#,
         r#"devhost_allocations_total{resource="example.com/accel",outcome="error"} 0"#,
         r#"devhost_driver_calls_total{driver="slow",call="allocate",outcome="timeout"} 0"#,
+        r#"devhost_cdi_unresolvable_devices{resource="example.com/slow"} 0"#,
     ] {
         assert!(before.lines().any(|l| l == line), "no {line:?} at start-up:\n{before}");
     }
@@ -189,6 +197,13 @@ driver = "booting"
                     ("severity: critical, driver: ex", "driver ex could not be loaded"),
                 ],
             ),
+            alert(
+                "DevhostCDINamesUnresolvable",
+                &[(
+                    r#"severity: critical, resource: "example.com/accel""#,
+                    "2 device(s) of example.com/accel have a CDI name the container runtime cannot resolve",
+                )],
+            ),
             alert_at(
                 "12m",
                 "DevhostDriverCreateRetrying",
@@ -209,7 +224,7 @@ fn the_documented_alerts_are_the_rule_file() {
     let rules = std::fs::read_to_string(repo_root().join("docs/prometheus-rules.yaml")).unwrap();
     let features = std::fs::read_to_string(repo_root().join("docs/features.md")).unwrap();
     let names = common::promtool::alert_names(&rules);
-    assert_eq!(names.len(), 6, "{names:?}");
+    assert_eq!(names.len(), 7, "{names:?}");
     for name in names {
         assert!(features.contains(&format!("`{name}`")), "docs/features.md does not describe alert {name}");
     }
