@@ -333,6 +333,7 @@ async fn run(config: &Path, kubelet_dir: Option<&Path>) -> ExitCode {
             ("nfd_features_dir", next.nfd_features_dir != manifest.nfd_features_dir),
             ("pod_resources_socket", next.pod_resources_socket != manifest.pod_resources_socket),
             ("pod_resources_interval", next.pod_resources_interval != manifest.pod_resources_interval),
+            ("runtime_socket", next.runtime_socket != manifest.runtime_socket),
             ("lock_dir", next.lock_dir != manifest.lock_dir),
             ("state_dir", next.state_dir != manifest.state_dir),
         ] {

@@ -50,6 +50,18 @@ pub mod pluginregistration {
     tonic::include_proto!("pluginregistration");
 }
 
+/// The container runtime's CRI (`runtime.v1`), only `RuntimeService.ListContainers`: which
+/// containers of a pod still run. Generated messages plus `runtime_service_client` and
+/// `runtime_service_server`; the wire path is `/runtime.v1.RuntimeService/ListContainers`.
+pub mod cri {
+    pub mod v1 {
+        tonic::include_proto!("runtime.v1");
+    }
+}
+
+/// Where containerd serves the CRI (CRI-O: `/var/run/crio/crio.sock`).
+pub const CONTAINERD_SOCKET: &str = "/run/containerd/containerd.sock";
+
 /// `PluginInfo.type` of a DRA driver.
 pub const DRA_PLUGIN_TYPE: &str = "DRAPlugin";
 

@@ -2,10 +2,12 @@
 //! [`sharing`] (replicas of one device), [`preferred`] (topology-aware choice), [`cdi`] (CDI spec files),
 //! [`status`] (health history and allocations), [`telemetry`] (the metrics the host records) and
 //! [`release_hook`] (calling a driver's release hook, for both fronts), [`podresources`] (who
-//! holds which device, from the kubelet's PodResources API) and [`release`] (cleaning a device
-//! when its last holder let go of it, kept across restarts).
+//! holds which device, from the kubelet's PodResources API), [`containers`] (whether a holder's
+//! containers have exited, from the runtime's CRI) and [`release`] (cleaning a device when its
+//! last holder let go of it and has exited, kept across restarts).
 
 pub mod cdi;
+pub mod containers;
 pub mod podresources;
 pub mod preferred;
 pub mod registry;

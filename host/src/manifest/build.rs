@@ -39,6 +39,7 @@ struct RawTop {
     metrics_addr: Option<Spanned<String>>,
     pod_resources_socket: Option<Spanned<String>>,
     pod_resources_interval: Option<DurationSetting>,
+    runtime_socket: Option<Spanned<String>>,
     lock_dir: Option<Spanned<String>>,
     state_dir: Option<Spanned<String>>,
     // Walked separately, entry by entry, so one bad entry does not hide the others; listed here
@@ -115,6 +116,7 @@ pub(super) fn parse(text: &str, path: &Path, kubelet_dir_override: Option<&Path>
     let metrics_addr = features::metrics_addr(&top.metrics_addr, &mut diags);
     let pod_resources_socket = pod_resources::socket(&top.pod_resources_socket, base, &mut diags);
     let pod_resources_interval = top.pod_resources_interval.map_or(DEFAULT_POD_RESOURCES_INTERVAL, |t| t.0);
+    let runtime_socket = pod_resources::runtime_socket(&top.runtime_socket, base, &mut diags);
     let lock_dir = resolve_dir(&top.lock_dir, "lock_dir", DEFAULT_LOCK_DIR, base, &mut diags);
     let state_dir = resolve_dir(&top.state_dir, "state_dir", DEFAULT_STATE_DIR, base, &mut diags);
 
@@ -148,6 +150,7 @@ pub(super) fn parse(text: &str, path: &Path, kubelet_dir_override: Option<&Path>
     manifest.metrics_addr = metrics_addr;
     manifest.pod_resources_socket = pod_resources_socket;
     manifest.pod_resources_interval = pod_resources_interval;
+    manifest.runtime_socket = runtime_socket;
     manifest.lock_dir = lock_dir;
     manifest.state_dir = state_dir;
     manifest.kubelet_root_dir = kubelet_root_dir;
@@ -479,6 +482,7 @@ impl Builder<'_> {
             metrics_addr: None,
             pod_resources_socket: PathBuf::from(super::DEFAULT_POD_RESOURCES_SOCKET),
             pod_resources_interval: DEFAULT_POD_RESOURCES_INTERVAL,
+            runtime_socket: PathBuf::from(super::DEFAULT_RUNTIME_SOCKET),
             lock_dir: PathBuf::from(DEFAULT_LOCK_DIR),
             state_dir: PathBuf::from(DEFAULT_STATE_DIR),
             option_locations: self.option_locations,

@@ -42,6 +42,8 @@ pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// order: a spec in the later folder wins.
 pub const DEFAULT_CDI_SPEC_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];
 pub const DEFAULT_POD_RESOURCES_SOCKET: &str = devhost_proto::POD_RESOURCES_SOCKET;
+/// containerd's CRI socket, the default `runtime_socket`.
+pub const DEFAULT_RUNTIME_SOCKET: &str = devhost_proto::CONTAINERD_SOCKET;
 /// How often the host asks the kubelet who holds which device unless the manifest says otherwise.
 pub const DEFAULT_POD_RESOURCES_INTERVAL: Duration = Duration::from_secs(2);
 /// Where the lock that keeps a second daemon off the same kubelet folder lives unless the
@@ -93,6 +95,9 @@ pub struct Manifest {
     pub pod_resources_socket: PathBuf,
     /// How often that socket is asked, besides right after each Allocate (`pod_resources_interval`).
     pub pod_resources_interval: Duration,
+    /// The container runtime's CRI socket, asked whether a device's last holder has exited
+    /// before the driver's release hook runs (`runtime_socket`).
+    pub runtime_socket: PathBuf,
     /// Folder of the lock file that allows one daemon per kubelet folder (`lock_dir`).
     pub lock_dir: PathBuf,
     /// Folder of the files that outlive a restart: which container held which device and which

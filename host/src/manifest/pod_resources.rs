@@ -1,24 +1,44 @@
 //! Manifest keys of device release: where the kubelet's PodResources socket
-//! is (`pod_resources_socket`) and how often it is asked who holds which
-//! device (`pod_resources_interval`). Release hooks run only while that
-//! socket answers; see `release` and `podresources` in the host.
+//! is (`pod_resources_socket`), how often it is asked who holds which
+//! device (`pod_resources_interval`), and where the container runtime's CRI
+//! socket is (`runtime_socket`), asked whether a device's last holder has
+//! exited before its release hook runs. See `release`, `podresources` and
+//! `containers` in the host.
 
 use std::path::{Path, PathBuf};
 
 use toml::Spanned;
 
 use super::source::Diagnostics;
-use super::{DEFAULT_POD_RESOURCES_SOCKET, MAX_SOCKET_PATH};
+use super::{DEFAULT_POD_RESOURCES_SOCKET, DEFAULT_RUNTIME_SOCKET, MAX_SOCKET_PATH};
 
 /// `pod_resources_socket`, resolved against the manifest's folder like the
 /// other paths. A missing socket is not an error here: it is the normal case
 /// on old kubelets, and the host logs it once at run time.
 pub(super) fn socket(value: &Option<Spanned<String>>, base: &Path, diags: &mut Diagnostics<'_>) -> PathBuf {
-    let Some(text) = value else { return PathBuf::from(DEFAULT_POD_RESOURCES_SOCKET) };
+    socket_path(value, "pod_resources_socket", "the kubelet's default", DEFAULT_POD_RESOURCES_SOCKET, base, diags)
+}
+
+/// `runtime_socket`: the CRI socket of the node's container runtime. Missing
+/// at run time is not an error either (the host warns once and releases
+/// without asking).
+pub(super) fn runtime_socket(value: &Option<Spanned<String>>, base: &Path, diags: &mut Diagnostics<'_>) -> PathBuf {
+    socket_path(value, "runtime_socket", "containerd's default", DEFAULT_RUNTIME_SOCKET, base, diags)
+}
+
+fn socket_path(
+    value: &Option<Spanned<String>>,
+    key: &str,
+    default_is: &str,
+    default: &str,
+    base: &Path,
+    diags: &mut Diagnostics<'_>,
+) -> PathBuf {
+    let Some(text) = value else { return PathBuf::from(default) };
     if text.get_ref().is_empty() {
-        let message = "the path is empty; leave pod_resources_socket out for the kubelet's default";
-        diags.error(text.span(), "pod_resources_socket", message);
-        return PathBuf::from(DEFAULT_POD_RESOURCES_SOCKET);
+        let message = format!("the path is empty; leave {key} out for {default_is}");
+        diags.error(text.span(), key, message);
+        return PathBuf::from(default);
     }
     let path = base.join(text.get_ref());
     let len = path.as_os_str().len();
@@ -27,7 +47,7 @@ pub(super) fn socket(value: &Option<Spanned<String>>, base: &Path, diags: &mut D
             "the socket path {} is {len} bytes long; a unix socket path may have at most {MAX_SOCKET_PATH} bytes",
             path.display()
         );
-        diags.error(text.span(), "pod_resources_socket", message);
+        diags.error(text.span(), key, message);
     }
     path
 }
@@ -56,6 +76,7 @@ mod tests {
     fn defaults_are_the_kubelets_socket_and_two_seconds() {
         let m = parse("").unwrap();
         assert_eq!(m.pod_resources_socket, PathBuf::from("/var/lib/kubelet/pod-resources/kubelet.sock"));
+        assert_eq!(m.runtime_socket, PathBuf::from("/run/containerd/containerd.sock"));
         assert_eq!(
             (m.pod_resources_interval, DEFAULT_POD_RESOURCES_INTERVAL),
             (Duration::from_secs(2), m.pod_resources_interval)

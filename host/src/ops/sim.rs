@@ -44,6 +44,10 @@ pub async fn run(config: &Path, keep_running: bool, stop: impl std::future::Futu
     let pods = PodResourcesServer::start(&scratch.0.join("pod-resources/kubelet.sock"))?;
     manifest.pod_resources_socket = pods.socket_path().to_path_buf();
     manifest.pod_resources_interval = POD_RESOURCES_INTERVAL;
+    // And an emulated runtime, asked before each release as on a node: a simulated pod's
+    // containers have exited once the pod is gone (its runtime knows none of them).
+    let runtime = kubelet_emu::RuntimeServer::start(&scratch.0.join("cri.sock"))?;
+    manifest.runtime_socket = runtime.socket_path().to_path_buf();
     // A simulation keeps no node state: its release state and allocation
     // journal live and die with the scratch folder, never in the node's
     // `state_dir` (/var/lib/devhost by default).

@@ -90,11 +90,14 @@ impl Node {
     /// /var/lib/devhost.
     pub fn write_manifest(&self, body: &str) -> PathBuf {
         let p = self.path().join("devhost.toml");
-        let body = if body.lines().any(|l| l.trim_start().starts_with("state_dir")) {
-            body.to_string()
-        } else {
-            format!("state_dir = \"{}\"\n{body}", self.path().join("state").display())
-        };
+        let mut body = body.to_string();
+        // The node's own state folder and runtime socket (none serves there unless a test starts
+        // one), never the machine's /var/lib/devhost or containerd.
+        for (key, path) in [("state_dir", "state"), ("runtime_socket", "cri.sock")] {
+            if !body.lines().any(|l| l.trim_start().starts_with(key)) {
+                body = format!("{key} = \"{}\"\n{body}", self.path().join(path).display());
+            }
+        }
         std::fs::write(&p, body).expect("write manifest");
         p
     }

@@ -10,7 +10,8 @@
 //! Observations are cheap getters plus waiters woken on every change.
 //!
 //! [`PodResourcesServer`] emulates the kubelet's PodResources API on its own
-//! socket, with the pods and devices a test sets.
+//! socket, with the pods and devices a test sets, and [`RuntimeServer`] a container runtime's
+//! CRI `ListContainers`, with the containers and states a test sets.
 //!
 //! The real kubelet is run against devhost in `tests/cluster` (docs/testing.md). Unlike the
 //! kubelet, this emulator leaves the order of device IDs and the merging of several resources'
@@ -21,11 +22,15 @@ mod kubelet;
 mod names;
 mod podresources;
 mod registration;
+mod runtime;
 mod state;
 
+/// The CRI's container states, for [`RuntimeServer::set_container`].
+pub use devhost_proto::cri::v1::ContainerState;
 pub use kubelet::Kubelet;
 pub use names::{check_extended_resource_name, is_extended_resource_name, join_endpoint};
 pub use podresources::{PodContainer, PodResourcesServer};
+pub use runtime::RuntimeServer;
 pub use state::WaitError;
 
 /// Re-exported so users need not depend on `devhost-proto` for the types in

@@ -7,6 +7,7 @@ use crate::driver::device::Device;
 use crate::driver::instance::{Instance, StartError};
 use crate::driver::loader::{self, Module};
 use crate::engine::cdi::CdiWriter;
+use crate::engine::containers::Runtime;
 use crate::engine::podresources::Follower;
 use crate::engine::release::{self, Backoff, ReleaseRunner};
 use crate::engine::release_hook;
@@ -216,6 +217,7 @@ impl Registry {
                 cdi_dir: manifest.cdi_dir.clone(),
                 cdi_spec_dirs: manifest.cdi_spec_dirs.clone(),
                 follower,
+                runtime: (mode == Mode::Serve).then(|| Arc::new(Runtime::new(manifest.runtime_socket.clone()))),
             }),
             drivers: RwLock::new(BTreeMap::new()),
             resources: RwLock::new(Vec::new()),
@@ -560,12 +562,13 @@ impl Registry {
                 registered: AtomicBool::new(false),
                 status: Tracker::new(),
                 release: match (&self.services.follower, &driver) {
-                    (Some(f), Some(d)) if self.watching => Some(ReleaseRunner::start_kept(
+                    (Some(f), Some(d)) if self.watching => Some(ReleaseRunner::start_gated(
                         &cfg.name,
                         Arc::new(release_hook::Counted { instance: d.clone(), metrics: self.services.metrics.clone() }),
                         f.subscribe(),
                         Backoff::default(),
                         self.release_state.clone(),
+                        self.services.runtime.clone(),
                     )),
                     _ => None,
                 },
@@ -934,16 +937,18 @@ impl Registry {
                 let id = d["id"].as_str().unwrap_or_default().to_string();
                 d["held_by"] = serde_json::json!(snap.holders_of_device(&r.config.name, &id));
                 if let Some(b) = pending.iter().find(|b| b.devices.contains(&id)) {
-                    let state = match &b.phase {
-                        crate::engine::release::Phase::Due => "due",
-                        crate::engine::release::Phase::Running => "running",
-                        crate::engine::release::Phase::Failed { .. } => "failed",
+                    let state = match (&b.phase, &b.waiting) {
+                        (crate::engine::release::Phase::Running, Some(_)) => "waiting",
+                        (crate::engine::release::Phase::Due, _) => "due",
+                        (crate::engine::release::Phase::Running, None) => "running",
+                        (crate::engine::release::Phase::Failed { .. }, _) => "failed",
                     };
                     d["release"] = serde_json::json!({
                         "state": state,
                         "attempts": b.attempts,
                         "last_holder": b.holder.to_string(),
                         "error": b.last_error,
+                        "waiting_for": b.waiting,
                     });
                 }
             }

@@ -87,6 +87,9 @@ pub struct Services {
     /// The runtime's CDI folders, where the names handed out must resolve (`cdi_spec_dirs`).
     pub cdi_spec_dirs: Vec<PathBuf>,
     pub follower: Option<Arc<Follower>>,
+    /// The container runtime, asked before a release whether the holder has exited (`run`,
+    /// `sim`).
+    pub runtime: Option<Arc<crate::engine::containers::Runtime>>,
 }
 
 /// How much of the machinery a registry runs.

@@ -24,6 +24,8 @@ mod tracker;
 #[cfg(test)]
 mod durable_tests;
 #[cfg(test)]
+mod gate_tests;
+#[cfg(test)]
 mod restart_tests;
 #[cfg(test)]
 mod tests;
@@ -33,11 +35,13 @@ pub use store::{Allocation, Store};
 pub use tracker::{ALLOCATE_GRACE, Backoff, Batch, Finished, Observed, Outcome, Phase, Tracker, driver_id};
 
 use crate::driver::instance::CallError;
+use crate::engine::containers::Runtime;
 use crate::engine::podresources::Snapshot;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::{Notify, mpsc, watch};
+use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 /// Devices to report Unhealthy because of a pending release: driver device
@@ -85,6 +89,21 @@ impl ReleaseRunner {
         backoff: Backoff,
         store: Option<Arc<Store>>,
     ) -> ReleaseRunner {
+        Self::start_gated(resource, driver, holders, backoff, store, None)
+    }
+
+    /// Like [`start_kept`](Self::start_kept), and with `runtime` a release
+    /// whose holder is known starts only once the runtime says every
+    /// container of that holder has exited; until then its devices stay
+    /// Unhealthy, with the reason.
+    pub fn start_gated<R: Releaser>(
+        resource: &str,
+        driver: Arc<R>,
+        holders: watch::Receiver<Snapshot>,
+        backoff: Backoff,
+        store: Option<Arc<Store>>,
+        runtime: Option<Arc<Runtime>>,
+    ) -> ReleaseRunner {
         let store = driver.has_release().then(|| store.unwrap_or_else(Store::memory));
         let claimed = store.as_ref().map(|s| s.claim(resource));
         let saved = claimed.as_ref().and_then(|(_, saved, _)| saved.as_ref());
@@ -120,6 +139,7 @@ impl ReleaseRunner {
                 store,
                 owner,
                 allocated,
+                runtime,
             };
             tokio::spawn(run.run())
         });
@@ -208,43 +228,58 @@ struct Run<R> {
     owner: u64,
     /// Woken when allocations pile up (the List each Allocate asks for wakes it otherwise).
     allocated: Arc<Notify>,
+    /// Asked whether a batch's holder has exited before its hook is called.
+    runtime: Option<Arc<Runtime>>,
+}
+
+/// A release call's end: batch ID and what the hook returned.
+type Done = (u64, Result<bool, CallError>);
+
+/// Why batch `.0` still waits for its holder to exit.
+type Word = (u64, String);
+
+/// The batches waiting for their holder to exit. Dropped (and so stopped) with the runner's
+/// loop, so a runner that a reload replaces never calls the hook after its successor took over.
+struct Exits {
+    /// Each ends with its batch ID and whether it waited at all.
+    tasks: JoinSet<(u64, bool)>,
+    /// The batches in `tasks`: a word from one that has ended since is stale.
+    ids: std::collections::BTreeSet<u64>,
+    /// Why a batch still waits, whenever that changes.
+    words: (mpsc::UnboundedSender<Word>, mpsc::UnboundedReceiver<Word>),
+}
+
+impl Default for Exits {
+    fn default() -> Self {
+        Exits { tasks: JoinSet::new(), ids: Default::default(), words: mpsc::unbounded_channel() }
+    }
+}
+
+impl Exits {
+    fn wait(&mut self, id: u64, runtime: Arc<Runtime>, holder: crate::engine::podresources::Holder) {
+        let words = self.words.0.clone();
+        self.ids.insert(id);
+        self.tasks.spawn(async move { (id, runtime.wait_exited(&holder, |why| drop(words.send((id, why)))).await) });
+    }
 }
 
 impl<R: Releaser> Run<R> {
     async fn run(mut self) {
-        let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(u64, Result<bool, CallError>)>();
+        let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
+        let mut exits = Exits::default();
         let mut seen_generation = 0;
         loop {
-            for a in self.store.take_allocations(&self.resource, self.owner) {
-                lock(&self.tracker).allocate(&a.devices, a.at, a.seq);
-            }
-            let fresh = {
-                let snap = self.holders.borrow_and_update();
-                match snap.holders(&self.resource) {
-                    Some(h) if snap.generation != seen_generation => {
-                        seen_generation = snap.generation;
-                        Some((h, snap.listed_at))
-                    }
-                    _ => None,
-                }
-            };
-            if let Some((holders, listed_at)) = fresh {
-                let observed = lock(&self.tracker).observe_listed(&holders, listed_at);
-                self.seen.store(seen_generation, Ordering::Release);
-                self.log_observed(&observed);
-            }
+            self.take_in(&mut seen_generation);
             let due = lock(&self.tracker).due(Instant::now());
             self.keep();
             // Unhealthy goes out before the hook starts, so the kubelet
             // stops handing these devices out as early as possible.
             self.publish();
             for (id, ids) in due {
-                let driver = self.driver.clone();
-                let done = done_tx.clone();
-                tokio::spawn(async move {
-                    let result = driver.release(ids).await;
-                    let _ = done.send((id, result));
-                });
+                match self.exit_gate(id) {
+                    Some((runtime, holder)) => exits.wait(id, runtime, holder),
+                    None => self.call_hook(id, ids, &done_tx),
+                }
             }
             let retry = lock(&self.tracker).next_retry();
             tokio::select! {
@@ -262,9 +297,91 @@ impl<R: Releaser> Run<R> {
                     self.flush().await;
                     self.log_finished(finished);
                 }
+                Some((id, why)) = exits.words.1.recv() => {
+                    if exits.ids.contains(&id) {
+                        self.waiting(id, why);
+                    }
+                }
+                Some(exited) = exits.tasks.join_next(), if !exits.tasks.is_empty() => {
+                    if let Ok((id, waited)) = exited {
+                        exits.ids.remove(&id);
+                        self.exited(id, waited, &done_tx);
+                    }
+                }
                 _ = self.allocated.notified() => {}
                 _ = sleep_until(retry) => {}
             }
+        }
+    }
+
+    /// Takes in what Allocate handed out and the latest List, if it is new.
+    fn take_in(&mut self, seen_generation: &mut u64) {
+        for a in self.store.take_allocations(&self.resource, self.owner) {
+            lock(&self.tracker).allocate(&a.devices, a.at, a.seq);
+        }
+        let fresh = {
+            let snap = self.holders.borrow_and_update();
+            match snap.holders(&self.resource) {
+                Some(h) if snap.generation != *seen_generation => {
+                    *seen_generation = snap.generation;
+                    Some((h, snap.listed_at))
+                }
+                _ => None,
+            }
+        };
+        if let Some((holders, listed_at)) = fresh {
+            let observed = lock(&self.tracker).observe_listed(&holders, listed_at);
+            self.seen.store(*seen_generation, Ordering::Release);
+            self.log_observed(&observed);
+        }
+    }
+
+    /// The runtime and holder to wait for before batch `id`'s hook: only a
+    /// holder a List showed (an unseen one has no name to ask about).
+    fn exit_gate(&self, id: u64) -> Option<(Arc<Runtime>, crate::engine::podresources::Holder)> {
+        let runtime = self.runtime.clone()?;
+        let (holder, _) = lock(&self.tracker).batch(id)?;
+        (!holder.is_unseen()).then_some((runtime, holder))
+    }
+
+    /// Calls the driver's hook for batch `id` (`ids`); the end comes back on `done`.
+    fn call_hook(&self, id: u64, ids: Vec<String>, done: &mpsc::UnboundedSender<Done>) {
+        let driver = self.driver.clone();
+        let done = done.clone();
+        tokio::spawn(async move {
+            // An empty batch (every device handed out again while it waited) calls nothing.
+            let result = if ids.is_empty() { Ok(true) } else { driver.release(ids).await };
+            let _ = done.send((id, result));
+        });
+    }
+
+    /// Batch `id`'s holder has exited: release what the batch holds now
+    /// (a device the kubelet handed out again meanwhile is not scrubbed).
+    fn exited(&self, id: u64, waited: bool, done: &mpsc::UnboundedSender<Done>) {
+        let mut tracker = lock(&self.tracker);
+        tracker.waiting(id, None);
+        let Some((holder, devices)) = tracker.batch(id) else { return };
+        drop(tracker);
+        if waited && !devices.is_empty() {
+            tracing::info!(
+                resource = %self.resource,
+                "{holder} has exited; calling the driver's release hook for {}",
+                devices.join(",")
+            );
+        }
+        self.call_hook(id, devices, done);
+    }
+
+    /// Batch `id` waits for its holder's containers: `why`.
+    fn waiting(&self, id: u64, why: String) {
+        let mut tracker = lock(&self.tracker);
+        let started = matches!(tracker.waiting(id, Some(why.clone())), Some(None));
+        let devices = tracker.batch(id).map(|(_, d)| d.join(",")).unwrap_or_default();
+        drop(tracker);
+        if started {
+            tracing::info!(resource = %self.resource, "not releasing {devices} yet: {why}; allocated (Unhealthy) until then");
+        } else {
+            tracing::debug!(resource = %self.resource, "still not releasing {devices}: {why}");
         }
     }
 

@@ -84,6 +84,10 @@ pub struct Batch {
     pub attempts: u32,
     /// The message of the latest failed call, kept while a retry runs.
     pub last_error: Option<String>,
+    /// Why a started release waits before calling the hook: the holder's
+    /// containers still run (the runtime says so). Not kept across restarts:
+    /// the next daemon asks the runtime again.
+    pub waiting: Option<String>,
 }
 
 /// What one holder map changed.
@@ -158,8 +162,14 @@ impl Tracker {
                 }
                 _ => Phase::Due,
             };
-            let batch =
-                Batch { holder: b.holder.clone(), devices, phase, attempts: b.attempts, last_error: b.error.clone() };
+            let batch = Batch {
+                holder: b.holder.clone(),
+                devices,
+                phase,
+                attempts: b.attempts,
+                last_error: b.error.clone(),
+                waiting: None,
+            };
             t.batches.insert(t.next_id, batch);
             t.next_id += 1;
         }
@@ -262,6 +272,7 @@ impl Tracker {
                         phase: Phase::Due,
                         attempts: 0,
                         last_error: None,
+                        waiting: None,
                     },
                 );
                 self.next_id += 1;
@@ -302,8 +313,14 @@ impl Tracker {
         if free.is_empty() {
             return;
         }
-        let batch =
-            Batch { holder: Holder::unseen(), devices: free.clone(), phase: Phase::Due, attempts: 0, last_error: None };
+        let batch = Batch {
+            holder: Holder::unseen(),
+            devices: free.clone(),
+            phase: Phase::Due,
+            attempts: 0,
+            last_error: None,
+            waiting: None,
+        };
         self.batches.insert(self.next_id, batch);
         self.next_id += 1;
         observed.unclaimed = free;
@@ -344,11 +361,32 @@ impl Tracker {
                 let after = self.backoff.after(attempts);
                 let phase = Phase::Failed { message: message.clone(), retry_at: now + after };
                 let last_error = Some(message.clone());
-                let kept = Batch { holder: holder.clone(), devices: devices.clone(), phase, attempts, last_error };
+                let kept = Batch {
+                    holder: holder.clone(),
+                    devices: devices.clone(),
+                    phase,
+                    attempts,
+                    last_error,
+                    waiting: None,
+                };
                 self.batches.insert(id, kept);
                 Finished::Retry { holder, devices, message, attempts, after }
             }
         })
+    }
+
+    /// The holder and the devices batch `id` releases now (fewer than it was
+    /// started with when some were handed out again meanwhile; `None` once it
+    /// is gone).
+    pub fn batch(&self, id: u64) -> Option<(Holder, Vec<String>)> {
+        self.batches.get(&id).map(|b| (b.holder.clone(), b.devices.clone()))
+    }
+
+    /// Records why the started batch `id` waits before its hook is called
+    /// (`None`: it waits no more). Returns what it waited for before, or
+    /// `None` when there is no such batch.
+    pub fn waiting(&mut self, id: u64, why: Option<String>) -> Option<Option<String>> {
+        self.batches.get_mut(&id).map(|b| std::mem::replace(&mut b.waiting, why))
     }
 
     /// When the earliest failed batch is to be retried.
@@ -384,6 +422,9 @@ impl Tracker {
 }
 
 fn reason(batch: &Batch) -> String {
+    if let (Phase::Running, Some(why)) = (&batch.phase, &batch.waiting) {
+        return format!("not offered until it is released: {why}");
+    }
     match (&batch.phase, &batch.last_error) {
         (Phase::Due | Phase::Running, None) => format!("being released after {} let go of it", batch.holder),
         (Phase::Due | Phase::Running, Some(last)) => format!(
