@@ -128,10 +128,21 @@ func renderDeploy(t *testing.T) []runtime.Object {
 
 // addFixtures gives the DaemonSet's pod what simulates the node's hardware, and nothing else:
 // config/sim at its own path and the fake libnvidia-ml where the manifest names it, both
-// read-only hostPaths, and the fake's machine file. Its securityContext, mounts and probes stay
-// as rendered, so a missing mount or privilege is a failure here.
-func addFixtures(ds *appsv1.DaemonSet, sim, nvml string) {
+// read-only hostPaths, and the fake's machine file. The runtime volume (the node's
+// /run/containerd) is the test containerd's socket folder. Its securityContext, mounts and
+// probes stay as rendered, so a missing mount or privilege is a failure here.
+func addFixtures(t *testing.T, ds *appsv1.DaemonSet, sim, nvml string) {
 	spec := &ds.Spec.Template.Spec
+	runtimeVolume := false
+	for i := range spec.Volumes {
+		if v := &spec.Volumes[i]; v.Name == "runtime" && v.HostPath != nil && v.HostPath.Path == "/run/containerd" {
+			v.HostPath.Path = filepath.Dir(cl.Containerd.Socket)
+			runtimeVolume = true
+		}
+	}
+	if !runtimeVolume {
+		t.Fatal("deploy/ no longer mounts the node's /run/containerd as the volume \"runtime\": update this test")
+	}
 	file, dir := v1.HostPathFile, v1.HostPathDirectory
 	spec.Volumes = append(spec.Volumes,
 		v1.Volume{Name: "test-sim", VolumeSource: v1.VolumeSource{HostPath: &v1.HostPathVolumeSource{Path: sim, Type: &dir}}},
@@ -165,7 +176,7 @@ func deployDevhost(t *testing.T, nodes string) *appsv1.DaemonSet {
 		case *v1.ServiceAccount:
 			_, err = cl.Client.CoreV1().ServiceAccounts(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
 		case *appsv1.DaemonSet:
-			addFixtures(o, sim, nvml)
+			addFixtures(t, o, sim, nvml)
 			// The image the render names is the one .ci/image built, under the name deploy/ gives it.
 			if _, err := cl.Containerd.Ctr("images", "tag", "--force", "docker.io/library/devhost:ci", o.Spec.Template.Spec.Containers[0].Image); err != nil {
 				t.Fatal(err)

@@ -69,6 +69,9 @@ type Cluster struct {
 	// (certificate-authority-data), so that a client verifies its certificate.
 	DevhostKubeconfig string
 	RecordDir         string // fakecri's CreateContainer records
+	// StaticPodDir is the kubelet's staticPodPath: a pod manifest written there runs as a static
+	// pod, and removing the file ends it (checked every second).
+	StaticPodDir string
 	// Containerd is the real runtime (Options.Containerd), nil with fakecri.
 	Containerd *Containerd
 	apiPort    int
@@ -166,7 +169,7 @@ func Start(bin, dir string) (c *Cluster, err error) { return StartWith(bin, dir,
 func StartWith(bin, dir string, opts Options) (_ *Cluster, err error) {
 	// Not the named result: every `return nil, err` below would make it nil before the cleanup
 	// runs, which then could neither print the components' logs nor stop them.
-	c := &Cluster{Bin: bin, Dir: dir, RecordDir: filepath.Join(dir, "containers")}
+	c := &Cluster{Bin: bin, Dir: dir, RecordDir: filepath.Join(dir, "containers"), StaticPodDir: filepath.Join(dir, "static-pods")}
 	defer func() {
 		if err != nil {
 			err = fmt.Errorf("%w\n%s", err, c.Logs(30))
@@ -263,6 +266,9 @@ current-context: local
 		}
 	}
 	kubeletPort, healthzPort := freePort(), freePort()
+	if err := os.MkdirAll(c.StaticPodDir, 0o755); err != nil {
+		return nil, err
+	}
 	if err := writeFile(filepath.Join(dir, "kubelet.yaml"), fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 # cgroup v1 hosts: allowed again (1.35+ refuses them by default)
@@ -280,7 +286,9 @@ authorization: {mode: AlwaysAllow}
 # Node status every second, so that capacity changes reach the Node quickly.
 nodeStatusUpdateFrequency: 1s
 resolvConf: ""
-`, criSock, kubeletPort, healthzPort)); err != nil {
+staticPodPath: %[4]s
+fileCheckFrequency: 1s
+`, criSock, kubeletPort, healthzPort, c.StaticPodDir)); err != nil {
 		return nil, err
 	}
 	if err := c.StartKubelet(); err != nil {

@@ -58,8 +58,10 @@ func (c *Cluster) startContainerd() (string, error) {
 		return "", err
 	}
 	dir := filepath.Join(c.Dir, "containerd")
-	rt := &Containerd{Bin: bin, Dir: dir, Socket: filepath.Join(dir, "containerd.sock"), RuncRoot: filepath.Join(dir, "runc")}
-	for _, d := range append([]string{dir, filepath.Join(dir, "cni"), rt.RuncRoot}, CDIDirs...) {
+	// The socket in a folder of its own, which devhost's DaemonSet pod mounts as it mounts the
+	// node's /run/containerd (runtime_socket), without containerd's root and state.
+	rt := &Containerd{Bin: bin, Dir: dir, Socket: filepath.Join(dir, "sock", "containerd.sock"), RuncRoot: filepath.Join(dir, "runc")}
+	for _, d := range append([]string{dir, filepath.Join(dir, "cni"), filepath.Dir(rt.Socket), rt.RuncRoot}, CDIDirs...) {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return "", err
 		}

@@ -39,6 +39,7 @@ func Bin(t testing.TB) string {
 type Options struct {
 	KubeletDir         string // kubelet_dir
 	PodResourcesSocket string // pod_resources_socket ("" = a path that does not exist)
+	RuntimeSocket      string // runtime_socket ("" = a path that does not exist)
 	CDIDir             string // cdi_dir; with it every resource uses device_list_strategy = "cdi"
 	// NvidiaCDI gives the NVIDIA driver device_list_strategy ["envvar", "cdi"] instead of the
 	// resources' "cdi" strategy: its own CDI names, which devhost defines in cdi_dir.
@@ -106,7 +107,12 @@ func WriteDemoConfig(t testing.TB, dir string, opts Options) string {
 	if podRes == "" {
 		podRes = filepath.Join(dir, "no-pod-resources.sock")
 	}
-	head := fmt.Sprintf("kubelet_dir = %q\npod_resources_socket = %q\npod_resources_interval = \"500ms\"\n", opts.KubeletDir, podRes)
+	runtimeSock := opts.RuntimeSocket
+	if runtimeSock == "" {
+		runtimeSock = filepath.Join(dir, "no-runtime.sock")
+	}
+	head := fmt.Sprintf("kubelet_dir = %q\npod_resources_socket = %q\npod_resources_interval = \"500ms\"\nruntime_socket = %q\n",
+		opts.KubeletDir, podRes, runtimeSock)
 	// The default lock_dir, /run/devhost, is the machine's and shared by both test binaries
 	// (go test runs packages at once): their devhosts, each on its own namespace's
 	// /var/lib/kubelet/device-plugins, would take the same lock and one would exit. The

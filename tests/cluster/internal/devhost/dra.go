@@ -55,6 +55,7 @@ func WriteDRAConfig(t testing.TB, dir string, opts DRAOptions) string {
 	}
 	line("pod_resources_socket = %q", podRes)
 	line("pod_resources_interval = \"500ms\"")
+	line("runtime_socket = %q", filepath.Join(dir, "no-runtime.sock"))
 	// Per test binary (see WriteDemoConfig).
 	line("lock_dir = \"/var/lib/devhost-test-lock\"")
 	if opts.KubeletRootDir != "" {
