@@ -109,7 +109,7 @@ fn log(path: &Path, outcome: &io::Result<Option<Damage>>, before: u32) {
     let path = path.display();
     let fight = if before > 0 {
         format!(
-            " ({before} more time(s) in the last minute: something keeps changing devhost's file; devhost writes it \
+            " ({before} more time(s) since the last such line: something keeps changing devhost's file; devhost writes it \
              again at most once a second and says so at most once a minute)"
         )
     } else {
@@ -172,6 +172,30 @@ mod tests {
         assert_eq!(std::fs::read(&path).unwrap(), b"{}");
         assert_eq!(repairer.run(t0 + REWRITE_EVERY), None);
         assert_eq!(std::fs::read(&path).unwrap(), want);
+    }
+
+    #[test]
+    fn a_fight_over_a_file_is_said_once_a_minute_with_the_rewrites_between_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let writer = CdiWriter::new(dir.path());
+        writer.write("example.com/gpu", &[dev("a")]).unwrap();
+        let (path, file) = (writer.path("example.com/gpu"), "devhost-example.com_gpu.json");
+        let mut repairer = Repairer::new(writer);
+        let t0 = Instant::now();
+        for second in 0..5 {
+            std::fs::remove_file(&path).unwrap();
+            repairer.run(t0 + Duration::from_secs(second));
+        }
+        let state = &repairer.files[file];
+        assert_eq!((state.logged, state.unlogged), (Some(t0), 4), "said at the first rewrite only");
+        std::fs::remove_file(&path).unwrap();
+        repairer.run(t0 + LOG_EVERY);
+        let state = &repairer.files[file];
+        assert_eq!(
+            (state.logged, state.unlogged),
+            (Some(t0 + LOG_EVERY), 0),
+            "said again a minute later, with the count"
+        );
     }
 
     #[test]
