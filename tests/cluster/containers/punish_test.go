@@ -140,9 +140,11 @@ func TestARuntimeDroppedCDINameIsSaidByDevhostAndThePodStartsOnceItResolves(t *t
 	if err := os.Remove(other); err != nil {
 		t.Fatal(err)
 	}
+	removed := time.Now()
 	waitGauge(t, addr, 0)
 	waitLogLine(t, n, "every CDI name of the resource resolves again", "example.com/accel")
 	out := strings.Join(containerOutput(t, pod, 120*time.Second), "\n")
+	t.Logf("the container's report %v after the other vendor's file was removed", time.Since(removed).Round(time.Millisecond))
 	n0 := exampleNodes[0]
 	for _, want := range []string{
 		fmt.Sprintf("node /dev/example0 character special file %x:%x", n0.major, n0.minor),
