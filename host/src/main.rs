@@ -278,6 +278,8 @@ async fn run(config: &Path, kubelet_dir: Option<&Path>) -> ExitCode {
     // The fronts follow the registry: each resource is served as soon as its
     // own driver is up, at start and on every reload.
     let (stop_fronts, plugins, fronts) = follow_registry(registry.clone(), endpoints.clone(), dra);
+    // CDI folders changed by others (a vendor's spec, devhost's own removed by hand): seen at once.
+    let cdi_watch = registry.watch_cdi();
     registry.apply(&manifest).await;
     let nfd = manifest.nfd_features_dir.clone().map(|dir| devhost::ops::nfd::spawn(dir, registry.clone()));
     // While an edit settles: when it may be applied, and the text then seen.
@@ -364,7 +366,7 @@ async fn run(config: &Path, kubelet_dir: Option<&Path>) -> ExitCode {
     if let Some(dra) = &mut dra {
         dra.shutdown().await;
     }
-    if let Some(task) = nfd {
+    for task in nfd.into_iter().chain(cdi_watch) {
         task.abort();
     }
     let _ = stop_probes.send(true);

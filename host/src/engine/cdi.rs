@@ -15,9 +15,13 @@
 //!   declared kind, in `devhost-<vendor>_<class>+<kind's vendor>_<class>.json` unless the kind is
 //!   the resource's own. Allocate then hands out the name instead of the edits it stands for.
 //!
-//! [`resolve`] checks that every name handed out resolves in the runtime's CDI folders.
+//! [`resolve`] checks that every name handed out resolves in the runtime's CDI folders;
+//! [`watch`] sees the folders change and [`repair`] writes devhost's own files again when
+//! someone else removed or changed them.
 
+pub mod repair;
 pub mod resolve;
+pub mod watch;
 
 use crate::driver::device::{Device, Edits};
 use serde::Serialize;
@@ -25,6 +29,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Prefix of the container annotation that carries CDI names to runtimes without CRI CDI support.
 pub const ANNOTATION_PREFIX: &str = "cdi.k8s.io/";
@@ -372,6 +377,10 @@ pub fn allocate_edits(resource: &str, devices: &[Device], physical: &[String], c
 #[derive(Clone, Debug)]
 pub struct CdiWriter {
     dir: PathBuf,
+    /// Each of devhost's spec files by name, as it last meant to write it (written or not): what
+    /// [`repair`] restores. Held while a file is written, so a repair never puts back content a
+    /// newer write has just replaced.
+    wanted: Arc<Mutex<BTreeMap<String, Vec<u8>>>>,
 }
 
 /// Makes temporary file names unique when two tasks write the same resource at once.
@@ -383,7 +392,11 @@ fn with_path(path: &Path, e: io::Error) -> io::Error {
 
 impl CdiWriter {
     pub fn new(dir: impl Into<PathBuf>) -> CdiWriter {
-        CdiWriter { dir: dir.into() }
+        CdiWriter { dir: dir.into(), wanted: Arc::default() }
+    }
+
+    fn wanted(&self) -> MutexGuard<'_, BTreeMap<String, Vec<u8>>> {
+        self.wanted.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn dir(&self) -> &Path {
@@ -402,6 +415,9 @@ impl CdiWriter {
     pub fn write(&self, resource: &str, devices: &[Device]) -> io::Result<bool> {
         let specs = render_all(resource, devices);
         let keep: BTreeSet<String> = specs.iter().map(|(kind, _)| kind_file_name(resource, kind)).collect();
+        let mut wanted = self.wanted();
+        wanted.retain(|file, _| !is_file_of(file, resource));
+        wanted.extend(specs.iter().map(|(kind, bytes)| (kind_file_name(resource, kind), bytes.clone())));
         let mut changed = self.remove_files(resource, &keep)?;
         for (kind, bytes) in &specs {
             changed |= self.write_file(&kind_file_name(resource, kind), bytes)?;
@@ -436,6 +452,8 @@ impl CdiWriter {
     /// Removes a resource's spec files (the resource left the manifest). Returns whether a file
     /// was there.
     pub fn remove(&self, resource: &str) -> io::Result<bool> {
+        let mut wanted = self.wanted();
+        wanted.retain(|file, _| !is_file_of(file, resource));
         self.remove_files(resource, &BTreeSet::new())
     }
 

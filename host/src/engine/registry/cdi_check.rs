@@ -2,12 +2,15 @@
 //! devices change, and at each reload, every CDI name it hands out must resolve in the runtime's
 //! CDI folders. A name that does not is an ERROR in the log (once per change, and again at each
 //! reload), a count in `devhost_cdi_unresolvable_devices`, and a failure of `devhost check`,
-//! rather than a pod stuck in CreateContainerError.
+//! rather than a pod stuck in CreateContainerError. The daemon also watches the folders
+//! ([`Registry::watch_cdi`]): a change another tool makes there, or one of devhost's own specs
+//! removed or changed by hand, is checked (and devhost's file written again) when it happens.
 
 use super::{Registry, Resource};
 use crate::driver::device::Device;
-use crate::engine::cdi::{self, resolve};
+use crate::engine::cdi::{self, repair::Repairer, resolve, watch::Folders};
 use crate::manifest::DeviceListStrategy;
+use std::sync::Arc;
 
 /// What `devhost check` finds: the problems, and the spec files the runtime would skip.
 pub struct Report {
@@ -52,6 +55,44 @@ impl Registry {
         for r in self.resources().iter().filter(|r| r.driver.is_some()) {
             self.check_cdi(r, &r.snapshot().devices, true);
         }
+    }
+
+    /// The daemon's watch on `cdi_dir` and the `cdi_spec_dirs` folders: after each change
+    /// (debounced), devhost's own files that someone else removed or changed are written again
+    /// ([`Repairer`]) and every resource's names are checked as [`Registry::check_cdi`] checks
+    /// them, a problem said once when it appears and a recovery when it goes. Ends with the
+    /// registry; `None` for `list` and `check`.
+    pub fn watch_cdi(self: &Arc<Self>) -> Option<tokio::task::JoinHandle<()>> {
+        if !self.watching {
+            return None;
+        }
+        let mut dirs: Vec<_> = self.services.cdi_dir.iter().cloned().collect();
+        dirs.extend(self.services.cdi_spec_dirs.iter().cloned());
+        let mut folders = Folders::new(&dirs);
+        let mut repairer = self.services.cdi.clone().map(Repairer::new);
+        let reg = Arc::downgrade(self);
+        Some(tokio::spawn(async move {
+            let mut retry: Option<tokio::time::Instant> = None;
+            loop {
+                let later = async {
+                    match retry {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    () = folders.changed() => {}
+                    () = later => {}
+                }
+                let Some(reg) = reg.upgrade() else { return };
+                let now = std::time::Instant::now();
+                let next = repairer.as_mut().and_then(|r| r.run(now));
+                retry = next.map(|at| tokio::time::Instant::now() + at.saturating_duration_since(now));
+                for r in reg.resources().iter().filter(|r| r.driver.is_some()) {
+                    reg.check_cdi(r, &r.snapshot().devices, false);
+                }
+            }
+        }))
     }
 
     /// `devhost check`: every resource's names against the runtime's folders as the daemon would
