@@ -14,7 +14,11 @@
 //! devhost was down is still released. Allocate tells the runner what it hands
 //! out ([`ReleaseRunner::allocated`]): on disk in the allocation journal
 //! (`journal.rs`) before the kubelet gets the answer, so a pod that ends
-//! before devhost saw it, or while devhost is down, is not forgotten.
+//! before devhost saw it, or while devhost is down, is not forgotten. With a
+//! container runtime ([`ReleaseRunner::start_gated`]) a release whose holder
+//! is known calls the hook only once the runtime says every container of
+//! that holder has exited (`containers.rs`); until then the devices stay
+//! Unhealthy and the batch says what it waits for.
 
 pub mod journal;
 pub mod state;
