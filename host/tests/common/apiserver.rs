@@ -35,6 +35,8 @@ pub struct ApiServerHarness {
     kubeconfig: PathBuf,
     node_kubeconfig: PathBuf,
     procs: Vec<(&'static str, Child, PathBuf)>,
+    /// kube-apiserver's arguments, to start it again after [`ApiServerHarness::stop_api_server`].
+    api_args: Vec<String>,
 }
 
 impl ApiServerHarness {
@@ -76,6 +78,7 @@ impl ApiServerHarness {
                 kubeconfig: run.join("kubeconfig-admin"),
                 node_kubeconfig: run.join("kubeconfig-node"),
                 procs: Vec::new(),
+                api_args: Vec::new(),
             };
             match h.launch() {
                 Ok(()) => {
@@ -132,33 +135,33 @@ impl ApiServerHarness {
         )?;
         let certs = dir.join("certs");
         let tokens = dir.join("tokens.csv");
-        self.spawn(
-            "kube-apiserver",
-            &[
-                "--etcd-servers",
-                &etcd_url,
-                "--bind-address",
-                "127.0.0.1",
-                "--advertise-address",
-                "127.0.0.1",
-                "--secure-port",
-                &api_port.to_string(),
-                "--cert-dir",
-                path_str(&certs),
-                "--service-account-issuer",
-                "https://kubernetes.default.svc",
-                "--service-account-key-file",
-                path_str(&public),
-                "--service-account-signing-key-file",
-                path_str(&key),
-                "--service-cluster-ip-range",
-                "10.96.0.0/16",
-                "--token-auth-file",
-                path_str(&tokens),
-                "--authorization-mode",
-                "AlwaysAllow",
-            ],
-        )?;
+        let port = api_port.to_string();
+        let args: [&str; 22] = [
+            "--etcd-servers",
+            &etcd_url,
+            "--bind-address",
+            "127.0.0.1",
+            "--advertise-address",
+            "127.0.0.1",
+            "--secure-port",
+            &port,
+            "--cert-dir",
+            path_str(&certs),
+            "--service-account-issuer",
+            "https://kubernetes.default.svc",
+            "--service-account-key-file",
+            path_str(&public),
+            "--service-account-signing-key-file",
+            path_str(&key),
+            "--service-cluster-ip-range",
+            "10.96.0.0/16",
+            "--token-auth-file",
+            path_str(&tokens),
+            "--authorization-mode",
+            "AlwaysAllow",
+        ];
+        self.api_args = args.map(str::to_owned).to_vec();
+        self.spawn("kube-apiserver", &args)?;
         // The self-signed certificate is written before the server listens.
         let cert = certs.join("apiserver.crt");
         let deadline = Instant::now() + READY_WITHIN;
@@ -185,6 +188,11 @@ impl ApiServerHarness {
             );
             std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))?;
         }
+        self.wait_ready(deadline)
+    }
+
+    /// Waits until /readyz answers "ok" through the admin kubeconfig.
+    fn wait_ready(&mut self, deadline: Instant) -> Result<(), String> {
         loop {
             self.check_alive()?;
             let out = self.kubectl_output(&["get", "--raw", "/readyz"], None);
@@ -198,9 +206,36 @@ impl ApiServerHarness {
         }
     }
 
+    /// Stops kube-apiserver (SIGTERM, then SIGKILL after 10 s), leaving etcd and the folder: its
+    /// port refuses connections until [`ApiServerHarness::start_api_server`].
+    pub fn stop_api_server(&mut self) {
+        if let Some(i) = self.procs.iter().position(|(name, ..)| *name == "kube-apiserver") {
+            let (_, child, _) = self.procs.remove(i);
+            end(child);
+        }
+    }
+
+    /// Starts kube-apiserver again with its first arguments (same port, certificate and
+    /// tokens, so every kubeconfig stays valid) and waits until it is ready.
+    pub fn start_api_server(&mut self) {
+        assert!(self.procs.iter().all(|(name, ..)| *name != "kube-apiserver"), "kube-apiserver is running");
+        let args = self.api_args.clone();
+        let started = self
+            .spawn("kube-apiserver", &args.iter().map(String::as_str).collect::<Vec<_>>())
+            .and_then(|()| self.wait_ready(Instant::now() + READY_WITHIN));
+        if let Err(e) = started {
+            panic!("kube-apiserver did not start again: {e}\n{}", self.logs(40));
+        }
+    }
+
     fn spawn(&mut self, name: &'static str, args: &[&str]) -> Result<(), String> {
         let log = self.root.join(format!("{name}.log"));
-        let file = std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
+        // Appended to: a restarted server's log follows its earlier run's.
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .map_err(|e| format!("{}: {e}", log.display()))?;
         let err = file.try_clone().map_err(|e| format!("{}: {e}", log.display()))?;
         let mut cmd = Command::new(self.bin.join(name));
         cmd.args(args).current_dir(&self.root).stdin(Stdio::null()).stdout(file).stderr(err);
@@ -282,17 +317,22 @@ impl ApiServerHarness {
 
     fn stop(&mut self) {
         // The API server first, then etcd.
-        while let Some((_, mut child, _)) = self.procs.pop() {
-            // SAFETY: kill(2) on our own child's pid.
-            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while !matches!(child.try_wait(), Ok(Some(_))) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
+        while let Some((_, child, _)) = self.procs.pop() {
+            end(child);
         }
     }
+}
+
+/// SIGTERM, up to 10 s for the exit, then SIGKILL.
+fn end(mut child: Child) {
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !matches!(child.try_wait(), Ok(Some(_))) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 impl Drop for ApiServerHarness {

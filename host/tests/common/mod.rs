@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod apiserver;
+pub mod faultproxy;
 pub mod promtool;
 
 use std::path::{Path, PathBuf};

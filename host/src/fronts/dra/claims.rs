@@ -79,24 +79,32 @@ impl Claims {
     }
 
     /// Prepares `claims`: one answer per claim, or an error for the whole call when a claim
-    /// cannot be read from the API server (the kubelet then retries the call).
+    /// cannot be read from the API server (the kubelet then retries the call). A claim this
+    /// driver prepared before is answered from the checkpoint without asking the API server, so
+    /// a kubelet that repeats Prepare (after its own restart, say) is answered while the API
+    /// server is away; only claims new to the driver are read.
     pub async fn prepare(&self, claims: Vec<ClaimRef>) -> Result<Vec<(String, Prepared)>, String> {
+        let unknown: Vec<usize> = {
+            let checkpoint = self.checkpoint.lock().await;
+            (0..claims.len()).filter(|&i| !checkpoint.claims.contains_key(&claims[i].uid)).collect()
+        };
         // All GETs at once: the kubelet gives the whole call 45 s.
         let mut gets = tokio::task::JoinSet::new();
-        for (i, claim) in claims.iter().cloned().enumerate() {
-            let (client, driver) = (self.api.client.clone(), self.driver.clone());
+        for i in unknown {
+            let (client, driver, claim) = (self.api.client.clone(), self.driver.clone(), claims[i].clone());
             gets.spawn(async move { (i, get(client, &driver, &claim).await) });
         }
-        let mut got: Vec<Option<Read>> = vec![None; claims.len()];
+        // A claim prepared before needs no allocation: `prepare_one` answers it from the checkpoint
+        // (or, if an Unprepare dropped it meanwhile, refuses it; the kubelet's retry reads it).
+        let mut got: Vec<Read> = vec![Ok(Err(NOT_READ.to_owned())); claims.len()];
         while let Some(joined) = gets.join_next().await {
             let (i, answer) =
                 joined.map_err(|e| format!("devhost DRA driver {}: a claim read failed: {e}", self.driver))?;
-            got[i] = Some(answer);
+            got[i] = answer;
         }
         // The first claim (in the kubelet's order) that could not be read fails the call.
         let mut read = Vec::with_capacity(claims.len());
         for (claim, answer) in claims.into_iter().zip(got) {
-            let Some(answer) = answer else { continue };
             read.push((claim, answer?));
         }
         let mut checkpoint = self.checkpoint.lock().await;
@@ -284,6 +292,9 @@ impl Claims {
         Ok(())
     }
 }
+
+/// The answer for a claim that was in the checkpoint when Prepare began but is not any more.
+const NOT_READ: &str = "the claim was unprepared while this Prepare call ran; not read from the API server";
 
 /// What reading a claim gave: its allocation results, or (inner error) why the claim cannot be
 /// prepared as it is; the outer error fails the whole call.

@@ -12,6 +12,7 @@ pub mod checkpoint;
 pub mod claim_spec;
 pub mod claims;
 mod fronts;
+mod outage;
 #[doc(hidden)]
 pub use authority::mend_requests;
 pub mod plugin;

@@ -56,6 +56,7 @@ use tokio::task::JoinHandle;
 use tokio_stream::StreamExt;
 
 use super::api::ApiServer;
+use super::outage::{Outage, Scope, log_failure, log_recovery};
 use super::prepare::device_name;
 use crate::driver::device::Device;
 use crate::engine::registry::Resource;
@@ -73,8 +74,19 @@ pub const MAX_VALUE: usize = 64;
 const MAX_OBJECT_NAME: usize = 253;
 /// How often the slices are compared with the API server's even when nothing was seen.
 pub const RESYNC: Duration = Duration::from_secs(60);
-const BACKOFF_MIN: Duration = Duration::from_secs(1);
-const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// The longest one publishing pass may take: the API client has no read timeout of its own, so
+/// a server that accepted the connection and went silent (a network partition, a stopped
+/// process) would hold the publisher, and every later change, until the connection broke.
+pub const PASS_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a watch may stay silent before it is started again (the server ends a watch with no
+/// events after about 290 s, so only a dead connection stays silent longer).
+const WATCH_SILENT: Duration = Duration::from_secs(300);
+/// A watch that ends sooner than this counts as a failure, so a server that ends every watch at
+/// once is not asked again in a loop.
+const WATCH_SHORTEST: Duration = Duration::from_secs(5);
+/// What the publisher's and the watch's log lines call their calls.
+const PUBLISH: &str = "publish the ResourceSlices";
+const WATCH: &str = "watch the ResourceSlices";
 /// The standard PCI bus address attribute (`dddd:bb:dd.f`).
 pub const PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
 /// The standard PCIe root complex attribute (`pci<domain>:<bus>`).
@@ -573,17 +585,22 @@ pub fn spawn(
         }
         let mut view = resource.view.subscribe();
         let mut view_open = true;
-        let mut backoff = BACKOFF_MIN;
+        let mut outage = Outage::default();
         loop {
             let devices = view.borrow_and_update().devices.clone();
             let started = Instant::now();
             let result = tokio::select! {
                 _ = stop.wait_for(|s| *s) => break,
-                r = publisher.reconcile(&devices) => r,
+                r = tokio::time::timeout(PASS_TIMEOUT, publisher.reconcile(&devices)) => r.unwrap_or_else(|_| {
+                    Err(format!("no answer from the API server within {} s", PASS_TIMEOUT.as_secs()))
+                }),
             };
+            let scope = Scope { driver: &publisher.driver, node: &publisher.node };
             match result {
                 Ok(done) => {
-                    backoff = BACKOFF_MIN;
+                    if let Some((attempts, lasted)) = outage.succeeded(Instant::now()) {
+                        log_recovery(scope, PUBLISH, attempts, lasted);
+                    }
                     if let Some(p) = done {
                         metrics.dra_slices_published(&publisher.resource, Some(p.devices));
                         tracing::info!(
@@ -600,18 +617,14 @@ pub fn spawn(
                 }
                 Err(e) => {
                     metrics.dra_slices_published(&publisher.resource, None);
-                    tracing::warn!(
-                        resource = %publisher.resource,
-                        dra_driver = %publisher.driver,
-                        node = %publisher.node,
-                        "DRA: cannot publish the ResourceSlices, retrying in {} s: {e}",
-                        backoff.as_secs()
-                    );
-                    let wait = backoff;
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                    let verdict = outage.failed(Instant::now());
+                    log_failure(scope, &verdict, PUBLISH, &e);
+                    // Device changes meanwhile wait for the next attempt: the pass reads the
+                    // newest view, so no update is lost, and a flapping device cannot make the
+                    // attempts against a server that is away more frequent.
                     tokio::select! {
                         _ = stop.wait_for(|s| *s) => break,
-                        _ = tokio::time::sleep(wait) => continue,
+                        _ = tokio::time::sleep(verdict.wait()) => continue,
                     }
                 }
             }
@@ -627,39 +640,49 @@ pub fn spawn(
 
 /// Watches (driver, node)'s slices and pokes the publisher on every change someone made (our
 /// own writes too; that pass then finds nothing to do), and when a watch ends (events may be
-/// missed until the next one starts).
+/// missed until the next one starts). A watch that cannot start, ends within
+/// [`WATCH_SHORTEST`] or stays silent for [`WATCH_SILENT`] is started again after a backoff.
 async fn watch_slices(slices: Api<ResourceSlice>, selector: String, driver: String, node: String, poke: Arc<Notify>) {
-    let mut backoff = BACKOFF_MIN;
+    let mut outage = Outage::default();
+    let scope = Scope { driver: &driver, node: &node };
     loop {
+        let began = Instant::now();
         let started = async {
             let list = slices.list(&ListParams::default().fields(&selector).limit(1)).await?;
             let version = list.metadata.resource_version.unwrap_or_default();
             slices.watch(&WatchParams::default().fields(&selector), &version).await
         };
-        match started.await {
-            Ok(stream) => {
-                backoff = BACKOFF_MIN;
+        let ended = match tokio::time::timeout(PASS_TIMEOUT, started).await {
+            Ok(Ok(stream)) => {
                 let mut stream = std::pin::pin!(stream);
-                while let Some(event) = stream.next().await {
-                    match event {
-                        Ok(WatchEvent::Added(_) | WatchEvent::Modified(_) | WatchEvent::Deleted(_)) => {
+                let why = loop {
+                    match tokio::time::timeout(WATCH_SILENT, stream.next()).await {
+                        Ok(Some(Ok(WatchEvent::Added(_) | WatchEvent::Modified(_) | WatchEvent::Deleted(_)))) => {
                             poke.notify_one()
                         }
-                        Ok(WatchEvent::Bookmark(_)) => {}
+                        Ok(Some(Ok(WatchEvent::Bookmark(_)))) => {}
                         // 410 Gone (the version is too old) and the like: start over.
-                        Ok(WatchEvent::Error(_)) | Err(_) => break,
+                        Ok(Some(Ok(WatchEvent::Error(e)))) => break format!("the watch ended: {}", e.message),
+                        Ok(Some(Err(e))) => break format!("the watch broke: {e}"),
+                        Ok(None) => break "the server ended the watch".to_owned(),
+                        Err(_) => break format!("the watch was silent for {} s", WATCH_SILENT.as_secs()),
                     }
-                }
+                };
                 poke.notify_one();
+                if began.elapsed() >= WATCH_SHORTEST {
+                    if let Some((attempts, lasted)) = outage.succeeded(Instant::now()) {
+                        log_recovery(scope, WATCH, attempts, lasted);
+                    }
+                    continue;
+                }
+                format!("{why} within {} ms of starting", began.elapsed().as_millis())
             }
-            Err(e) => {
-                tracing::warn!(dra_driver = %driver, node = %node,
-                    "DRA: cannot watch the ResourceSlices of DRA driver {driver} on node {node}, retrying in {} s: {e}",
-                    backoff.as_secs());
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(BACKOFF_MAX);
-            }
-        }
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("no answer from the API server within {} s", PASS_TIMEOUT.as_secs()),
+        };
+        let verdict = outage.failed(Instant::now());
+        log_failure(scope, &verdict, WATCH, &ended);
+        tokio::time::sleep(verdict.wait()).await;
     }
 }
 
