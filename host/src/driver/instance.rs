@@ -35,7 +35,12 @@ pub enum CallError {
     /// An isolated driver whose worker process is down (crashed, killed,
     /// restarting) or could not be started.
     #[error("driver {driver}: {reason}")]
-    Unavailable { driver: String, reason: String },
+    Unavailable {
+        driver: String,
+        reason: String,
+        /// The call the worker was lost in, if it was in one (`create`: a create failure).
+        during: Option<&'static str>,
+    },
 }
 
 /// Why [`Instance::load_and_create`] gave no instance.
@@ -54,8 +59,7 @@ impl CallError {
     pub fn is_create_failure(&self) -> bool {
         match self {
             CallError::Status { call, .. } | CallError::Timeout { call, .. } => *call == "create",
-            // The channel's own text for a worker lost in a call (isolation::conn).
-            CallError::Unavailable { reason, .. } => reason.ends_with("during create"),
+            CallError::Unavailable { during, .. } => *during == Some("create"),
             _ => false,
         }
     }
@@ -364,7 +368,7 @@ impl Instance {
     ) -> Result<Arc<Instance>, CallError> {
         Self::load_and_create(name, move || Ok(module), options, timeout, retry).await.map_err(|e| match e {
             StartError::Create(e) => e,
-            StartError::Load(reason) => CallError::Unavailable { driver: name.to_string(), reason },
+            StartError::Load(reason) => CallError::Unavailable { driver: name.to_string(), reason, during: None },
         })
     }
 
@@ -672,6 +676,7 @@ impl Instance {
                 "create has not succeeded yet ({} failed attempt(s), next in {next:.1} s): {}",
                 r.attempts, r.last_error
             ),
+            during: None,
         }
     }
 

@@ -221,7 +221,7 @@ impl Conn {
             calls.pending.drain().map(|(_, p)| p).collect()
         };
         for p in pending {
-            (p.done)(Err(shared.unavailable(format!("{reason} during {}", p.call))));
+            (p.done)(Err(shared.lost_in(p.call, reason)));
         }
         // Ends the reader too, should the process linger.
         let _ = lock(&self.out).shutdown(std::net::Shutdown::Both);

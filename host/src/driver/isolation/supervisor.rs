@@ -127,7 +127,12 @@ static GENERATION: AtomicU64 = AtomicU64::new(1);
 
 impl Shared {
     pub fn unavailable(&self, reason: impl Into<String>) -> CallError {
-        CallError::Unavailable { driver: self.name.clone(), reason: reason.into() }
+        CallError::Unavailable { driver: self.name.clone(), reason: reason.into(), during: None }
+    }
+
+    /// The error of a call the worker was lost in.
+    pub fn lost_in(&self, call: &'static str, reason: &str) -> CallError {
+        CallError::Unavailable { driver: self.name.clone(), reason: format!("{reason} during {call}"), during: Some(call) }
     }
 
     pub fn event(&self, e: Event) {
@@ -198,7 +203,7 @@ impl Worker {
                 Ok(spec) => supervise(sup, spec, rx, first_tx, retry),
                 Err(reason) => {
                     *lock(&sup.link) = Link::Stopped;
-                    let _ = first_tx.send(Err(CallError::Unavailable { driver: sup.name.clone(), reason }));
+                    let _ = first_tx.send(Err(CallError::Unavailable { driver: sup.name.clone(), reason, during: None }));
                 }
             })
             .map_err(|e| shared.unavailable(format!("cannot start its supervisor thread: {e}")))?;
@@ -640,9 +645,9 @@ fn start_from(s: &Arc<Shared>, spec: &Spec, program: &Path) -> Result<Started, B
         // One that never sent a frame did not get as far as our code (exec,
         // its dynamic loader, a program of another build): the program's
         // fault, not the module's.
-        Err(GreetError::Call(CallError::Unavailable { driver, reason })) if own_exit(&mut child).is_some() => {
+        Err(GreetError::Call(CallError::Unavailable { driver, reason, during })) if own_exit(&mut child).is_some() => {
             let (status, _) = reap(&mut child);
-            let error = CallError::Unavailable { driver, reason: format!("{reason} ({status})") };
+            let error = CallError::Unavailable { driver, reason: format!("{reason} ({status})"), during };
             Err(Box::new(Failed { child: None, error, info, program_fault: !ran }))
         }
         Err(GreetError::Call(error)) => {
