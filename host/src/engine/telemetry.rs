@@ -74,6 +74,7 @@ pub struct Metrics {
     dra_published_devices: Family<ResourceLabels, Gauge>,
     dra_claim_calls: Family<ClaimCallLabels, Counter>,
     dra_prepared_claims: Family<ResourceLabels, Gauge>,
+    runtime_tasks: Gauge,
 }
 
 fn resource(name: &str) -> ResourceLabels {
@@ -107,6 +108,12 @@ impl Metrics {
         let dra_published_devices = Family::<ResourceLabels, Gauge>::default();
         let dra_claim_calls = Family::<ClaimCallLabels, Counter>::default();
         let dra_prepared_claims = Family::<ResourceLabels, Gauge>::default();
+        let runtime_tasks = Gauge::default();
+        registry.register(
+            "runtime_tasks",
+            "Async tasks alive in the daemon's runtime, read at each scrape (flat over time on a node at rest)",
+            runtime_tasks.clone(),
+        );
         // Counter names get their `_total` and histograms their unit from the encoder.
         registry.register("devices", "Devices advertised per resource and health", devices.clone());
         registry.register(
@@ -202,6 +209,7 @@ impl Metrics {
             dra_published_devices,
             dra_claim_calls,
             dra_prepared_claims,
+            runtime_tasks,
         }
     }
 
@@ -375,6 +383,9 @@ impl Metrics {
 
     /// The exposition text: OpenMetrics 1.0 or the Prometheus text format 0.0.4.
     pub fn encode(&self, openmetrics: bool) -> Result<String, std::fmt::Error> {
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            self.runtime_tasks.set(runtime.metrics().num_alive_tasks() as i64);
+        }
         let mut out = String::new();
         if openmetrics {
             prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
