@@ -132,7 +132,11 @@ impl Shared {
 
     /// The error of a call the worker was lost in.
     pub fn lost_in(&self, call: &'static str, reason: &str) -> CallError {
-        CallError::Unavailable { driver: self.name.clone(), reason: format!("{reason} during {call}"), during: Some(call) }
+        CallError::Unavailable {
+            driver: self.name.clone(),
+            reason: format!("{reason} during {call}"),
+            during: Some(call),
+        }
     }
 
     pub fn event(&self, e: Event) {
@@ -203,7 +207,8 @@ impl Worker {
                 Ok(spec) => supervise(sup, spec, rx, first_tx, retry),
                 Err(reason) => {
                     *lock(&sup.link) = Link::Stopped;
-                    let _ = first_tx.send(Err(CallError::Unavailable { driver: sup.name.clone(), reason, during: None }));
+                    let _ =
+                        first_tx.send(Err(CallError::Unavailable { driver: sup.name.clone(), reason, during: None }));
                 }
             })
             .map_err(|e| shared.unavailable(format!("cannot start its supervisor thread: {e}")))?;
