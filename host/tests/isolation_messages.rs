@@ -65,8 +65,11 @@ fn a_first_worker_that_dies_in_create_names_its_signal() {
     let (code, _, err) = devhost(&["check", "--config", m.to_str().unwrap()]);
     assert_eq!(code, 1, "{err}");
     assert!(
-        err.contains(&format!("  driver {DRIVER}: its worker process exited during create (signal 6 (SIGABRT))\n")),
-        "{err}"
+        err.contains(&format!(
+            "  driver {DRIVER}: its worker process exited during create (signal 6 (SIGABRT)) \
+             (`devhost run` retries a failed create with backoff; see /status)\n"
+        )),
+        "a worker that dies in create is a create failure, with its hint: {err}"
     );
     assert!(!err.contains(&format!("driver {DRIVER}: driver {DRIVER}")), "{err}");
     // The module's crash, not the worker program's: devhost-worker stays in use.
