@@ -7,3 +7,4 @@ pub mod device;
 pub mod instance;
 pub mod isolation;
 pub mod loader;
+pub mod lookup;
