@@ -32,6 +32,30 @@ impl Drop for ScratchDir {
     }
 }
 
+/// `devhost sim` (and `demo`): the report, then with `keep_running` the changes until SIGTERM
+/// or SIGINT; the exit status says whether it ran.
+pub async fn command(config: &Path, keep_running: bool) -> std::process::ExitCode {
+    match run(config, keep_running, crate::ops::serve::wait_for_stop()).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("devhost sim: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// config/demo.toml in the working folder, or in the checkout the binary
+/// was built in (target/<profile>/devhost → ../../config/demo.toml).
+pub fn demo_config() -> Option<PathBuf> {
+    let here = PathBuf::from("config/demo.toml");
+    if here.exists() {
+        return Some(here);
+    }
+    let exe = std::env::current_exe().ok()?;
+    let p = exe.parent()?.parent()?.parent()?.join("config/demo.toml");
+    p.exists().then_some(p)
+}
+
 /// Runs the simulation and prints its report. `keep_running` then keeps
 /// serving and prints every device-list change until `stop` resolves.
 pub async fn run(config: &Path, keep_running: bool, stop: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
