@@ -2,8 +2,9 @@
 //! emulator in one process, so an operator or a driver author can see what a
 //! manifest advertises and what a container would receive, without a cluster.
 
-use crate::engine::registry::{Registry, Resource};
+use crate::engine::registry::{Mode, Resource};
 use crate::manifest::{DEFAULT_CALL_TIMEOUT, Manifest};
+use crate::ops::daemon::Daemon;
 use kubelet_emu::{Kubelet, PodResourcesServer};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -76,11 +77,18 @@ pub async fn run(config: &Path, keep_running: bool, stop: impl std::future::Futu
     // journal live and die with the scratch folder, never in the node's
     // `state_dir` (/var/lib/devhost by default).
     manifest.state_dir = scratch.0.join("state");
-    let registry = Registry::open(&manifest, crate::engine::registry::Mode::Serve).await;
-    let endpoints =
-        crate::fronts::device_plugin::kubelet::Endpoints::start(scratch.0.clone(), registry.services.clone());
+    manifest.lock_dir = scratch.0.join("lock");
+    // The node's daemon may hold the manifest's port: the simulation's server takes a free one.
+    if let Some(addr) = &mut manifest.metrics_addr {
+        addr.set_port(0);
+    }
+    // The daemon `run` starts, on the scratch folder: both fronts, the probes, the CDI watch.
+    let daemon = Daemon::start(manifest.clone(), Mode::Serve).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    if let Some(addr) = daemon.metrics_addr() {
+        tracing::info!("metrics, probes and /status of the simulation on http://{addr}");
+    }
+    let registry = daemon.registry.clone();
     let resources = registry.resources();
-    endpoints.sync(&resources).await;
 
     let mut out = String::new();
     let served: Vec<&str> = resources.iter().filter(|r| r.driver.is_some()).map(|r| r.config.name.as_str()).collect();
@@ -123,8 +131,7 @@ pub async fn run(config: &Path, keep_running: bool, stop: impl std::future::Futu
             w.abort();
         }
     }
-    endpoints.shutdown().await;
-    registry.shutdown();
+    daemon.shutdown().await;
     kubelet.stop();
     pods.stop();
     Ok(())

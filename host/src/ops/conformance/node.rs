@@ -5,8 +5,9 @@
 
 use super::{Report, Verdict};
 use crate::driver::device::Device;
-use crate::engine::registry::{Mode, Registry};
+use crate::engine::registry::Mode;
 use crate::manifest::Manifest;
+use crate::ops::daemon::Daemon;
 use kubelet_emu::Kubelet;
 use std::path::Path;
 use std::time::Duration;
@@ -31,7 +32,11 @@ fn manifest(dir: &Path, module: &Path, options: &[(String, String)]) -> Result<M
     text.push_str(&format!("[[resource]]\nname = {}\ndriver = \"conformance\"\n", quoted(RESOURCE)));
     let path = dir.join("conformance.toml");
     std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
-    Manifest::load(&path, Some(dir)).map_err(|e| e.to_string())
+    let mut manifest = Manifest::load(&path, Some(dir)).map_err(|e| e.to_string())?;
+    // Its lock and state live and die with the scratch folder, never in the node's folders.
+    manifest.lock_dir = dir.join("lock");
+    manifest.state_dir = dir.join("state");
+    Ok(manifest)
 }
 
 pub(super) async fn kubelet_checks(r: &mut Report, module: &Path, options: &[(String, String)], devices: &[Device]) {
@@ -49,9 +54,11 @@ pub(super) async fn kubelet_checks(r: &mut Report, module: &Path, options: &[(St
         Ok(k) => k,
         Err(e) => return r.add(LISTED, Verdict::Fail, format!("cannot start the kubelet emulator: {e}")),
     };
-    let registry = Registry::open(&manifest, Mode::Simulate).await;
-    let endpoints = crate::fronts::device_plugin::kubelet::Endpoints::start(dir.0.clone(), registry.services.clone());
-    endpoints.sync(&registry.resources()).await;
+    // The daemon `run` starts (without a kubelet's pod resources), on the scratch folder.
+    let daemon = match Daemon::start(manifest, Mode::Simulate).await {
+        Ok(d) => d,
+        Err(e) => return r.add(LISTED, Verdict::Fail, format!("the daemon did not start: {e}")),
+    };
     let wanted: Vec<String> = devices.iter().map(|d| d.id.clone()).collect();
     let listed = kubelet.wait_list_count(RESOURCE, 1, REGISTER_WAIT).await;
     let seen: Vec<String> = kubelet.devices(RESOURCE).unwrap_or_default().into_iter().map(|d| d.id).collect();
@@ -84,8 +91,7 @@ pub(super) async fn kubelet_checks(r: &mut Report, module: &Path, options: &[(St
             }
         }
     }
-    endpoints.shutdown().await;
-    registry.shutdown();
+    daemon.shutdown().await;
     kubelet.stop();
 }
 
