@@ -98,22 +98,14 @@ fn links_text(d: &crate::driver::device::Device) -> Option<String> {
 /// there is one (a running node); `list` works without it.
 async fn add_holders(out: &mut [serde_json::Value], manifest: &Manifest) {
     let holders = crate::engine::podresources::list_once(&manifest.pod_resources_socket).await;
+    let holders = holders.map(|map| crate::engine::podresources::Snapshot {
+        generation: 1,
+        resources: Some(std::sync::Arc::new(map)),
+        ..Default::default()
+    });
     for r in out.iter_mut() {
-        let name = r["resource"].as_str().unwrap_or_default().to_string();
         match &holders {
-            Ok(map) => {
-                let snap = crate::engine::podresources::Snapshot {
-                    generation: 1,
-                    resources: Some(std::sync::Arc::new(map.clone())),
-                    ..Default::default()
-                };
-                if let Some(devices) = r["devices"].as_array_mut() {
-                    for d in devices {
-                        let id = d["id"].as_str().unwrap_or_default().to_string();
-                        d["held_by"] = serde_json::json!(snap.holders_of_device(&name, &id));
-                    }
-                }
-            }
+            Ok(snap) => crate::engine::registry::set_holders(r, snap),
             Err(e) => r["holders_error"] = serde_json::Value::String(e.to_string()),
         }
     }

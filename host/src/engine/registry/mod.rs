@@ -27,6 +27,7 @@ mod publish;
 mod reconcile;
 mod report;
 mod view;
+pub use report::set_holders;
 pub use view::{Mode, Services, View};
 
 pub struct Resource {

@@ -2,6 +2,7 @@
 //! devices, driver state and (in the daemon) who holds each device.
 
 use super::{Registry, Resource, read};
+use crate::engine::podresources::Snapshot;
 use crate::engine::release::ReleaseRunner;
 use crate::engine::status;
 use std::sync::atomic::Ordering;
@@ -58,10 +59,10 @@ impl Registry {
         let Some(follower) = &self.services.follower else { return };
         let snap = follower.snapshot();
         let pending = r.release.as_ref().map(ReleaseRunner::pending).unwrap_or_default();
+        set_holders(v, &snap);
         if let Some(devices) = v.get_mut("devices").and_then(|d| d.as_array_mut()) {
             for d in devices {
                 let id = d["id"].as_str().unwrap_or_default().to_string();
-                d["held_by"] = serde_json::json!(snap.holders_of_device(&r.config.name, &id));
                 if let Some(b) = pending.iter().find(|b| b.devices.contains(&id)) {
                     let state = match (&b.phase, &b.waiting) {
                         (crate::engine::release::Phase::Running, Some(_)) => "waiting",
@@ -80,5 +81,17 @@ impl Registry {
             }
         }
         v["pod_resources"] = serde_json::json!({ "generation": snap.generation, "error": snap.error });
+    }
+}
+
+/// Sets `held_by` (the pods and containers holding it, per `snap`) on every device of one
+/// resource's status entry `v`: the one place `/status` and `list --json` work it out.
+pub fn set_holders(v: &mut serde_json::Value, snap: &Snapshot) {
+    let name = v["resource"].as_str().unwrap_or_default().to_string();
+    if let Some(devices) = v.get_mut("devices").and_then(|d| d.as_array_mut()) {
+        for d in devices {
+            let id = d["id"].as_str().unwrap_or_default().to_string();
+            d["held_by"] = serde_json::json!(snap.holders_of_device(&name, &id));
+        }
     }
 }
