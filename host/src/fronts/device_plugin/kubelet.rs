@@ -7,6 +7,8 @@
 //! Stopping is concurrent and bounded, and always removes our sockets.
 
 mod folder;
+mod life;
+use life::serve_resource;
 
 use crate::engine::registry::{Resource, Services};
 use crate::fronts::device_plugin::endpoint::Endpoint;
@@ -14,7 +16,6 @@ use devhost_proto::v1beta1 as pb;
 use std::collections::HashMap;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{Notify, watch};
@@ -262,158 +263,6 @@ async fn join_or_cancel(tasks: Vec<(String, PathBuf, tokio::task::JoinHandle<()>
         remove_own_socket(&socket);
     }
     late
-}
-
-/// One resource's life: bind, serve, register, wait for a reason to start
-/// over; on stop remove the socket.
-async fn serve_resource(
-    res: Arc<Resource>,
-    services: Arc<Services>,
-    signals: Arc<Signals>,
-    dir: PathBuf,
-    lost: Arc<Notify>,
-    mut kubelet_gen: watch::Receiver<u64>,
-    mut stop: watch::Receiver<bool>,
-) {
-    let name = res.config.name.clone();
-    let path = dir.join(&res.config.socket_name);
-    let mut backoff = BACKOFF_START;
-    let (mut failures, mut last_warned) = (0u32, None);
-    // Served once its own driver's first scan is in, so the kubelet's first
-    // list is the real one; other drivers' scans do not hold it back.
-    tokio::select! {
-        _ = res.first_scan() => {}
-        _ = stop.changed() => return,
-    }
-    'outer: while !*stop.borrow() {
-        let (retire_tx, retire_rx) = watch::channel(false);
-        let listener = match bind(&path) {
-            Ok(l) => {
-                signals.bind_ok();
-                l
-            }
-            Err(e) => {
-                signals.bind_failed(&dir, &name, &path, &e, backoff);
-                // The folder coming back (or a new kubelet) is worth an attempt at once.
-                let woken = tokio::select! {
-                    _ = tokio::time::sleep(backoff) => false,
-                    _ = kubelet_gen.changed() => true,
-                    _ = stop.changed() => break,
-                };
-                backoff = if woken { BACKOFF_START } else { (backoff * 2).min(BACKOFF_MAX) };
-                continue;
-            }
-        };
-        let our_inode = inode(&path);
-        let endpoint = Endpoint { resource: res.clone(), services: services.clone(), retired: retire_rx.clone() };
-        let mut retire_wait = retire_rx.clone();
-        let server = tokio::spawn(crate::fronts::device_plugin::endpoint::serve(endpoint, listener, async move {
-            let _ = retire_wait.wait_for(|r| *r).await;
-        }));
-        // A lost-socket signal from before this bind is stale: take it if
-        // there is one, without waiting (a zero timeout would wait for the
-        // timer's next millisecond tick).
-        take_pending(&lost).await;
-        kubelet_gen.borrow_and_update();
-        // Register, retrying while the kubelet is absent or refuses.
-        let kubelet_sock = dir.join(devhost_proto::KUBELET_SOCKET);
-        let reason = 'serve: loop {
-            let registered_with;
-            loop {
-                // A kubelet that never answers must not hold up a shutdown.
-                let attempt = tokio::select! {
-                    r = register(&dir, &res) => r,
-                    _ = stop.changed() => { let _ = retire_tx.send(true); break 'outer; }
-                };
-                match attempt {
-                    Ok(()) => {
-                        // The kubelet.sock that answered: read after the call, since one
-                        // that appeared during it is the one the call reached (the old
-                        // kubelet stopped listening before the new one wiped the folder). A
-                        // restart after the call wipes our socket too, which the wait below
-                        // sees by itself; a notice of the restart we just registered with,
-                        // arriving late, then finds this very socket and changes nothing.
-                        registered_with = inode(&kubelet_sock);
-                        failures = 0;
-                        last_warned = None;
-                        res.registered.store(true, Ordering::Release);
-                        services.metrics.registered(&name);
-                        tracing::info!(resource = %name, socket = %res.config.socket_name, "registered with the kubelet");
-                        backoff = BACKOFF_START;
-                        break;
-                    }
-                    Err(e) => {
-                        // Without a kubelet this repeats every few seconds: say it
-                        // once, then once a minute, with debug detail in between.
-                        failures += 1;
-                        let why = describe(&e);
-                        if last_warned.is_none_or(|t: std::time::Instant| t.elapsed() >= QUIET) {
-                            let again =
-                                if failures > 1 { format!(" ({failures} attempts so far)") } else { String::new() };
-                            tracing::warn!(resource = %name, "registration failed{again}: {why}; retrying every {BACKOFF_MAX:?} at most");
-                            last_warned = Some(std::time::Instant::now());
-                        } else {
-                            tracing::debug!(resource = %name, "registration failed: {why}; retrying in {backoff:?}");
-                        }
-                        tokio::select! {
-                            _ = tokio::time::sleep(backoff) => {}
-                            _ = kubelet_gen.changed() => { backoff = BACKOFF_START; }
-                            _ = stop.changed() => { let _ = retire_tx.send(true); break 'outer; }
-                        }
-                        backoff = (backoff * 2).min(BACKOFF_MAX);
-                        if inode(&path) != our_inode {
-                            // The kubelet wiped the folder meanwhile: serve on a fresh socket.
-                            let _ = retire_tx.send(true);
-                            let _ = tokio::time::timeout(Duration::from_secs(1), server).await;
-                            continue 'outer;
-                        }
-                    }
-                }
-            }
-            // A kubelet restart that left our socket in place (the kubelet
-            // wipes the folder when it starts, but a late or doubled notice
-            // can come after we registered with the new one) needs a new
-            // registration only: the server and its connections stay, so an
-            // Allocate in flight is not cut off.
-            loop {
-                tokio::select! {
-                    _ = kubelet_gen.changed() => {
-                        if inode(&path) != our_inode {
-                            break 'serve "kubelet restarted";
-                        }
-                        if inode(&kubelet_sock) != registered_with {
-                            tracing::info!(resource = %name, "kubelet restarted: registering again on the same socket");
-                            continue 'serve;
-                        }
-                    },
-                    // inotify can deliver the removal of the previous socket
-                    // late: only a socket that is really gone counts.
-                    _ = lost.notified() => if inode(&path) != our_inode { break 'serve "socket removed" },
-                    _ = stop.changed() => break 'serve "shutting down",
-                }
-            }
-        };
-        res.registered.store(false, Ordering::Release);
-        services.metrics.unregistered(&name);
-        tracing::info!(resource = %name, "{reason}: retiring endpoint");
-        let _ = retire_tx.send(true);
-        if tokio::time::timeout(Duration::from_secs(1), server).await.is_err() {
-            tracing::warn!(resource = %name, "endpoint did not stop within 1 s");
-        }
-    }
-    res.registered.store(false, Ordering::Release);
-    remove_own_socket(&path);
-}
-
-/// Consumes `notify`'s stored permit, if any, and returns at once.
-async fn take_pending(notify: &Notify) {
-    use std::future::Future;
-    let mut notified = std::pin::pin!(notify.notified());
-    std::future::poll_fn(|cx| {
-        let _ = notified.as_mut().poll(cx);
-        std::task::Poll::Ready(())
-    })
-    .await
 }
 
 /// Binds the socket, replacing a stale one of ours.
