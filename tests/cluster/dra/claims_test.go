@@ -3,7 +3,6 @@ package dra_test
 import (
 	"context"
 	"fmt"
-	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +14,7 @@ import (
 
 	"devhost.test/cluster/internal/cluster"
 	"devhost.test/cluster/internal/devhost"
+	"devhost.test/cluster/internal/draapi"
 )
 
 const ns = "default"
@@ -37,32 +37,13 @@ func createDeviceClass(t *testing.T, name, driver string) {
 	t.Cleanup(func() { _ = cl.Client.ResourceV1().DeviceClasses().Delete(ctx(), name, metav1.DeleteOptions{}) })
 }
 
-// request is one device request of a claim: count devices of class, each matching every CEL
-// expression.
 func request(name, class string, count int64, cel ...string) resourcev1.DeviceRequest {
-	var sel []resourcev1.DeviceSelector
-	for _, e := range cel {
-		sel = append(sel, resourcev1.DeviceSelector{CEL: &resourcev1.CELDeviceSelector{Expression: e}})
-	}
-	return resourcev1.DeviceRequest{Name: name, Exactly: &resourcev1.ExactDeviceRequest{
-		DeviceClassName: class, Selectors: sel,
-		AllocationMode: resourcev1.DeviceAllocationModeExactCount, Count: count,
-	}}
+	return draapi.Request(name, class, count, cel...)
 }
 
-// createClaimTemplate makes a ResourceClaimTemplate (deleted when the test ends).
 func createClaimTemplate(t *testing.T, name string, devices resourcev1.DeviceClaim) {
 	t.Helper()
-	tmpl := &resourcev1.ResourceClaimTemplate{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-		Spec:       resourcev1.ResourceClaimTemplateSpec{Spec: resourcev1.ResourceClaimSpec{Devices: devices}},
-	}
-	if _, err := cl.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx(), tmpl, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("ResourceClaimTemplate %s: %v", name, err)
-	}
-	t.Cleanup(func() {
-		_ = cl.Client.ResourceV1().ResourceClaimTemplates(ns).Delete(ctx(), name, metav1.DeleteOptions{})
-	})
+	draapi.CreateClaimTemplate(t, cl, ns, name, devices)
 }
 
 // createClaimPod makes a pod (left to the scheduler: no spec.nodeName) whose one container
@@ -180,68 +161,8 @@ func ptrString(s *string) string {
 	return *s
 }
 
-// claimSummary is a claim's allocation results and reservedFor.
-func claimSummary(c *resourcev1.ResourceClaim) string {
-	var parts []string
-	if c.Status.Allocation == nil {
-		parts = append(parts, "not allocated")
-	} else {
-		for _, r := range c.Status.Allocation.Devices.Results {
-			parts = append(parts, fmt.Sprintf("%s -> %s/%s/%s", r.Request, r.Driver, r.Pool, r.Device))
-		}
-	}
-	var users []string
-	for _, r := range c.Status.ReservedFor {
-		users = append(users, r.Resource+"/"+r.Name)
-	}
-	return fmt.Sprintf("%s; reservedFor %v; annotations %v", strings.Join(parts, ", "), users, c.Annotations)
-}
+func claimSummary(c *resourcev1.ResourceClaim) string { return draapi.ClaimSummary(c) }
 
-// slicesSummary lists every ResourceSlice (of driver, or all with ""): name, node, pool,
-// generation, count, and each device with its attributes and capacity.
-func slicesSummary(driver string) string {
-	opts := metav1.ListOptions{}
-	if driver != "" {
-		opts.FieldSelector = "spec.driver=" + driver
-	}
-	list, err := cl.Client.ResourceV1().ResourceSlices().List(ctx(), opts)
-	if err != nil {
-		return fmt.Sprintf("ResourceSlices: %v\n", err)
-	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "%d ResourceSlice(s)", len(list.Items))
-	if driver != "" {
-		fmt.Fprintf(&b, " of driver %s", driver)
-	}
-	b.WriteString(":\n")
-	for _, s := range list.Items {
-		fmt.Fprintf(&b, "  slice %s: driver %s node %v pool %s generation %d count %d, %d device(s)\n", s.Name, s.Spec.Driver,
-			ptrString(s.Spec.NodeName), s.Spec.Pool.Name, s.Spec.Pool.Generation, s.Spec.Pool.ResourceSliceCount, len(s.Spec.Devices))
-		for _, d := range s.Spec.Devices {
-			var attrs []string
-			for k, a := range d.Attributes {
-				attrs = append(attrs, fmt.Sprintf("%s=%s", k, attrString(a)))
-			}
-			for k, c := range d.Capacity {
-				attrs = append(attrs, fmt.Sprintf("capacity %s=%s", k, c.Value.String()))
-			}
-			sort.Strings(attrs)
-			fmt.Fprintf(&b, "    %s: %s\n", d.Name, strings.Join(attrs, " "))
-		}
-	}
-	return b.String()
-}
+func slicesSummary(driver string) string { return draapi.SlicesSummary(cl, driver) }
 
-func attrString(a resourcev1.DeviceAttribute) string {
-	switch {
-	case a.IntValue != nil:
-		return fmt.Sprintf("int(%d)", *a.IntValue)
-	case a.BoolValue != nil:
-		return fmt.Sprintf("bool(%v)", *a.BoolValue)
-	case a.StringValue != nil:
-		return fmt.Sprintf("string(%q)", *a.StringValue)
-	case a.VersionValue != nil:
-		return fmt.Sprintf("version(%s)", *a.VersionValue)
-	}
-	return "?"
-}
+func attrString(a resourcev1.DeviceAttribute) string { return draapi.AttrString(a) }

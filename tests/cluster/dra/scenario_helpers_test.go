@@ -3,7 +3,6 @@ package dra_test
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -19,15 +18,8 @@ import (
 
 	"devhost.test/cluster/internal/cluster"
 	"devhost.test/cluster/internal/devhost"
+	"devhost.test/cluster/internal/draapi"
 )
-
-// deployKinds are the kinds of deploy/dra/ the tests apply (the cluster-wide DRA objects and
-// RBAC); anything else there (a DaemonSet: no controller runs it here) is left out.
-var deployKinds = map[string]bool{
-	"Namespace": true, "ServiceAccount": true, "ClusterRole": true, "ClusterRoleBinding": true,
-	"Role": true, "RoleBinding": true, "DeviceClass": true,
-	"ValidatingAdmissionPolicy": true, "ValidatingAdmissionPolicyBinding": true,
-}
 
 var (
 	deployOnce sync.Once
@@ -35,56 +27,14 @@ var (
 	deployed   []string // kind/name of what was applied
 )
 
-// applyDeployDRA applies (once per test binary) the objects of deploy/dra/*.yaml whose kind
-// is in deployKinds, as cluster admin.
+// applyDeployDRA applies (once per test binary) deploy/dra's DeviceClasses and RBAC
+// (draapi.ApplyDeploy).
 func applyDeployDRA(t *testing.T) {
 	t.Helper()
-	deployOnce.Do(func() {
-		dir := filepath.Join(devhost.Root(), "deploy", "dra")
-		files, _ := filepath.Glob(filepath.Join(dir, "*.yaml"))
-		more, _ := filepath.Glob(filepath.Join(dir, "*.yml"))
-		files = append(files, more...)
-		sort.Strings(files)
-		var docs []string
-		for _, f := range files {
-			data, err := os.ReadFile(f)
-			if err != nil {
-				deployErr = err
-				return
-			}
-			for _, doc := range strings.Split("\n"+string(data), "\n---") {
-				kind, name := topLevel(doc, "kind"), topLevel(doc, "name")
-				if deployKinds[kind] {
-					docs = append(docs, doc)
-					deployed = append(deployed, fmt.Sprintf("%s/%s (%s)", kind, name, filepath.Base(f)))
-				}
-			}
-		}
-		if len(docs) == 0 {
-			deployErr = fmt.Errorf("%s holds no DeviceClass or RBAC object (files %v): the DRA scenarios rely on them", dir, files)
-			return
-		}
-		cmd := exec.Command(filepath.Join(cl.Bin, "kubectl"), "--kubeconfig", cl.AdminKubeconfig, "apply", "-f", "-")
-		cmd.Stdin = strings.NewReader(strings.Join(docs, "\n---\n"))
-		if out, err := cmd.CombinedOutput(); err != nil {
-			deployErr = fmt.Errorf("kubectl apply of deploy/dra (%v): %v\n%s", deployed, err, out)
-		}
-	})
+	deployOnce.Do(func() { deployed, deployErr = draapi.ApplyDeploy(cl) })
 	if deployErr != nil {
 		t.Fatal(deployErr)
 	}
-}
-
-// topLevel is the value of the first line `key: value` of a YAML document at the top level
-// (kind) or one level in (metadata's name); enough to sort deploy/dra's documents.
-func topLevel(doc, key string) string {
-	for _, line := range strings.Split(doc, "\n") {
-		trimmed := strings.TrimLeft(line, " ")
-		if len(line)-len(trimmed) <= 2 && strings.HasPrefix(trimmed, key+":") {
-			return strings.Trim(strings.TrimSpace(strings.TrimPrefix(trimmed, key+":")), `"'`)
-		}
-	}
-	return ""
 }
 
 // ensureDeviceClass makes a class of every device of driver, named after it, unless
@@ -169,50 +119,7 @@ func (n *node) deviceByName(t *testing.T, resource, name string) devhost.Device 
 	return devhost.Device{}
 }
 
-// pool is the node's pool of driver as a consumer sees it: the slices of the highest
-// generation, complete when there are resourceSliceCount of them.
-type pool struct {
-	slices   []resourcev1.ResourceSlice
-	devices  map[string]resourcev1.Device
-	complete bool
-}
-
-func readPool(t *testing.T, driver string) pool {
-	t.Helper()
-	list, err := cl.Client.ResourceV1().ResourceSlices().List(ctx(), metav1.ListOptions{FieldSelector: "spec.driver=" + driver})
-	if err != nil {
-		t.Fatalf("listing ResourceSlices of %s (as admin): %v", driver, err)
-	}
-	p := pool{devices: map[string]resourcev1.Device{}}
-	gen := int64(-1)
-	for _, s := range list.Items {
-		if s.Spec.NodeName == nil || *s.Spec.NodeName != cluster.NodeName || s.Spec.Pool.Name != cluster.NodeName {
-			continue
-		}
-		if s.Spec.Pool.Generation > gen {
-			gen, p.slices = s.Spec.Pool.Generation, nil
-		}
-		if s.Spec.Pool.Generation == gen {
-			p.slices = append(p.slices, s)
-		}
-	}
-	for _, s := range p.slices {
-		p.complete = int64(len(p.slices)) == s.Spec.Pool.ResourceSliceCount
-		for _, d := range s.Spec.Devices {
-			p.devices[d.Name] = d
-		}
-	}
-	return p
-}
-
-func (p pool) names() []string {
-	var out []string
-	for name := range p.devices {
-		out = append(out, name)
-	}
-	sort.Strings(out)
-	return out
-}
+func readPool(t *testing.T, driver string) draapi.Pool { return draapi.ReadPool(t, cl, driver) }
 
 // waitSliceDevices waits until the node's pool of driver (pool name = node name, spec.nodeName
 // set) is complete and offers exactly the devices named want.
@@ -220,11 +127,11 @@ func (n *node) waitSliceDevices(t *testing.T, driver string, want []string, time
 	t.Helper()
 	return devhost.Eventually(t, timeout, "ResourceSlices of "+driver+" offer exactly "+strings.Join(want, ","), func() string {
 		p := readPool(t, driver)
-		if p.complete && strings.Join(p.names(), ",") == strings.Join(want, ",") {
+		if p.Complete && strings.Join(p.Names(), ",") == strings.Join(want, ",") {
 			return ""
 		}
 		return fmt.Sprintf("pool %s complete=%v offers %v\n%sdevhost log tail:\n%s",
-			cluster.NodeName, p.complete, p.names(), slicesSummary(driver), n.logTail(20))
+			cluster.NodeName, p.Complete, p.Names(), slicesSummary(driver), n.logTail(20))
 	})
 }
 

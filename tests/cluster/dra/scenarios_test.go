@@ -32,7 +32,7 @@ func TestPublishedSliceCarriesTypedAttributesOfEveryGPU(t *testing.T) {
 	p := readPool(t, devhost.GPUDriver)
 	for _, d := range n.resource(t, "nvidia.com/gpu").Devices {
 		name := devhost.DRADeviceName(d.ID)
-		dev, ok := p.devices[name]
+		dev, ok := p.Devices[name]
 		if !ok {
 			t.Errorf("GPU %s: no device %s in the pool\n%s", d.ID, name, slicesSummary(devhost.GPUDriver))
 			continue
@@ -53,8 +53,8 @@ func TestPublishedSliceCarriesTypedAttributesOfEveryGPU(t *testing.T) {
 		t.Logf("%s -> %s: model %s numaNode %s memory %s", d.ID, name, attrString(dev.Attributes["model"]),
 			attrString(dev.Attributes["numaNode"]), c.Value.String())
 	}
-	if len(p.devices) != len(n.resource(t, "nvidia.com/gpu").Devices) {
-		t.Errorf("the pool offers %v, devhost lists %d GPUs", p.names(), len(n.resource(t, "nvidia.com/gpu").Devices))
+	if len(p.Devices) != len(n.resource(t, "nvidia.com/gpu").Devices) {
+		t.Errorf("the pool offers %v, devhost lists %d GPUs", p.Names(), len(n.resource(t, "nvidia.com/gpu").Devices))
 	}
 }
 
