@@ -15,6 +15,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -167,6 +168,7 @@ func deployDevhost(t *testing.T, nodes string) *appsv1.DaemonSet {
 	nvml := filepath.Join(devhost.Root(), "target", "debug", "libfake_nvml.so")
 	ctx := context.Background()
 	var ds *appsv1.DaemonSet
+	var serviceAccount *metav1.ObjectMeta
 	for _, obj := range renderDeploy(t) {
 		var err error
 		switch o := obj.(type) {
@@ -174,7 +176,7 @@ func deployDevhost(t *testing.T, nodes string) *appsv1.DaemonSet {
 			o.Data["devhost.toml"] = daemonSetManifest(sim, nodes)
 			_, err = cl.Client.CoreV1().ConfigMaps(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
 		case *v1.ServiceAccount:
-			_, err = cl.Client.CoreV1().ServiceAccounts(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+			serviceAccount, err = createServiceAccount(t, o)
 		case *appsv1.DaemonSet:
 			addFixtures(t, o, sim, nvml)
 			// The image the render names is the one .ci/image built, under the name deploy/ gives it.
@@ -196,13 +198,38 @@ func deployDevhost(t *testing.T, nodes string) *appsv1.DaemonSet {
 		bg := metav1.DeletePropagationForeground
 		_ = cl.Client.AppsV1().DaemonSets(ds.Namespace).Delete(ctx, ds.Name, metav1.DeleteOptions{PropagationPolicy: &bg})
 		_ = cl.Client.CoreV1().ConfigMaps(ds.Namespace).Delete(ctx, "devhost-config", metav1.DeleteOptions{})
-		_ = cl.Client.CoreV1().ServiceAccounts(ds.Namespace).Delete(ctx, "devhost", metav1.DeleteOptions{})
+		if serviceAccount != nil {
+			_ = cl.Client.CoreV1().ServiceAccounts(serviceAccount.Namespace).Delete(ctx, serviceAccount.Name, metav1.DeleteOptions{})
+		}
 	})
 	patch := []byte(`{"metadata":{"labels":{"devhost/enabled":"true"}}}`)
 	if _, err := cl.Client.CoreV1().Nodes().Patch(ctx, cluster.NodeName, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	return ds
+}
+
+// createServiceAccount creates the render's ServiceAccount and returns it for the test's
+// cleanup; if the harness made kube-system/devhost already (devhost's DRA identity, whose
+// token other tests use: deleting the account would revoke it), it updates that one to the
+// render's labels, annotations and token mount instead, and returns nil: it stays.
+func createServiceAccount(t *testing.T, sa *v1.ServiceAccount) (*metav1.ObjectMeta, error) {
+	t.Helper()
+	ctx := context.Background()
+	_, err := cl.Client.CoreV1().ServiceAccounts(sa.Namespace).Create(ctx, sa, metav1.CreateOptions{})
+	if err == nil {
+		return &sa.ObjectMeta, nil
+	}
+	if !apierrors.IsAlreadyExists(err) {
+		return nil, err
+	}
+	old, err := cl.Client.CoreV1().ServiceAccounts(sa.Namespace).Get(ctx, sa.Name, metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	old.Labels, old.Annotations, old.AutomountServiceAccountToken = sa.Labels, sa.Annotations, sa.AutomountServiceAccountToken
+	_, err = cl.Client.CoreV1().ServiceAccounts(sa.Namespace).Update(ctx, old, metav1.UpdateOptions{})
+	return nil, err
 }
 
 // devhostPod waits until the DaemonSet's pod on the node is Running and Ready (its readiness

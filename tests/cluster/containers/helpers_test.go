@@ -88,10 +88,11 @@ func waitNodeShows(t *testing.T, list []devhost.Resource) {
 }
 
 // shellPod makes a pod on the node whose one container runs script in busybox's sh and then
-// waits (exiting on SIGTERM), asking for limits; it is deleted when the test ends.
-func shellPod(t *testing.T, name, script string, limits map[string]int64) *v1.Pod {
+// waits (exiting on SIGTERM), asking for limits, changed by mods; it is deleted when the test
+// ends.
+func shellPod(t *testing.T, name, script string, limits map[string]int64, mods ...func(*v1.Pod)) *v1.Pod {
 	t.Helper()
-	return scriptPod(t, name, script+"\necho done\ntrap 'exit 0' TERM\nwhile :; do sleep 1; done\n", limits)
+	return scriptPod(t, name, script+"\necho done\ntrap 'exit 0' TERM\nwhile :; do sleep 1; done\n", limits, mods...)
 }
 
 // scriptPod makes a pod on the node whose one container runs script in busybox's sh, asking for

@@ -98,9 +98,10 @@ func (c *Cluster) writeCA() error {
 const TokenPod = "devhost-token-holder"
 
 // writeDevhostKubeconfig makes the ServiceAccount kube-system/devhost, a pod of it on the node
-// (TokenPod: it runs nothing, on fakecri) and a token bound to that pod (TokenRequest), so the
-// token carries the node's name (`authentication.kubernetes.io/node-name`) as a DaemonSet
-// pod's does; and writes <dir>/kubeconfig-devhost with it and the CA inline.
+// (TokenPod: it runs nothing on fakecri, the pause image on containerd) and a token bound to
+// that pod (TokenRequest), so the token carries the node's name
+// (`authentication.kubernetes.io/node-name`) as a DaemonSet pod's does; and writes
+// <dir>/kubeconfig-devhost with it and the CA inline.
 func (c *Cluster) writeDevhostKubeconfig() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -110,11 +111,16 @@ func (c *Cluster) writeDevhostKubeconfig() error {
 		return fmt.Errorf("ServiceAccount %s/devhost: %w", ns, err)
 	}
 	no := false
+	// fakecri runs any image name; containerd has only the images the harness imported.
+	image, pull := "devhost.test/pause:1", v1.PullIfNotPresent
+	if c.Containerd != nil {
+		image, pull = PauseImage, v1.PullNever
+	}
 	pod, err := c.Client.CoreV1().Pods(ns).Create(ctx, &v1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: TokenPod},
 		Spec: v1.PodSpec{
 			NodeName: NodeName, ServiceAccountName: "devhost", AutomountServiceAccountToken: &no,
-			Containers: []v1.Container{{Name: "main", Image: "devhost.test/pause:1", ImagePullPolicy: v1.PullIfNotPresent}},
+			Containers: []v1.Container{{Name: "main", Image: image, ImagePullPolicy: pull}},
 		},
 	}, metav1.CreateOptions{})
 	if err != nil {

@@ -48,6 +48,51 @@ func (c *Cluster) WaitNodeReady(timeout time.Duration) error {
 // PodDevices lists, through the kubelet's PodResources API, the device IDs per resource that
 // the kubelet holds for a pod's containers (all containers together).
 func PodDevices(namespace, pod string) (map[string][]string, error) {
+	containers, err := podContainers(namespace, pod)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string][]string{}
+	for _, ctr := range containers {
+		for _, d := range ctr.Devices {
+			out[d.ResourceName] = append(out[d.ResourceName], d.DeviceIds...)
+		}
+	}
+	return out, nil
+}
+
+// ClaimDevice is one device of a DRA claim as the kubelet's PodResources API lists it for a
+// container: the claim, the device's driver, pool and name, and the CDI device names the
+// driver's NodePrepareResources answered.
+type ClaimDevice struct {
+	Claim, Driver, Pool, Device string
+	CDIDevices                  []string
+}
+
+// PodClaimDevices lists, through the kubelet's PodResources API (dynamic_resources), the DRA
+// devices the kubelet holds for a pod's containers (all containers together).
+func PodClaimDevices(namespace, pod string) ([]ClaimDevice, error) {
+	containers, err := podContainers(namespace, pod)
+	if err != nil {
+		return nil, err
+	}
+	var out []ClaimDevice
+	for _, ctr := range containers {
+		for _, dr := range ctr.DynamicResources {
+			for _, r := range dr.ClaimResources {
+				d := ClaimDevice{Claim: dr.ClaimName, Driver: r.DriverName, Pool: r.PoolName, Device: r.DeviceName}
+				for _, c := range r.CdiDevices {
+					d.CDIDevices = append(d.CDIDevices, c.Name)
+				}
+				out = append(out, d)
+			}
+		}
+	}
+	return out, nil
+}
+
+// podContainers is the pod's containers in the kubelet's PodResources List.
+func podContainers(namespace, pod string) ([]*podresources.ContainerResources, error) {
 	conn, err := grpc.NewClient("unix://"+PodResourcesSocket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return nil, err
@@ -59,15 +104,10 @@ func PodDevices(namespace, pod string) (map[string][]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("PodResources List: %w", err)
 	}
-	out := map[string][]string{}
+	var out []*podresources.ContainerResources
 	for _, p := range resp.PodResources {
-		if p.Namespace != namespace || p.Name != pod {
-			continue
-		}
-		for _, ctr := range p.Containers {
-			for _, d := range ctr.Devices {
-				out[d.ResourceName] = append(out[d.ResourceName], d.DeviceIds...)
-			}
+		if p.Namespace == namespace && p.Name == pod {
+			out = append(out, p.Containers...)
 		}
 	}
 	return out, nil

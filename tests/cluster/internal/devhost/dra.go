@@ -38,6 +38,9 @@ type DRAOptions struct {
 	// Accel serves example.com/accel (the C example driver: example-0..3, NUMA nodes 0,1,0,1)
 	// as DRA driver accel.example.com.
 	Accel bool
+	// ExampleDevDir is the example_c driver's dev_dir: each device example-<i> is the node
+	// <dir>/example<i> ("" = the driver's default, no device nodes).
+	ExampleDevDir string
 }
 
 // WriteDRAConfig writes a manifest for opts into dir and returns its path. Paths of the
@@ -80,6 +83,9 @@ func WriteDRAConfig(t testing.TB, dir string, opts DRAOptions) string {
 		example := fmt.Sprintf("count = 4, numa_nodes = 2, health_file = %q", opts.HealthFile)
 		if opts.ReleaseFile != "" {
 			example += fmt.Sprintf(", release_file = %q", opts.ReleaseFile)
+		}
+		if opts.ExampleDevDir != "" {
+			example += fmt.Sprintf(", dev_dir = %q", opts.ExampleDevDir)
 		}
 		line("\n[driver.example_c]\noptions = { %s }", example)
 		line("\n[[resource]]\nname = \"example.com/accel\"\ndriver = \"example_c\"\napi = \"dra\"")
