@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"testing"
@@ -106,6 +108,60 @@ func renderDeploy(t *testing.T) []runtime.Object {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return decodeRender(t, "the kustomize render", out)
+}
+
+// helmBinary is the helm deploy/helm/check.sh builds and caches (CI runs it before these
+// tests): $DEVHOST_HELM_CACHE (else ~/.cache/devhost-helm)/<version>/helm, the version
+// check.sh's HELM_VERSION (its default, unless set here too).
+func helmBinary(t *testing.T) string {
+	t.Helper()
+	version := os.Getenv("HELM_VERSION")
+	if version == "" {
+		script, err := os.ReadFile(filepath.Join(devhost.Root(), "deploy", "helm", "check.sh"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := regexp.MustCompile(`HELM_VERSION=\$\{HELM_VERSION:-(v[0-9.]+)\}`).FindSubmatch(script)
+		if m == nil {
+			t.Fatal("deploy/helm/check.sh no longer sets HELM_VERSION=${HELM_VERSION:-v…}: update this test")
+		}
+		version = string(m[1])
+	}
+	cache := os.Getenv("DEVHOST_HELM_CACHE")
+	if cache == "" {
+		home, _ := os.UserHomeDir()
+		cache = filepath.Join(home, ".cache", "devhost-helm")
+	}
+	helm := filepath.Join(cache, version, "helm")
+	if _, err := os.Stat(helm); err != nil {
+		why := fmt.Sprintf("no helm %s at %s (deploy/helm/check.sh builds it there): %v", version, helm, err)
+		if os.Getenv("CI") == "true" {
+			t.Fatal(why)
+		}
+		t.Skip(why)
+	}
+	return helm
+}
+
+// renderHelm is `helm template devhost deploy/helm/devhost --namespace kube-system` with the
+// chart's default values (what `helm install` would create), decoded.
+func renderHelm(t *testing.T) []runtime.Object {
+	t.Helper()
+	cmd := exec.Command(helmBinary(t), "template", "devhost", filepath.Join(devhost.Root(), "deploy", "helm", "devhost"),
+		"--namespace", "kube-system")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("helm template: %v: %s", err, stderr.String())
+	}
+	return decodeRender(t, "the Helm render", out)
+}
+
+// decodeRender decodes a multi-document YAML render into API objects.
+func decodeRender(t *testing.T, what string, out []byte) []runtime.Object {
+	t.Helper()
 	var objs []runtime.Object
 	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(out), 4096)
 	for {
@@ -113,14 +169,14 @@ func renderDeploy(t *testing.T) []runtime.Object {
 		if err := dec.Decode(&raw); errors.Is(err, io.EOF) {
 			break
 		} else if err != nil {
-			t.Fatalf("the kustomize render: %v", err)
+			t.Fatalf("%s: %v", what, err)
 		}
-		if len(bytes.TrimSpace(raw.Raw)) == 0 {
+		if len(bytes.TrimSpace(raw.Raw)) == 0 || string(bytes.TrimSpace(raw.Raw)) == "null" {
 			continue
 		}
 		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(raw.Raw, nil, nil)
 		if err != nil {
-			t.Fatalf("the kustomize render: %v", err)
+			t.Fatalf("%s: %v", what, err)
 		}
 		objs = append(objs, obj)
 	}
@@ -155,12 +211,19 @@ func addFixtures(t *testing.T, ds *appsv1.DaemonSet, sim, nvml string) {
 	c.Env = append(c.Env, v1.EnvVar{Name: "FAKE_NVML_MACHINE", Value: filepath.Join(sim, "nvidia", "machine.toml")})
 }
 
-// deployDevhost imports the image, renders deploy/ and creates its objects with the test's
-// manifest and fixtures, labels the node for the DaemonSet's affinity, and returns the
-// DaemonSet as created.
-func deployDevhost(t *testing.T, nodes string) *appsv1.DaemonSet {
+// deployDevhost imports the image, creates the objects of a render of deploy/ (renderDeploy,
+// renderHelm) with the test's manifest and fixtures, labels the node for the DaemonSet's
+// affinity, and returns the DaemonSet as created.
+func deployDevhost(t *testing.T, nodes string, objs []runtime.Object) *appsv1.DaemonSet {
 	t.Helper()
 	archive := imageArchive(t)
+	// The node's devhost state (the DaemonSet's state_dir hostPath) starts empty: an earlier
+	// test's DaemonSet may have left a release pending there, which this pod would then finish
+	// (logging the device's release as a WARN).
+	state := filepath.Dir(releaseRecord)
+	if err := os.RemoveAll(state); err != nil {
+		t.Fatal(err)
+	}
 	if err := cl.Containerd.ImportArchive(archive); err != nil {
 		t.Fatal(err)
 	}
@@ -168,13 +231,14 @@ func deployDevhost(t *testing.T, nodes string) *appsv1.DaemonSet {
 	nvml := filepath.Join(devhost.Root(), "target", "debug", "libfake_nvml.so")
 	ctx := context.Background()
 	var ds *appsv1.DaemonSet
-	var serviceAccount *metav1.ObjectMeta
-	for _, obj := range renderDeploy(t) {
+	var configMap, serviceAccount *metav1.ObjectMeta
+	for _, obj := range objs {
 		var err error
 		switch o := obj.(type) {
 		case *v1.ConfigMap:
 			o.Data["devhost.toml"] = daemonSetManifest(sim, nodes)
 			_, err = cl.Client.CoreV1().ConfigMaps(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+			configMap = &o.ObjectMeta
 		case *v1.ServiceAccount:
 			serviceAccount, err = createServiceAccount(t, o)
 		case *appsv1.DaemonSet:
@@ -197,7 +261,9 @@ func deployDevhost(t *testing.T, nodes string) *appsv1.DaemonSet {
 	t.Cleanup(func() {
 		bg := metav1.DeletePropagationForeground
 		_ = cl.Client.AppsV1().DaemonSets(ds.Namespace).Delete(ctx, ds.Name, metav1.DeleteOptions{PropagationPolicy: &bg})
-		_ = cl.Client.CoreV1().ConfigMaps(ds.Namespace).Delete(ctx, "devhost-config", metav1.DeleteOptions{})
+		if configMap != nil {
+			_ = cl.Client.CoreV1().ConfigMaps(configMap.Namespace).Delete(ctx, configMap.Name, metav1.DeleteOptions{})
+		}
 		if serviceAccount != nil {
 			_ = cl.Client.CoreV1().ServiceAccounts(serviceAccount.Namespace).Delete(ctx, serviceAccount.Name, metav1.DeleteOptions{})
 		}
@@ -270,13 +336,34 @@ func TestDevhostAsTheDaemonSetsPod(t *testing.T) {
 	nodes := "/var/lib/devhost-test-nodes"
 	makeExampleNodes(t, nodes)
 	start := time.Now()
-	ds := deployDevhost(t, nodes)
+	ds := deployDevhost(t, nodes, renderDeploy(t))
 	pod := devhostPod(t, ds, 120*time.Second, "")
 	ready := time.Since(start)
 	waitDaemonSetResources(t)
 	t.Logf("DaemonSet created → its pod Ready in %v, every resource allocatable after %v", ready.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
 	t.Run("serves the node and a container gets its device", func(t *testing.T) { servesTheNode(t, pod) })
 	t.Run("rolling upgrade under running containers", func(t *testing.T) { rollingUpgrade(t, ds) })
+}
+
+// TestDevhostAsTheHelmChartsDaemonSetsPod: the same image as the pod of the DaemonSet the Helm
+// chart renders with its default values (`helm template`, the real helm), created through the
+// API server and started by the kubelet on containerd with the chart's securityContext, mounts
+// and probes: Ready, every resource on the Node, its CDI specs on the node, a container gets
+// its device, and devhost logged no warning. (The rolling upgrade runs on the kustomize render
+// only: the chart's updateStrategy is the same, which deploy/helm/check.sh compares.)
+func TestDevhostAsTheHelmChartsDaemonSetsPod(t *testing.T) {
+	needCluster(t)
+	nodes := "/var/lib/devhost-test-nodes"
+	makeExampleNodes(t, nodes)
+	objs := renderHelm(t)
+	start := time.Now()
+	ds := deployDevhost(t, nodes, objs)
+	pod := devhostPod(t, ds, 120*time.Second, "")
+	ready := time.Since(start)
+	waitDaemonSetResources(t)
+	t.Logf("the chart's DaemonSet created → its pod Ready in %v, every resource allocatable after %v",
+		ready.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+	servesTheNode(t, pod)
 }
 
 // waitDaemonSetResources waits until the Node's allocatable is daemonSetResources.
