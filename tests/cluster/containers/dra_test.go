@@ -26,6 +26,11 @@ import (
 // It waits until the kubelet has registered the driver and the node's pool offers all four
 // devices. The DeviceClasses are deleted when the test ends (their extendedResourceName
 // mappings would change how the scheduler treats a later pod's extended resources).
+// The class accel.example.com maps draExtended instead of deploy/dra's example.com/accel:
+// the earlier tests served example.com/accel as a device plugin, and the kubelet keeps a
+// device-plugin resource it has seen (capacity 0) for its 5-minute grace period after the
+// plugin left, during which it fails a container asking for that name with "no devices found
+// allocated in local cache" however the scheduler satisfied it (docs/operator-guide.md).
 // The devhost log's tail is printed if the test fails.
 func startDRADevhost(t *testing.T, nodes string) {
 	t.Helper()
@@ -43,6 +48,7 @@ func startDRADevhost(t *testing.T, nodes string) {
 			}
 		}
 	})
+	mapExtendedResource(t, devhost.AccelDriver, draExtended)
 	dir := t.TempDir()
 	health, release := devhost.TestFiles(t, dir)
 	config := devhost.WriteDRAConfig(t, dir, devhost.DRAOptions{
@@ -67,6 +73,24 @@ func startDRADevhost(t *testing.T, nodes string) {
 	t.Logf("%s: all four devices published %v after devhost started", devhost.AccelDriver, time.Since(start).Round(time.Millisecond))
 }
 
+// draExtended is the extended resource name the DRA test maps to devhost's accel class: one
+// no device plugin has served on this node (see startDRADevhost).
+const draExtended = "example.com/dra-accel"
+
+// mapExtendedResource sets the DeviceClass's extendedResourceName to name.
+func mapExtendedResource(t *testing.T, class, name string) {
+	t.Helper()
+	classes := cl.Client.ResourceV1().DeviceClasses()
+	c, err := classes.Get(context.Background(), class, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("DeviceClass %s (deploy/dra): %v", class, err)
+	}
+	c.Spec.ExtendedResourceName = &name
+	if _, err := classes.Update(context.Background(), c, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("DeviceClass %s: setting extendedResourceName %s: %v", class, name, err)
+	}
+}
+
 // scheduled leaves a pod to the scheduler (no spec.nodeName): only the scheduler allocates
 // claims and turns an extended resource into one.
 func scheduled(p *v1.Pod) { p.Spec.NodeName = "" }
@@ -89,8 +113,9 @@ func probeDRA() string {
 // TestDRAClaimsReachTheContainerOnContainerd: devhost serves example.com/accel through DRA only
 // (the C example driver's real device nodes), and three pods go through the real scheduler:
 // one whose container uses a claim from a ResourceClaimTemplate (deploy/dra's DeviceClass
-// accel.example.com), one asking `example.com/accel: 1` as an extended resource (the same
-// class's extendedResourceName; the scheduler makes the claim), one asking for nothing. On
+// accel.example.com), one asking `example.com/dra-accel: 1` as an extended resource (the
+// class's extendedResourceName, renamed by startDRADevhost; the scheduler makes the claim),
+// one asking for nothing. On
 // containerd and runc, each of the first two has exactly the device node of the device its
 // claim was allocated, with the host node's major:minor, may open it, has every node and env
 // var of the CDI names the kubelet's PodResources lists for it (resolved by the reference CDI
@@ -105,7 +130,7 @@ func TestDRAClaimsReachTheContainerOnContainerd(t *testing.T) {
 	}})
 	start := time.Now()
 	claimPod := shellPod(t, "dra-claim", probeDRA(), nil, scheduled, withClaim("one-accel"))
-	extPod := shellPod(t, "dra-extended", probeDRA(), map[string]int64{"example.com/accel": 1}, scheduled)
+	extPod := shellPod(t, "dra-extended", probeDRA(), map[string]int64{draExtended: 1}, scheduled)
 	plainPod := shellPod(t, "dra-none", probeDRA(), nil, scheduled)
 	outs := map[string][]string{}
 	for _, p := range []*v1.Pod{claimPod, extPod, plainPod} {
@@ -128,8 +153,8 @@ func TestDRAClaimsReachTheContainerOnContainerd(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if devs, err := cluster.PodDevices("default", p.Name); err != nil || len(devs["example.com/accel"]) != 0 {
-			t.Errorf("PodResources shows device-plugin devices %v (%v) for %s: example.com/accel is served through DRA only", devs, err, p.Name)
+		if devs, err := cluster.PodDevices("default", p.Name); err != nil || len(devs) != 0 {
+			t.Errorf("PodResources shows device-plugin devices %v (%v) for %s: %s is served through DRA only", devs, err, p.Name, draExtended)
 		}
 		checkClaimedDevice(t, p.Name, claim, outs[extPod.Name])
 	})
