@@ -134,8 +134,9 @@ func TestDRAClaimsReachTheContainerOnContainerd(t *testing.T) {
 	plainPod := shellPod(t, "dra-none", probeDRA(), nil, scheduled)
 	outs := map[string][]string{}
 	for _, p := range []*v1.Pod{claimPod, extPod, plainPod} {
-		outs[p.Name] = containerOutput(t, p, 120*time.Second)
-		t.Logf("%s's container:\n%s", p.Name, strings.Join(outs[p.Name], "\n"))
+		outs[p.Name] = containerOutput(t, p, 180*time.Second)
+		t.Logf("%s's container (its report %v after the pods' creation):\n%s", p.Name, time.Since(start).Round(time.Millisecond),
+			strings.Join(outs[p.Name], "\n"))
 	}
 	t.Logf("three pods created → every container's report in %v", time.Since(start).Round(time.Millisecond))
 
