@@ -92,7 +92,7 @@ async fn a_crash_fails_the_call_in_flight_with_unavailable_then_the_worker_resta
         assert_eq!(inst.allocate(ids(&["crash-0"])).await.unwrap().unwrap().envs[0].1, "1");
         std::fs::write(&arm, "").unwrap();
         let err = fails(inst.allocate(ids(&["crash-0"])).await);
-        assert_eq!(err.to_status().code(), tonic::Code::Unavailable, "{how}: {err}");
+        assert_eq!(tonic::Status::from(&err).code(), tonic::Code::Unavailable, "{how}: {err}");
         assert!(err.to_string().contains("during allocate"), "{how}: {err}");
         // Broken at once, so the registry reports the devices Unhealthy.
         assert!(inst.poisoned(), "{how}: not reported broken right after the crash");
@@ -115,7 +115,7 @@ async fn a_crash_in_scan_is_a_failed_scan_and_the_next_worker_scans_again() {
     assert!(matches!(err, CallError::Unavailable { .. }), "{err}");
     // Calls while it restarts fail fast with the reason, never hang.
     if let Err(e) = inst.scan().await {
-        assert_eq!(e.to_status().code(), tonic::Code::Unavailable, "{e}");
+        assert_eq!(tonic::Status::from(&e).code(), tonic::Code::Unavailable, "{e}");
     }
     eventually("restart", Duration::from_secs(10), || !inst.poisoned()).await;
     assert_eq!(inst.scan().await.unwrap().devices.len(), 2);
@@ -269,6 +269,6 @@ async fn shutdown_stops_the_worker_process() {
     let pid = inst.worker_pid().unwrap();
     inst.shutdown();
     let err = fails(inst.scan().await);
-    assert_eq!(err.to_status().code(), tonic::Code::Unavailable, "{err}");
+    assert_eq!(tonic::Status::from(&err).code(), tonic::Code::Unavailable, "{err}");
     eventually("worker exit", Duration::from_secs(10), || !Path::new(&format!("/proc/{pid}")).exists()).await;
 }

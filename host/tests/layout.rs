@@ -2,15 +2,69 @@
 //! lock → manifest → driver → engine → fronts (device_plugin, dra) → ops, and a module may use only
 //! its own area and those before it; the two fronts do not use each other. This test reads every
 //! `.rs` file under host/src, finds the `crate::` paths its code names (also inside `use crate::{…}`
-//! groups, and `super::` chains that climb out of the file's area) and names each one against the
-//! order. [`EXCEPTIONS`] lists the known ones still to cut; the test also fails when one of them is
-//! no longer needed, so the list only shrinks.
+//! groups, `super::` chains and paths into the file's own child modules) and names each one against
+//! the order. [`EXCEPTIONS`] lists the known ones still to cut; the test also fails when one of them
+//! is no longer needed, so the list only shrinks.
+//!
+//! Inside one area, the files must not import each other in a circle: shared vocabulary lives in a
+//! leaf file both sides import (docs/architecture.md). And the driver side and the engine speak no
+//! gRPC: no tonic and no kubelet protos (`devhost_proto`) there, but for the clients listed in
+//! [`GRPC_EXCEPTIONS`].
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// (file under host/src, imported path prefix): known imports against the order, still to cut.
 /// None left: holder tracking and release moved into the engine.
 const EXCEPTIONS: &[(&str, &str)] = &[];
+
+/// (file under host/src, file it uses): imports that close a known circle between files of one
+/// area, still to cut. The circle check leaves these out; each must still close a circle.
+const CIRCLE_EXCEPTIONS: &[(&str, &str)] = &[
+    // The engine: the holder follower, the release runners and the runtime client.
+    ("engine/podresources.rs", "engine/release/mod.rs"),
+    // The Device Plugin front: the endpoint's census and its intake limits; the kubelet folder's
+    // watch and the kubelet's signals.
+    ("fronts/device_plugin/endpoint/census.rs", "fronts/device_plugin/endpoint/intake.rs"),
+    ("fronts/device_plugin/kubelet/folder.rs", "fronts/device_plugin/kubelet.rs"),
+    // DRA: files that use what the front's `mod.rs` declares, which uses them.
+    ("fronts/dra/checkpoint.rs", "fronts/dra/mod.rs"),
+    ("fronts/dra/fronts.rs", "fronts/dra/mod.rs"),
+    ("fronts/dra/registration.rs", "fronts/dra/mod.rs"),
+    // The manifest: `mod.rs` declares the types its files build and uses them.
+    ("manifest/mod.rs", "manifest/build.rs"),
+    ("manifest/mod.rs", "manifest/dra.rs"),
+    ("manifest/mod.rs", "manifest/notes.rs"),
+    // Conformance: `mod.rs` declares the report its files fill in and runs them; the checks, the
+    // probes and the raw calls use each other.
+    ("ops/conformance/mod.rs", "ops/conformance/checks.rs"),
+    ("ops/conformance/mod.rs", "ops/conformance/probe.rs"),
+    ("ops/conformance/probe.rs", "ops/conformance/checks.rs"),
+    ("ops/conformance/raw.rs", "ops/conformance/probe.rs"),
+];
+
+/// (file under host/src, crate named): known uses of gRPC in driver/ and engine/.
+const GRPC_EXCEPTIONS: &[(&str, &str)] = &[
+    // The engine's client of the kubelet's PodResources API (who holds a device): a client of a
+    // kubelet API, not a front, so it stays in the engine.
+    ("engine/podresources.rs", "devhost_proto"),
+    ("engine/podresources.rs", "tonic"),
+    // The engine's client of the runtime's CRI (whether a holder's containers have exited), for
+    // the same reason.
+    ("engine/containers.rs", "devhost_proto"),
+    ("engine/containers.rs", "tonic"),
+    // Its tests make that client's fake runtime fail with a gRPC code.
+    ("engine/release/gate_tests.rs", "tonic"),
+    // The registry's view builds the Device Plugin front's `pb::Device` list; to move into
+    // fronts/device_plugin with the registry's split (#39).
+    ("engine/registry/view.rs", "devhost_proto"),
+];
+
+/// The crates that are gRPC: the transport and the kubelet's (and runtime's) protos.
+const GRPC_CRATES: &[&str] = &["tonic", "devhost_proto"];
+
+/// The areas that must not use [`GRPC_CRATES`].
+const NO_GRPC: &[&str] = &["driver", "engine"];
 
 /// The area of a module path (segments after `crate`), with its rank in the order; `None` for the
 /// crate root and `fronts` itself, which only declare modules.
@@ -118,7 +172,51 @@ fn expand(prefix: &[String], rest: &str, out: &mut Vec<Vec<String>>) {
     }
 }
 
-/// Every crate path the code of a file at module `module` names.
+/// Byte ranges of the inline modules (`mod tests { … }`) of a file's code: inside one, the first
+/// `super::` names the file's own module.
+fn inline_modules(code: &str) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let bytes = code.as_bytes();
+    for (i, _) in code.match_indices("mod ") {
+        if i > 0 && is_ident(bytes[i - 1] as char) {
+            continue;
+        }
+        let rest = &code[i + 4..];
+        let name = rest.find(|c: char| !is_ident(c)).unwrap_or(rest.len());
+        let Some(body) = rest[name..].trim_start().strip_prefix('{') else { continue };
+        let open = code.len() - body.len();
+        let mut depth = 1;
+        for (j, c) in body.char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => depth -= 1,
+                _ => {}
+            }
+            if depth == 0 {
+                out.push(open..open + j);
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// The child modules a file declares in files of their own (`mod conn;`, `pub mod worker;`).
+fn child_modules(code: &str) -> Vec<String> {
+    code.lines()
+        .filter_map(|l| {
+            let l = l.trim();
+            let decl = l
+                .strip_prefix("mod ")
+                .or_else(|| l.split_once(" mod ").map(|(_, rest)| rest).filter(|_| l.starts_with("pub")))?;
+            let name = decl.strip_suffix(';')?.trim();
+            name.chars().all(is_ident).then(|| name.to_string())
+        })
+        .collect()
+}
+
+/// Every crate path the code of a file at module `module` names: `crate::` paths, `super::` chains
+/// and paths into its own child modules, each as a full path from the crate root.
 fn uses(module: &[String], code: &str) -> Vec<Vec<String>> {
     let mut out = Vec::new();
     let bytes = code.as_bytes();
@@ -128,55 +226,213 @@ fn uses(module: &[String], code: &str) -> Vec<Vec<String>> {
         }
         expand(&[], &code[i + "crate::".len()..], &mut out);
     }
+    let inline = inline_modules(code);
     for (i, _) in code.match_indices("super::") {
         if i > 0 && (is_ident(bytes[i - 1] as char) || code[..i].ends_with("::")) {
             continue; // counted from the first `super::` of a chain
         }
         let mut rest = &code[i..];
         let mut base = module.to_vec();
+        // Inside `mod tests { … }` the first `super::` is the file itself.
+        let mut in_file = inline.iter().filter(|r| r.contains(&i)).count();
         while let Some(r) = rest.strip_prefix("super::") {
-            base.pop();
+            if in_file > 0 {
+                in_file -= 1;
+            } else {
+                base.pop();
+            }
             rest = r;
         }
-        // Only a chain that climbs out of the file's area says something about the order.
-        if area(&base).is_none() || base.len() < area_depth(module) {
-            expand(&base, rest, &mut out);
+        expand(&base, rest, &mut out);
+    }
+    for child in child_modules(code) {
+        let head = format!("{child}::");
+        for (i, _) in code.match_indices(&head) {
+            if i > 0 && (is_ident(bytes[i - 1] as char) || code[..i].ends_with("::")) {
+                continue; // `x::child::` is not this child
+            }
+            let mut prefix = module.to_vec();
+            prefix.push(child.clone());
+            expand(&prefix, &code[i + head.len()..], &mut out);
         }
     }
     out
 }
 
-/// How many segments name the area of a module: 2 under `fronts`, else 1.
-fn area_depth(module: &[String]) -> usize {
-    if module.first().is_some_and(|m| m == "fronts") { 2 } else { 1 }
-}
-
-/// Every import against the order, as (file, imported path).
-fn violations() -> Vec<(String, String)> {
+/// Every file under host/src but `main.rs` (the binary wires every area together), as (name
+/// relative to host/src, module path, code without comments).
+fn sources() -> Vec<(String, Vec<String>, String)> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
     rs_files(&src, &mut files);
     files.sort();
     assert!(files.len() > 40, "found only {} files under {}", files.len(), src.display());
+    files
+        .into_iter()
+        .filter_map(|file| {
+            let rel = file.strip_prefix(&src).unwrap();
+            let name = rel.to_string_lossy().into_owned();
+            let text = std::fs::read_to_string(&file).unwrap();
+            (name != "main.rs").then(|| (name, module_of(rel), code(&text)))
+        })
+        .collect()
+}
+
+/// Every import against the order, as (file, imported path).
+fn violations() -> Vec<(String, String)> {
     let mut found = Vec::new();
-    for file in files {
-        let rel = file.strip_prefix(&src).unwrap();
-        let rel_name = rel.to_string_lossy().into_owned();
-        if rel_name == "main.rs" {
-            continue; // the binary wires every area together
-        }
-        let module = module_of(rel);
+    for (name, module, code) in sources() {
         let Some((from, from_rank)) = area(&module) else { continue };
-        let text = std::fs::read_to_string(&file).unwrap();
-        for path in uses(&module, &code(&text)) {
+        for path in uses(&module, &code) {
             let Some((to, to_rank)) = area(&path) else { continue };
             if to != from && to_rank >= from_rank {
-                found.push((rel_name.clone(), path.join("::")));
+                found.push((name.clone(), path.join("::")));
             }
         }
     }
     found.sort();
     found.dedup();
+    found
+}
+
+/// The imports between files of one area: file → (file it uses → the first path naming it).
+type Graph = BTreeMap<String, BTreeMap<String, String>>;
+
+/// The file-to-file imports inside each area, from `files` (name, module path, code).
+fn area_graph(files: &[(String, Vec<String>, String)]) -> Graph {
+    let by_module: BTreeMap<&[String], &str> = files.iter().map(|(n, m, _)| (m.as_slice(), n.as_str())).collect();
+    let mut graph = Graph::new();
+    for (name, module, code) in files {
+        let Some((from, _)) = area(module) else { continue };
+        for path in uses(module, code) {
+            if area(&path).is_none_or(|(to, _)| to != from) {
+                continue;
+            }
+            // The file is the longest prefix of the path that is a module of its own.
+            let Some(target) = (1..=path.len()).rev().find_map(|n| by_module.get(&path[..n])) else { continue };
+            if *target != name {
+                graph.entry(name.clone()).or_default().entry(target.to_string()).or_insert_with(|| path.join("::"));
+            }
+        }
+    }
+    graph
+}
+
+/// Every import circle in `graph`, each as the files along it and back to the first, with the
+/// path each names of the next.
+fn circles(graph: &Graph) -> Vec<String> {
+    // Tarjan's strongly connected components, then one circle through each of more than one file.
+    struct State<'a> {
+        graph: &'a Graph,
+        index: BTreeMap<&'a str, usize>,
+        low: BTreeMap<&'a str, usize>,
+        stack: Vec<&'a str>,
+        on_stack: BTreeSet<&'a str>,
+        components: Vec<Vec<&'a str>>,
+    }
+    fn visit<'a>(s: &mut State<'a>, v: &'a str) {
+        let n = s.index.len();
+        s.index.insert(v, n);
+        s.low.insert(v, n);
+        s.stack.push(v);
+        s.on_stack.insert(v);
+        for w in s.graph.get(v).into_iter().flat_map(|e| e.keys()) {
+            let w = w.as_str();
+            if !s.index.contains_key(w) {
+                visit(s, w);
+                let low = s.low[v].min(s.low[w]);
+                s.low.insert(v, low);
+            } else if s.on_stack.contains(w) {
+                let low = s.low[v].min(s.index[w]);
+                s.low.insert(v, low);
+            }
+        }
+        if s.low[v] == s.index[v] {
+            let mut component = Vec::new();
+            while let Some(w) = s.stack.pop() {
+                s.on_stack.remove(w);
+                component.push(w);
+                if w == v {
+                    break;
+                }
+            }
+            s.components.push(component);
+        }
+    }
+    let mut s = State {
+        graph,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        on_stack: BTreeSet::new(),
+        components: Vec::new(),
+    };
+    for v in graph.keys() {
+        if !s.index.contains_key(v.as_str()) {
+            visit(&mut s, v);
+        }
+    }
+    let mut out = Vec::new();
+    for component in s.components.iter().filter(|c| c.len() > 1) {
+        let members: BTreeSet<&str> = component.iter().copied().collect();
+        let start = *members.iter().next().unwrap();
+        // A shortest way back to `start` inside the component (breadth first).
+        let mut came_from: BTreeMap<&str, &str> = BTreeMap::new();
+        let mut queue = std::collections::VecDeque::from([start]);
+        let mut last = None;
+        while let Some(v) = queue.pop_front() {
+            for w in graph[v].keys().map(String::as_str).filter(|w| members.contains(w)) {
+                if w == start {
+                    last = Some(v);
+                    queue.clear();
+                    break;
+                }
+                if !came_from.contains_key(w) {
+                    came_from.insert(w, v);
+                    queue.push_back(w);
+                }
+            }
+        }
+        let mut way = vec![start];
+        let mut v = last.unwrap();
+        while v != start {
+            way.push(v);
+            v = came_from[v];
+        }
+        way[1..].reverse();
+        way.push(start);
+        let steps: Vec<String> =
+            way.windows(2).map(|p| format!("{} uses crate::{}", p[0], graph[p[0]][p[1]])).collect();
+        let mut circle = format!("{} ({})", way.join(" → "), steps.join("; "));
+        if members.len() + 1 > way.len() {
+            let all: Vec<&str> = members.iter().copied().collect();
+            circle.push_str(&format!("; in circles with these too: {}", all.join(", ")));
+        }
+        out.push(circle);
+    }
+    out.sort();
+    out
+}
+
+/// Every use of a gRPC crate in the areas that must have none, as (file, crate).
+fn grpc_uses() -> Vec<(String, String)> {
+    let mut found = Vec::new();
+    for (name, module, code) in sources() {
+        if !module.first().is_some_and(|a| NO_GRPC.contains(&a.as_str())) {
+            continue;
+        }
+        let bytes = code.as_bytes();
+        for krate in GRPC_CRATES {
+            let named = code.match_indices(krate).any(|(i, _)| {
+                let before = i.checked_sub(1).map(|j| bytes[j] as char);
+                let after = bytes.get(i + krate.len()).map(|&b| b as char);
+                !before.is_some_and(|c| is_ident(c) || c == ':') && !after.is_some_and(is_ident)
+            });
+            if named {
+                found.push((name.clone(), krate.to_string()));
+            }
+        }
+    }
     found
 }
 
@@ -205,6 +461,72 @@ fn every_listed_exception_is_still_needed() {
         .map(|(f, p)| format!("host/src/{f} → crate::{p}"))
         .collect();
     assert!(stale.is_empty(), "exceptions no longer needed, remove them from EXCEPTIONS:\n  {}", stale.join("\n  "));
+    let grpc = grpc_uses();
+    let stale: Vec<String> = GRPC_EXCEPTIONS
+        .iter()
+        .filter(|(f, k)| !grpc.iter().any(|(file, krate)| file == f && krate == k))
+        .map(|(f, k)| format!("host/src/{f} → {k}"))
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "exceptions no longer needed, remove them from GRPC_EXCEPTIONS:\n  {}",
+        stale.join("\n  ")
+    );
+}
+
+/// Whether `to` reaches `from` in `graph`: the import `from` → `to` closes a circle.
+fn closes_a_circle(graph: &Graph, from: &str, to: &str) -> bool {
+    let mut seen = BTreeSet::new();
+    let mut todo = vec![to];
+    while let Some(v) = todo.pop() {
+        if v == from {
+            return true;
+        }
+        if seen.insert(v) {
+            todo.extend(graph.get(v).into_iter().flat_map(|e| e.keys().map(String::as_str)));
+        }
+    }
+    false
+}
+
+#[test]
+fn files_of_one_area_import_each_other_in_no_circle() {
+    let mut graph = area_graph(&sources());
+    let stale: Vec<String> = CIRCLE_EXCEPTIONS
+        .iter()
+        .filter(|(f, t)| !graph.get(*f).is_some_and(|e| e.contains_key(*t)) || !closes_a_circle(&graph, f, t))
+        .map(|(f, t)| format!("host/src/{f} → host/src/{t}"))
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "exceptions that close no circle any more, remove them from CIRCLE_EXCEPTIONS:\n  {}",
+        stale.join("\n  ")
+    );
+    for (from, to) in CIRCLE_EXCEPTIONS {
+        graph.get_mut(*from).map(|e| e.remove(*to));
+    }
+    let found = circles(&graph);
+    assert!(
+        found.is_empty(),
+        "import circles between files of one area (move what both sides need into a leaf file \
+         both import, docs/architecture.md):\n  {}",
+        found.join("\n  ")
+    );
+}
+
+#[test]
+fn the_driver_side_and_the_engine_speak_no_grpc() {
+    let unexpected: Vec<String> = grpc_uses()
+        .into_iter()
+        .filter(|(f, k)| !GRPC_EXCEPTIONS.iter().any(|(file, krate)| file == f && krate == k))
+        .map(|(f, k)| format!("host/src/{f} uses {k}"))
+        .collect();
+    assert!(
+        unexpected.is_empty(),
+        "gRPC in driver/ or engine/ (a kubelet API's types and status codes belong to its front, \
+         host/src/fronts):\n  {}",
+        unexpected.join("\n  ")
+    );
 }
 
 #[test]
@@ -218,10 +540,55 @@ fn groups_and_super_chains_are_read() {
         got,
         [
             "driver::device::Device",
+            "engine::view",
             "fronts::device_plugin::release",
             "fronts::device_plugin::release::Phase",
             "fronts::dra",
             "ops::metrics",
         ]
     );
+}
+
+#[test]
+fn child_modules_and_tests_modules_are_read() {
+    let module: Vec<String> = ["driver", "isolation"].iter().map(|s| s.to_string()).collect();
+    let code = "mod conn;\npub mod worker;\nfn f() { worker::main(); x::conn::y(); }\n\
+                mod tests {\n    use super::*;\n    use super::super::loader;\n}";
+    let mut got: Vec<String> = uses(&module, code).iter().map(|p| p.join("::")).collect();
+    got.sort();
+    assert_eq!(got, ["driver::isolation", "driver::isolation::worker::main", "driver::loader"]);
+}
+
+/// Three files of one area that import each other in a ring, and a leaf beside them.
+fn ring() -> Vec<(String, Vec<String>, String)> {
+    let file = |name: &str, module: &[&str], code: &str| {
+        (name.to_string(), module.iter().map(|s| s.to_string()).collect(), code.to_string())
+    };
+    vec![
+        file("driver/call.rs", &["driver", "call"], "pub struct CallError;"),
+        file("driver/instance.rs", &["driver", "instance"], "use crate::driver::isolation::supervisor::Worker;"),
+        file("driver/isolation/mod.rs", &["driver", "isolation"], "pub mod supervisor;"),
+        file("driver/isolation/supervisor.rs", &["driver", "isolation", "supervisor"], "use super::conn::Conn;"),
+        file(
+            "driver/isolation/conn.rs",
+            &["driver", "isolation", "conn"],
+            "use crate::driver::{call::CallError, instance::ANSWER_SPIN};",
+        ),
+        file("engine/cdi.rs", &["engine", "cdi"], "use crate::driver::instance::Instance;"),
+    ]
+}
+
+#[test]
+fn a_circle_is_found_and_named_file_by_file() {
+    let found = circles(&area_graph(&ring()));
+    assert_eq!(
+        found,
+        ["driver/instance.rs → driver/isolation/supervisor.rs → driver/isolation/conn.rs → driver/instance.rs \
+          (driver/instance.rs uses crate::driver::isolation::supervisor::Worker; \
+          driver/isolation/supervisor.rs uses crate::driver::isolation::conn::Conn; \
+          driver/isolation/conn.rs uses crate::driver::instance::ANSWER_SPIN)"]
+    );
+    let mut cut = ring();
+    cut[4].2 = "use crate::driver::call::CallError;".to_string();
+    assert!(circles(&area_graph(&cut)).is_empty());
 }

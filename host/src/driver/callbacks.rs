@@ -3,7 +3,7 @@
 //! Every callback validates its input, never unwinds into the driver, and
 //! only touches the call it was handed.
 
-use crate::driver::device::{Device, DeviceNode, Edits, Mount};
+use crate::driver::device::{Device, DeviceNode, Edits, MAX_DEVICES, Mount};
 use devhost_abi as abi;
 use std::collections::{BTreeMap, HashSet};
 use std::ffi::c_void;
@@ -43,10 +43,6 @@ pub struct CallState {
 /// At most this many emission problems are kept per call: a driver that
 /// emits a million bad IDs gets a summary, not a million log lines.
 pub const MAX_PROBLEMS: usize = 20;
-
-/// At most this many devices are accepted from one scan; the kubelet's 4 MiB
-/// message limit is reached long before a resource could use more.
-pub const MAX_DEVICES: usize = 100_000;
 
 impl CallState {
     pub fn problem(&mut self, p: String) {

@@ -70,10 +70,14 @@ pub fn quoted(id: &str) -> String {
     format!("{prefix:?}…{rest}")
 }
 
+/// At most this many devices are accepted from one scan; the kubelet's 4 MiB
+/// message limit is reached long before a resource could use more.
+pub const MAX_DEVICES: usize = 100_000;
+
 /// Finds the entries of a list being built by their key: the list itself is looked through while
 /// it is short (one request usually composes a handful of devices, which set the same few keys),
 /// and a map of its keys is kept once it holds more than [`SHORT`], so that composing the most
-/// devices a scan may hold ([`crate::driver::callbacks::MAX_DEVICES`]) stays linear instead of
+/// devices a scan may hold ([`MAX_DEVICES`]) stays linear instead of
 /// quadratic.
 struct Finder<T> {
     key_of: fn(&T) -> &str,
@@ -555,7 +559,7 @@ mod tests {
         // thread); with the index this is linear. The test runs it on a thread of its own and
         // gives up after a bound far above the linear time, so a quadratic regression fails here
         // instead of hanging the suite.
-        let n = crate::driver::callbacks::MAX_DEVICES;
+        let n = MAX_DEVICES;
         let devices: Vec<Device> = (0..n)
             .map(|i| {
                 let mut d =

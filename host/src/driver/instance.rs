@@ -5,6 +5,7 @@
 //! instance (an isolated one restarts instead) and a missed deadline marks
 //! it hung until the call returns.
 
+use crate::driver::call::{ANSWER_SPIN, Answer, BACKOFF_MAX, BACKOFF_MIN, CreateState, status_error};
 use crate::driver::callbacks::{self, CallCtx, CallKind, CallState, HostCtx};
 use crate::driver::device::{Device, Edits};
 use crate::driver::isolation::protocol::Request;
@@ -19,117 +20,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::sync::{Notify, oneshot};
 
-/// Why a driver call did not succeed.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum CallError {
-    #[error("driver {driver}: {call} failed ({status}): {message}")]
-    Status { driver: String, call: &'static str, code: abi::devhost_status, status: &'static str, message: String },
-    #[error("driver {driver}: {call} did not return within {timeout:?}")]
-    Timeout { driver: String, call: &'static str, timeout: Duration },
-    #[error("driver {driver} is hung in {call} for {secs} s; call refused")]
-    Hung { driver: String, call: &'static str, secs: u64 },
-    #[error("driver {driver} is broken after a panic; call refused")]
-    Poisoned { driver: String },
-    #[error("driver {driver}: worker thread is gone")]
-    WorkerGone { driver: String },
-    /// An isolated driver whose worker process is down (crashed, killed,
-    /// restarting) or could not be started.
-    #[error("driver {driver}: {reason}")]
-    Unavailable {
-        driver: String,
-        reason: String,
-        /// The call the worker was lost in, if it was in one (`create`: a create failure).
-        during: Option<&'static str>,
-    },
-}
-
-/// Why [`Instance::load_and_create`] gave no instance.
-#[derive(Debug)]
-pub enum StartError {
-    /// The module could not be read, trusted or loaded (the loader's words).
-    Load(String),
-    /// The driver's thread could not start, or its `create` failed.
-    Create(CallError),
-}
-
-impl CallError {
-    /// Whether the driver's `create` itself failed (an error, a deadline,
-    /// a worker that died in it), as opposed to its module not loading:
-    /// the daemon retries these.
-    pub fn is_create_failure(&self) -> bool {
-        match self {
-            CallError::Status { call, .. } | CallError::Timeout { call, .. } => *call == "create",
-            CallError::Unavailable { during, .. } => *during == Some("create"),
-            _ => false,
-        }
-    }
-
-    /// The gRPC status a kubelet call gets for this error.
-    pub fn to_status(&self) -> tonic::Status {
-        use tonic::Code;
-        let code = match self {
-            CallError::Status { code, .. } => match *code {
-                abi::DEVHOST_ERR_INVALID_ARGUMENT => Code::InvalidArgument,
-                abi::DEVHOST_ERR_NOT_FOUND => Code::NotFound,
-                abi::DEVHOST_ERR_UNAVAILABLE => Code::Unavailable,
-                abi::DEVHOST_ERR_TIMEOUT => Code::DeadlineExceeded,
-                abi::DEVHOST_ERR_UNSUPPORTED => Code::Unimplemented,
-                abi::DEVHOST_ERR_RESOURCE_EXHAUSTED => Code::ResourceExhausted,
-                abi::DEVHOST_ERR_FAILED_PRECONDITION => Code::FailedPrecondition,
-                _ => Code::Internal,
-            },
-            CallError::Timeout { .. } | CallError::Hung { .. } => Code::DeadlineExceeded,
-            CallError::Poisoned { .. } => Code::Internal,
-            CallError::WorkerGone { .. } | CallError::Unavailable { .. } => Code::Unavailable,
-        };
-        tonic::Status::new(code, self.to_string())
-    }
-}
-
-/// The error for a call that returned `status` (not OK), with the driver's message.
-pub(crate) fn status_error(
-    driver: &str,
-    call: &'static str,
-    status: abi::devhost_status,
-    state: CallState,
-) -> CallError {
-    let message = match (state.error, status_name(status)) {
-        (Some(m), _) => m,
-        (None, "unknown status code") => format!("driver returned unknown status code {status}"),
-        (None, name) => format!("driver returned {name} without a message"),
-    };
-    CallError::Status { driver: driver.to_string(), call, code: status, status: status_name(status), message }
-}
-
-fn status_name(code: abi::devhost_status) -> &'static str {
-    match code {
-        abi::DEVHOST_ERR_INVALID_ARGUMENT => "INVALID_ARGUMENT",
-        abi::DEVHOST_ERR_NOT_FOUND => "NOT_FOUND",
-        abi::DEVHOST_ERR_UNAVAILABLE => "UNAVAILABLE",
-        abi::DEVHOST_ERR_TIMEOUT => "TIMEOUT",
-        abi::DEVHOST_ERR_INTERNAL => "INTERNAL",
-        abi::DEVHOST_ERR_PANIC => "PANIC",
-        abi::DEVHOST_ERR_UNSUPPORTED => "UNSUPPORTED",
-        abi::DEVHOST_ERR_RESOURCE_EXHAUSTED => "RESOURCE_EXHAUSTED",
-        abi::DEVHOST_ERR_FAILED_PRECONDITION => "FAILED_PRECONDITION",
-        _ => "unknown status code",
-    }
-}
+// The call vocabulary lives in `driver::call`; the instance's callers know it from here too.
+pub use crate::driver::call::{CallError, CreateRetry, StartError};
 
 type Job = Box<dyn FnOnce(*mut c_void) + Send>;
-
-/// A driver whose `create` failed and is being retried, with the capped
-/// backoff of worker restarts (`devhost list`, `/status`, metrics).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CreateRetry {
-    /// Failed attempts so far.
-    pub attempts: u32,
-    pub last_error: String,
-    pub next_attempt: Instant,
-}
-
-/// The retry state one instance shares with whatever retries its create.
-pub(crate) type CreateState = Arc<Mutex<Option<CreateRetry>>>;
 
 /// Host-owned memory the driver points into for the instance's lifetime.
 struct HostSide {
@@ -271,9 +165,6 @@ impl Drop for EndsQueue {
         drop(left);
     }
 }
-
-/// What a driver call returns on the worker thread: its status and what it emitted.
-type Answer = (abi::devhost_status, CallState);
 
 /// The scan a change notice queues on the worker thread at once, so that the
 /// registry's rescan finds it running (or done) instead of handing the
@@ -474,7 +365,7 @@ impl Instance {
         match inst.create_once(module, opts.clone(), ptr.clone()).await {
             Ok(()) => Ok(inst),
             Err(e) if retry && !inst.poisoned() => {
-                let backoff = crate::driver::isolation::supervisor::BACKOFF_MIN;
+                let backoff = BACKOFF_MIN;
                 inst.note_failed_create(&e, backoff);
                 let weak = Arc::downgrade(&inst);
                 tokio::spawn(retry_create(weak, module, opts, ptr, backoff));
@@ -916,7 +807,6 @@ async fn retry_create(
     ptr: Arc<AtomicPtr<c_void>>,
     mut backoff: Duration,
 ) {
-    use crate::driver::isolation::supervisor::BACKOFF_MAX;
     loop {
         tokio::time::sleep(backoff).await;
         let Some(inst) = weak.upgrade() else { return };
@@ -947,16 +837,6 @@ async fn retry_create(
         }
     }
 }
-
-/// How long a caller waits for a driver call's answer on its own thread
-/// before it parks its task (in process here; an isolated call reads its
-/// worker's channel meanwhile, `isolation::conn`). Most hooks answer within
-/// a few microseconds:
-/// catching the answer here saves the driver thread waking the runtime and
-/// the runtime's thread parking and unparking (a cross-thread wake-up that
-/// costs tens of microseconds on a loaded machine), at the price of at most
-/// this much busy time on a runtime thread for a slow call.
-pub(crate) const ANSWER_SPIN: Duration = Duration::from_micros(50);
 
 /// The answer, if the driver thread sends it within [`ANSWER_SPIN`]. The
 /// caller yields its CPU between looks: the woken driver thread often

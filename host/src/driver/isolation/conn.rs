@@ -11,18 +11,36 @@
 //! reply to [`protocol::NOTICE_ID`], a call the host never sent but waits
 //! for as for its own ([`Conn::take_notice`]).
 
+use super::lock;
 use super::protocol::{self, Message, Request};
-use super::supervisor::{Event, Outcome, Shared, emit_log, lock};
-use crate::driver::instance::{ANSWER_SPIN, CallError};
+use crate::driver::call::{ANSWER_SPIN, CallError, Outcome};
+use crate::driver::callbacks::emit_log;
 use std::collections::HashMap;
 use std::io::{self, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::io::unix::AsyncFd;
-use tokio::sync::oneshot;
+use tokio::sync::{Notify, oneshot};
+
+/// What a channel needs of the instance it serves, and tells it: the supervisor's shared state
+/// (`supervisor::Shared`) is one. The channel knows no more of the supervisor than this.
+pub(super) trait Owner: Send + Sync + 'static {
+    /// The driver's name, for errors and log lines.
+    fn name(&self) -> &str;
+    /// The instance's call deadline.
+    fn timeout(&self) -> Duration;
+    /// Woken when the driver's devices or health may have changed.
+    fn changed(&self) -> &Notify;
+    /// This worker generation must be killed and restarted, for `reason`.
+    fn kill(&self, generation: u64, reason: String);
+    /// Marks worker generation `generation` down, unless a newer one replaced it.
+    fn down_if_current(&self, generation: u64, reason: &str);
+    /// The channel of this worker generation ended.
+    fn lost(&self, generation: u64);
+}
 
 pub(super) struct Conn {
     pub(super) generation: u64,
@@ -89,7 +107,7 @@ impl Conn {
     /// neither parks nor is woken for it.
     pub(super) fn answer_soon(
         &self,
-        shared: &Shared,
+        shared: &impl Owner,
         rx: &mut oneshot::Receiver<Outcome>,
     ) -> Option<Result<Outcome, oneshot::error::TryRecvError>> {
         let start = Instant::now();
@@ -120,7 +138,7 @@ impl Conn {
     /// Reads what the channel holds without blocking and hands on every
     /// whole frame. `Ok(Some(reason))`: the channel is done; `WouldBlock`:
     /// nothing was there.
-    fn pump(&self, shared: &Shared, frames: &mut Frames) -> io::Result<Option<String>> {
+    fn pump(&self, shared: &impl Owner, frames: &mut Frames) -> io::Result<Option<String>> {
         match frames.fill(&self.input)? {
             0 if frames.partial() => return Ok(Some("its worker process exited inside a frame".to_string())),
             0 => return Ok(Some("its worker process exited".to_string())),
@@ -134,10 +152,10 @@ impl Conn {
             };
             match protocol::decode_message(body) {
                 Ok(Message::Reply { id, status, state }) => self.deliver(shared, id, Ok((status, state))),
-                Ok(Message::Log { level, message }) => emit_log(&shared.name, level, &message),
+                Ok(Message::Log { level, message }) => emit_log(shared.name(), level, &message),
                 Ok(Message::Changed) => {
                     self.expect_notice_scan();
-                    shared.changed.notify_one();
+                    shared.changed().notify_one();
                 }
                 Ok(Message::Hello { .. } | Message::LoadFailed(_)) => {
                     return Ok(Some("its worker process greeted twice".to_string()));
@@ -173,7 +191,7 @@ impl Conn {
     /// Registers `done` for the reply, then writes the request.
     pub(super) fn send(
         &self,
-        shared: &Shared,
+        shared: &impl Owner,
         call: &'static str,
         req: &Request,
         done: Box<dyn FnOnce(Outcome) + Send>,
@@ -181,7 +199,7 @@ impl Conn {
         let id = {
             let mut calls = lock(&self.calls);
             if let Some(reason) = &calls.closed {
-                return Err(shared.unavailable(reason.clone()));
+                return Err(CallError::unavailable(shared.name(), reason.clone()));
             }
             calls.next_id = calls.next_id.wrapping_add(1).max(1);
             let id = calls.next_id;
@@ -192,8 +210,11 @@ impl Conn {
         if let Err(e) = lock(&self.out).write_all(&frame) {
             lock(&self.calls).pending.remove(&id);
             // A partial frame may be in the channel: this worker is done for.
-            shared.event(Event::Kill(self.generation, format!("cannot send {call} to it: {e}")));
-            return Err(shared.unavailable(format!("cannot send {call} to its worker process: {e}")));
+            shared.kill(self.generation, format!("cannot send {call} to it: {e}"));
+            return Err(CallError::unavailable(
+                shared.name(),
+                format!("cannot send {call} to its worker process: {e}"),
+            ));
         }
         Ok(id)
     }
@@ -211,7 +232,7 @@ impl Conn {
     }
 
     /// Ends the channel: every waiting call fails with `reason`.
-    pub(super) fn close(&self, shared: &Shared, reason: &str) {
+    pub(super) fn close(&self, shared: &impl Owner, reason: &str) {
         let pending: Vec<Pending> = {
             let mut calls = lock(&self.calls);
             if calls.closed.is_none() {
@@ -221,24 +242,24 @@ impl Conn {
             calls.pending.drain().map(|(_, p)| p).collect()
         };
         for p in pending {
-            (p.done)(Err(shared.lost_in(p.call, reason)));
+            (p.done)(Err(CallError::lost_in(shared.name(), p.call, reason)));
         }
         // Ends the reader too, should the process linger.
         let _ = lock(&self.out).shutdown(std::net::Shutdown::Both);
     }
 
     /// A call from the supervisor thread itself (create, watch_start, shutdown).
-    pub(super) fn call_blocking(&self, shared: &Shared, call: &'static str, req: &Request) -> Outcome {
+    pub(super) fn call_blocking(&self, shared: &impl Owner, call: &'static str, req: &Request) -> Outcome {
         let (tx, rx) = mpsc::channel();
         self.send(shared, call, req, Box::new(move |o| drop(tx.send(o))))?;
-        match rx.recv_timeout(shared.timeout) {
+        match rx.recv_timeout(shared.timeout()) {
             Ok(o) => o,
-            Err(_) => Err(CallError::Timeout { driver: shared.name.clone(), call, timeout: shared.timeout }),
+            Err(_) => Err(CallError::Timeout { driver: shared.name().to_string(), call, timeout: shared.timeout() }),
         }
     }
 
     /// Hands a reply to the call waiting for it (none after a missed deadline).
-    fn deliver(&self, shared: &Shared, id: u32, outcome: Outcome) {
+    fn deliver(&self, shared: &impl Owner, id: u32, outcome: Outcome) {
         let (pending, was_stuck) = {
             let mut calls = lock(&self.calls);
             let was_stuck = calls.stuck.is_some_and(|(s, _, _)| s == id);
@@ -252,7 +273,7 @@ impl Conn {
         }
         if was_stuck {
             // Back from a hang: let the registry re-evaluate health.
-            shared.changed.notify_one();
+            shared.changed().notify_one();
         }
     }
 }
@@ -314,7 +335,7 @@ impl Frames {
 
 /// Delivers the worker's frames until its channel ends, then fails what
 /// still waits and tells the supervisor. `fd` watches `conn`'s input.
-pub(super) async fn read_loop(shared: Arc<Shared>, conn: Arc<Conn>, fd: AsyncFd<std::os::fd::RawFd>) {
+pub(super) async fn read_loop(shared: Arc<impl Owner>, conn: Arc<Conn>, fd: AsyncFd<std::os::fd::RawFd>) {
     let reason = loop {
         let mut ready = match fd.readable().await {
             Ok(r) => r,
@@ -324,7 +345,7 @@ pub(super) async fn read_loop(shared: Arc<Shared>, conn: Arc<Conn>, fd: AsyncFd<
             let mut inbox = lock(&conn.inbox);
             match inbox.ended.clone() {
                 Some(reason) => Ok(Some(reason)),
-                None => conn.pump(&shared, &mut inbox.frames),
+                None => conn.pump(&*shared, &mut inbox.frames),
             }
         });
         match pumped {
@@ -337,9 +358,9 @@ pub(super) async fn read_loop(shared: Arc<Shared>, conn: Arc<Conn>, fd: AsyncFd<
     };
     drop(fd);
     shared.down_if_current(conn.generation, &reason);
-    conn.close(&shared, &reason);
-    shared.changed.notify_one();
-    shared.event(Event::Lost(conn.generation));
+    conn.close(&*shared, &reason);
+    shared.changed().notify_one();
+    shared.lost(conn.generation);
 }
 
 #[cfg(test)]

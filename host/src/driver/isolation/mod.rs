@@ -17,8 +17,14 @@ pub mod worker;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+/// A lock that a panic elsewhere does not make unusable: what it guards stays consistent under
+/// every holder here.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// The hidden first argument that turns `devhost` into a driver worker.
 pub const WORKER_ARG: &str = "__driver-worker";

@@ -6,12 +6,13 @@
 //! registry marks its devices Unhealthy until the restarted worker's scan
 //! says otherwise.
 
-use super::conn::{Conn, read_loop};
+use super::conn::{Conn, Owner, read_loop};
+use super::lock;
 use super::privileges;
 use super::protocol::{self, Message, Request};
 use super::worker::{ENV_KEEP_CAPS, ENV_PARENT};
-use crate::driver::callbacks::CallState;
-use crate::driver::instance::{CallError, CreateRetry, CreateState, status_error};
+use crate::driver::call::{BACKOFF_MAX, BACKOFF_MIN, CallError, CreateRetry, CreateState, Outcome, status_error};
+use crate::driver::callbacks::{CallState, emit_log};
 use crate::driver::loader::{Image, ModuleInfo, Source};
 use devhost_abi as abi;
 use std::os::fd::OwnedFd;
@@ -20,16 +21,13 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, mpsc};
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::{Notify, oneshot};
 
-/// Restart delays: doubled after each failure, from MIN up to MAX, and back
-/// to MIN once a worker has stayed up for STABLE.
-/// In-process create retries use the same delays.
-pub const BACKOFF_MIN: Duration = Duration::from_millis(100);
-pub const BACKOFF_MAX: Duration = Duration::from_secs(10);
+/// Restart delays double after each failure, from `call::BACKOFF_MIN` up to
+/// `call::BACKOFF_MAX`, and are back to MIN once a worker has stayed up for STABLE.
 const STABLE: Duration = Duration::from_secs(30);
 /// Deadlines a worker may miss in a row (or stay stuck for) before it is killed.
 pub const MAX_MISSES: u32 = 3;
@@ -42,9 +40,6 @@ const TICK: Duration = Duration::from_millis(100);
 const IDLE_TICK: Duration = Duration::from_secs(1);
 /// A worker that does not read its requests for this long is wedged.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// What a worker call gives back: the driver's status and what it emitted.
-pub type Outcome = Result<(abi::devhost_status, CallState), CallError>;
 
 /// How to start one isolated instance.
 pub struct Spec {
@@ -119,24 +114,11 @@ enum Link {
     Stopped,
 }
 
-pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 static GENERATION: AtomicU64 = AtomicU64::new(1);
 
 impl Shared {
     pub fn unavailable(&self, reason: impl Into<String>) -> CallError {
-        CallError::Unavailable { driver: self.name.clone(), reason: reason.into(), during: None }
-    }
-
-    /// The error of a call the worker was lost in.
-    pub fn lost_in(&self, call: &'static str, reason: &str) -> CallError {
-        CallError::Unavailable {
-            driver: self.name.clone(),
-            reason: format!("{reason} during {call}"),
-            during: Some(call),
-        }
+        CallError::unavailable(&self.name, reason)
     }
 
     pub fn event(&self, e: Event) {
@@ -152,14 +134,6 @@ impl Shared {
         }
     }
 
-    /// Marks generation `generation` down, unless a newer state replaced it.
-    pub fn down_if_current(&self, generation: u64, reason: &str) {
-        let mut cur = lock(&self.link);
-        if matches!(&*cur, Link::Up(c) if c.generation == generation) {
-            *cur = Link::Down(reason.to_string());
-        }
-    }
-
     fn set_link(&self, link: Link) {
         let mut cur = lock(&self.link);
         if !matches!(*cur, Link::Stopped) {
@@ -168,7 +142,35 @@ impl Shared {
     }
 }
 
-pub(super) use crate::driver::callbacks::emit_log;
+impl Owner for Shared {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    fn changed(&self) -> &Notify {
+        &self.changed
+    }
+
+    fn kill(&self, generation: u64, reason: String) {
+        self.event(Event::Kill(generation, reason));
+    }
+
+    /// Marks generation `generation` down, unless a newer state replaced it.
+    fn down_if_current(&self, generation: u64, reason: &str) {
+        let mut cur = lock(&self.link);
+        if matches!(&*cur, Link::Up(c) if c.generation == generation) {
+            *cur = Link::Down(reason.to_string());
+        }
+    }
+
+    fn lost(&self, generation: u64) {
+        self.event(Event::Lost(generation));
+    }
+}
 
 impl Worker {
     /// Starts the supervisor thread, which first makes the worker's spec
@@ -221,7 +223,7 @@ impl Worker {
 
     /// One driver call in the worker, with the instance's deadline.
     pub async fn call(&self, call: &'static str, req: Request) -> Outcome {
-        let s = &self.shared;
+        let s: &Shared = &self.shared;
         let conn = s.conn()?;
         if let Some((hung, since)) = conn.stuck() {
             return Err(CallError::Hung { driver: s.name.clone(), call: hung, secs: since.elapsed().as_secs() });
@@ -244,7 +246,7 @@ impl Worker {
 
     /// Waits for the reply to call `id`, with the instance's deadline.
     async fn reply(&self, conn: &Conn, id: u32, call: &'static str, mut rx: oneshot::Receiver<Outcome>) -> Outcome {
-        let s = &self.shared;
+        let s: &Shared = &self.shared;
         let got = match conn.answer_soon(s, &mut rx) {
             Some(r) => Ok(r.map_err(drop)),
             None => tokio::time::timeout(s.timeout, rx).await.map(|r| r.map_err(drop)),
@@ -356,7 +358,7 @@ fn supervise(
                 let end = watch(&s, &conn, &mut child, &events);
                 let mut stop_failed = None;
                 if matches!(end, End::Stop) {
-                    stop_failed = conn.call_blocking(&s, "destroy", &Request::Shutdown).err();
+                    stop_failed = conn.call_blocking(&*s, "destroy", &Request::Shutdown).err();
                     wait_exit(&mut child, s.timeout);
                 }
                 let reason = match &end {
@@ -366,7 +368,7 @@ fn supervise(
                 };
                 // Unavailable first, so that nothing new is sent to it.
                 s.down_if_current(conn.generation, &reason);
-                conn.close(&s, &reason);
+                conn.close(&*s, &reason);
                 let (status, exit) = reap(&mut child);
                 let clean = matches!(end, End::Stop) && stop_failed.is_none() && exit == Some(0);
                 *lock(&s.ended) = Some(Ended { pid: conn.pid, status: status.clone(), clean, stop_failed });
@@ -405,8 +407,7 @@ fn supervise(
                     }
                     (None, _) => {
                         // The error names the driver already; say it once.
-                        let text = e.to_string();
-                        let reason = text.strip_prefix(&format!("driver {}: ", s.name)).unwrap_or(&text).to_string();
+                        let reason = e.detail();
                         tracing::error!(driver = %s.name, "driver {}: worker process restart failed, next try in {backoff:?}: {reason}", s.name);
                         s.set_link(Link::Down(reason));
                     }
@@ -425,8 +426,7 @@ fn supervise(
 /// why calls are refused meanwhile.
 fn note_failed_create(s: &Shared, e: &CallError, backoff: Duration) -> String {
     // The error names the driver already; say it once.
-    let text = e.to_string();
-    let own = text.strip_prefix(&format!("driver {}: ", s.name)).unwrap_or(&text).to_string();
+    let own = e.detail();
     let mut c = lock(&s.creating);
     let attempts = c.as_ref().map_or(0, |r| r.attempts) + 1;
     tracing::error!(driver = %s.name, attempts,
@@ -765,13 +765,13 @@ fn greet(
             .map_err(|e| io("register the channel", e.into()))?
     };
     s.runtime.spawn(read_loop(s.clone(), conn.clone(), fd));
-    let (status, state) = conn.call_blocking(s, "create", &Request::Create { options: spec.options.clone() })?;
+    let (status, state) = conn.call_blocking(&**s, "create", &Request::Create { options: spec.options.clone() })?;
     log_problems(&s.name, "create", &state);
     if status != abi::DEVHOST_OK {
         return Err(status_error(&s.name, "create", status, state).into());
     }
     if watch && s.watching.load(Ordering::Acquire) {
-        match conn.call_blocking(s, "watch_start", &Request::WatchStart) {
+        match conn.call_blocking(&**s, "watch_start", &Request::WatchStart) {
             Ok((abi::DEVHOST_OK, _)) => {}
             Ok((status, state)) => {
                 let e = status_error(&s.name, "watch_start", status, state);

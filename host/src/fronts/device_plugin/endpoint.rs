@@ -261,7 +261,7 @@ impl DevicePlugin for Endpoint {
         };
         let result = driver.pre_start(physical).await;
         self.services.metrics.driver_call(&driver.name, "pre_start", telemetry::call_outcome(&result));
-        result.map_err(|e| e.to_status())?;
+        result.map_err(Status::from)?;
         Ok(Response::new(pb::PreStartContainerResponse {}))
     }
 }
@@ -335,7 +335,7 @@ impl Endpoint {
                 Err(e) => {
                     tracing::warn!(resource = name, "allocate failed: {e}");
                     status.allocation(i, &c.devices_ids, Err(e.to_string()), started.elapsed());
-                    return Err(e.to_status());
+                    return Err(Status::from(e));
                 }
             };
             status.allocation(i, &c.devices_ids, Ok(()), started.elapsed());

@@ -1,6 +1,8 @@
 //! The Device Plugin front: [`endpoint`] (one gRPC server per resource: ListAndWatch, Allocate)
-//! and [`kubelet`] (registration and kubelet restarts). Who holds a device and cleaning it when
+//! and [`kubelet`] (registration and kubelet restarts); [`driver_status`] maps a driver call's
+//! error to the gRPC status the kubelet gets. Who holds a device and cleaning it when
 //! let go are the engine's (`engine::podresources`, `engine::release`).
 
+pub mod driver_status;
 pub mod endpoint;
 pub mod kubelet;
