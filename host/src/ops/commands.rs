@@ -105,7 +105,7 @@ async fn add_holders(out: &mut [serde_json::Value], manifest: &Manifest) {
     });
     for r in out.iter_mut() {
         match &holders {
-            Ok(snap) => crate::engine::registry::set_holders(r, snap),
+            Ok(snap) => crate::engine::registry::report::set_holders(r, snap),
             Err(e) => r["holders_error"] = serde_json::Value::String(e.to_string()),
         }
     }

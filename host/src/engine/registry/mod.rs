@@ -25,9 +25,8 @@ mod cdi_check;
 pub mod compose;
 mod publish;
 mod reconcile;
-mod report;
+pub mod report;
 mod view;
-pub use report::set_holders;
 pub use view::{Mode, Services, View};
 
 pub struct Resource {

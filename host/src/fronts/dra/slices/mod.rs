@@ -50,13 +50,8 @@ pub use attributes::{
     MAX_ATTRIBUTE_NAME, MAX_ENTRIES, MAX_VALUE, NUMA_NODE, PCI_BUS_ID, PCIE_ROOT, attribute_name, binary_quantity,
     dra_device, is_semver, pci_bus_id, pcie_root_of_link, typed,
 };
-pub use publisher::{MAX_DEVICES_PER_SLICE, Published, desired, slice_name};
+pub use publisher::{MAX_DEVICES_PER_SLICE, Published, desired, selector, slice_name};
 pub use task::{PASS_TIMEOUT, RESYNC, spawn};
-
-/// The field selector of (driver, node)'s slices.
-pub fn selector(driver: &str, node: &str) -> String {
-    format!("spec.driver={driver},spec.nodeName={node}")
-}
 
 #[cfg(test)]
 mod tests;

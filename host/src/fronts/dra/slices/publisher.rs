@@ -12,8 +12,12 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
 
 use super::super::api::ApiServer;
 use super::attributes::{Once, dra_device};
-use super::selector;
 use crate::driver::device::Device;
+
+/// The field selector of (driver, node)'s slices.
+pub fn selector(driver: &str, node: &str) -> String {
+    format!("spec.driver={driver},spec.nodeName={node}")
+}
 
 /// Most devices in one ResourceSlice (the API server's limit without taints or counters).
 pub const MAX_DEVICES_PER_SLICE: usize = 128;
