@@ -6,8 +6,9 @@
 //! it hung until the call returns.
 
 use crate::driver::call::{ANSWER_SPIN, Answer, BACKOFF_MAX, BACKOFF_MIN, CreateState, status_error};
-use crate::driver::callbacks::{self, CallCtx, CallKind, CallState, HostCtx};
+use crate::driver::callbacks::{self, CallState, HostCtx};
 use crate::driver::device::{Device, Edits};
+use crate::driver::invoke::{Hook, invoke, refuse};
 use crate::driver::isolation::protocol::Request;
 use crate::driver::isolation::supervisor::{Spec, Worker};
 use crate::driver::loader::{Module, ModuleInfo, Source};
@@ -179,7 +180,7 @@ struct NoticeScan {
     ptr: Arc<AtomicPtr<c_void>>,
     poisoned: Arc<AtomicBool>,
     busy: Arc<Mutex<Busy>>,
-    scan: Option<abi::ScanFn>,
+    module: Module,
 }
 
 impl NoticeScan {
@@ -187,7 +188,9 @@ impl NoticeScan {
     /// queued already. Nothing while there is no live instance (before
     /// create succeeded, after a panic): the rescan then calls as usual.
     fn notice(self: &Arc<Self>) {
-        let Some(scan) = self.scan else { return };
+        if self.module.desc.scan.is_none() {
+            return;
+        }
         if self.poisoned.load(Ordering::Acquire) || self.ptr.load(Ordering::Acquire).is_null() {
             return;
         }
@@ -202,15 +205,8 @@ impl NoticeScan {
             if let Ok(mut b) = me.busy.lock() {
                 b.call = Some(("scan", Instant::now()));
             }
-            let ctx = CallCtx::new(CallKind::Scan);
-            let _scanning = callbacks::ScanGuard::enter();
-            let status = if inst.is_null() {
-                abi::DEVHOST_ERR_INTERNAL
-            } else {
-                // SAFETY: live instance on its worker thread; ctx outlives the call.
-                unsafe { scan(inst, ctx.as_raw()) }
-            };
-            let _ = tx.send((status, ctx.into_state()));
+            // SAFETY: the live instance (or null), on its worker thread.
+            let _ = tx.send(unsafe { invoke(&me.module, inst, Hook::Scan) });
         });
         // Before the registry hears of the notice: its rescan takes this.
         *self.answer.lock().unwrap_or_else(|p| p.into_inner()) = Some(rx);
@@ -223,11 +219,6 @@ impl NoticeScan {
     fn take(&self) -> Option<oneshot::Receiver<Answer>> {
         self.answer.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
-}
-
-/// Borrowed ID lists for one call, kept alive while the driver reads them.
-fn str_views(ids: &[String]) -> Vec<abi::devhost_str> {
-    ids.iter().map(|s| abi::devhost_str::from_str(s)).collect()
 }
 
 /// A devices list from scan plus what was wrong with it.
@@ -300,7 +291,7 @@ impl Instance {
                     ptr: worker_ptr.clone(),
                     poisoned: worker_poisoned,
                     busy: worker_busy.clone(),
-                    scan: module.desc.scan,
+                    module,
                 });
                 let on_notice = notice.clone();
                 // The host side lives as long as the worker, which outlives
@@ -631,31 +622,38 @@ impl Instance {
     pub async fn scan(&self) -> Result<ScanOutput, CallError> {
         let (status, state) = match &self.backend {
             Backend::Process(w) => w.scan().await?,
-            Backend::InProcess(local) => self.scan_here(local).await?,
+            // The scan a change notice queued already, if there is one (its answer, no job).
+            Backend::InProcess(local) => match local.notice.take() {
+                Some(rx) => {
+                    self.callable("scan")?;
+                    self.answer(local, "scan", rx).await?
+                }
+                None => self.answer_of(Request::Scan).await?,
+            },
         };
         let state = self.check("scan", status, state)?;
         Ok(ScanOutput { devices: state.devices, problems: state.problems })
     }
 
-    /// An in-process scan on the worker thread: the one a change notice
-    /// queued already when there is one (its answer, no job of our own).
-    async fn scan_here(&self, local: &Local) -> Result<Answer, CallError> {
-        match local.notice.take() {
-            Some(rx) => {
-                self.callable("scan")?;
-                self.answer(local, "scan", rx).await
-            }
-            None => {
-                let scan = local.module.desc.scan;
-                self.run("scan", move |inst, _| {
-                    let ctx = CallCtx::new(CallKind::Scan);
-                    let _scanning = callbacks::ScanGuard::enter();
-                    let status = match scan {
-                        // SAFETY: live instance on its worker thread; ctx outlives the call.
-                        Some(f) => unsafe { f(inst, ctx.as_raw()) },
-                        None => abi::DEVHOST_ERR_INTERNAL,
-                    };
-                    (status, ctx.into_state())
+    /// One hook call on the backend that runs the driver, its answer checked.
+    async fn hook(&self, req: Request) -> Result<CallState, CallError> {
+        let call = req.name();
+        let (status, state) = self.answer_of(req).await?;
+        self.check(call, status, state)
+    }
+
+    /// The driver's answer to one hook call, unchecked: the worker process makes the call, or
+    /// the in-process worker thread does, both through [`invoke`].
+    async fn answer_of(&self, req: Request) -> Result<Answer, CallError> {
+        let call = req.name();
+        match &self.backend {
+            Backend::Process(w) => w.call(call, req).await,
+            Backend::InProcess(local) => {
+                let module = local.module;
+                self.run(call, move |inst, _| match req.hook() {
+                    // SAFETY: the live instance (or null), on its worker thread.
+                    Some(hook) => unsafe { invoke(&module, inst, hook) },
+                    None => refuse(format!("{call} is not a hook")),
                 })
                 .await
             }
@@ -674,23 +672,10 @@ impl Instance {
             }
             return Ok(());
         }
-        let (status, state) = match &self.backend {
-            Backend::Process(w) => {
-                w.watching();
-                w.call("watch_start", Request::WatchStart).await?
-            }
-            Backend::InProcess(local) => {
-                let Some(f) = local.module.watch_start() else { return Ok(()) };
-                self.run("watch_start", move |inst, _| {
-                    let ctx = CallCtx::new(CallKind::Watch);
-                    // SAFETY: live instance on its worker thread.
-                    let status = unsafe { f(inst, ctx.as_raw()) };
-                    (status, ctx.into_state())
-                })
-                .await?
-            }
-        };
-        self.check("watch_start", status, state).map(drop)
+        if let Backend::Process(w) = &self.backend {
+            w.watching();
+        }
+        self.hook(Request::WatchStart).await.map(drop)
     }
 
     /// The driver's allocate hook for one container, if it has one.
@@ -698,21 +683,7 @@ impl Instance {
         if !self.module.allocate {
             return Ok(None);
         }
-        let (status, state) = match &self.backend {
-            Backend::Process(w) => w.call("allocate", Request::Allocate { ids }).await?,
-            Backend::InProcess(local) => {
-                let Some(f) = local.module.allocate() else { return Ok(None) };
-                self.run("allocate", move |inst, _| {
-                    let views = str_views(&ids);
-                    let ctx = CallCtx::new(CallKind::Allocate);
-                    // SAFETY: views borrow `ids`, alive for the call.
-                    let status = unsafe { f(inst, views.as_ptr(), views.len(), ctx.as_raw()) };
-                    (status, ctx.into_state())
-                })
-                .await?
-            }
-        };
-        Ok(Some(self.check("allocate", status, state)?.edits))
+        Ok(Some(self.hook(Request::Allocate { ids }).await?.edits))
     }
 
     pub async fn preferred(
@@ -724,42 +695,14 @@ impl Instance {
         if !self.module.preferred_allocation {
             return Ok(None);
         }
-        let (status, state) = match &self.backend {
-            Backend::Process(w) => w.call("preferred_allocation", Request::Preferred { available, must, size }).await?,
-            Backend::InProcess(local) => {
-                let Some(f) = local.module.preferred_allocation() else { return Ok(None) };
-                self.run("preferred_allocation", move |inst, _| {
-                    let (a, m) = (str_views(&available), str_views(&must));
-                    let ctx = CallCtx::new(CallKind::Preferred);
-                    // SAFETY: views borrow the vectors, alive for the call.
-                    let status = unsafe { f(inst, a.as_ptr(), a.len(), m.as_ptr(), m.len(), size, ctx.as_raw()) };
-                    (status, ctx.into_state())
-                })
-                .await?
-            }
-        };
-        Ok(Some(self.check("preferred_allocation", status, state)?.preferred))
+        Ok(Some(self.hook(Request::Preferred { available, must, size }).await?.preferred))
     }
 
     pub async fn pre_start(&self, ids: Vec<String>) -> Result<(), CallError> {
         if !self.module.pre_start {
             return Ok(());
         }
-        let (status, state) = match &self.backend {
-            Backend::Process(w) => w.call("pre_start", Request::PreStart { ids }).await?,
-            Backend::InProcess(local) => {
-                let Some(f) = local.module.pre_start() else { return Ok(()) };
-                self.run("pre_start", move |inst, _| {
-                    let views = str_views(&ids);
-                    let ctx = CallCtx::new(CallKind::PreStart);
-                    // SAFETY: views borrow `ids`, alive for the call.
-                    let status = unsafe { f(inst, views.as_ptr(), views.len(), ctx.as_raw()) };
-                    (status, ctx.into_state())
-                })
-                .await?
-            }
-        };
-        self.check("pre_start", status, state).map(drop)
+        self.hook(Request::PreStart { ids }).await.map(drop)
     }
 
     /// The driver's release hook (ABI 1.1) for the devices one container let
@@ -768,21 +711,7 @@ impl Instance {
         if !self.module.release {
             return Ok(false);
         }
-        let (status, state) = match &self.backend {
-            Backend::Process(w) => w.call("release", Request::Release { ids }).await?,
-            Backend::InProcess(local) => {
-                let Some(f) = local.module.release() else { return Ok(false) };
-                self.run("release", move |inst, _| {
-                    let views = str_views(&ids);
-                    let ctx = CallCtx::new(CallKind::Release);
-                    // SAFETY: views borrow `ids`, alive for the call.
-                    let status = unsafe { f(inst, views.as_ptr(), views.len(), ctx.as_raw()) };
-                    (status, ctx.into_state())
-                })
-                .await?
-            }
-        };
-        self.check("release", status, state).map(|_| true)
+        self.hook(Request::Release { ids }).await.map(|_| true)
     }
 
     /// Stops the worker: watch_stop and destroy run on it after queued calls.

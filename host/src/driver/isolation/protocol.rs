@@ -8,6 +8,7 @@
 
 use crate::driver::callbacks::CallState;
 use crate::driver::device::{Device, DeviceNode, Edits, Mount};
+use crate::driver::invoke::Hook;
 use crate::driver::loader::ModuleInfo;
 use std::collections::BTreeMap;
 use std::io::{self, Read};
@@ -44,6 +45,30 @@ pub enum Request {
     },
     /// watch_stop and destroy, then exit.
     Shutdown,
+}
+
+impl Request {
+    /// The hook call this request makes; `None` for create and shutdown, which are not hooks.
+    pub fn hook(&self) -> Option<Hook<'_>> {
+        Some(match self {
+            Request::Scan => Hook::Scan,
+            Request::WatchStart => Hook::WatchStart,
+            Request::Allocate { ids } => Hook::Allocate(ids),
+            Request::Preferred { available, must, size } => Hook::Preferred { available, must, size: *size },
+            Request::PreStart { ids } => Hook::PreStart(ids),
+            Request::Release { ids } => Hook::Release(ids),
+            Request::Create { .. } | Request::Shutdown => return None,
+        })
+    }
+
+    /// The call's name in the ABI and in messages.
+    pub fn name(&self) -> &'static str {
+        match (self, self.hook()) {
+            (_, Some(hook)) => hook.name(),
+            (Request::Create { .. }, None) => "create",
+            (_, None) => "destroy",
+        }
+    }
 }
 
 /// Worker → host.

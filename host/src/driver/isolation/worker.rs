@@ -10,7 +10,8 @@
 
 use super::privileges;
 use super::protocol::{self, Request};
-use crate::driver::callbacks::{self, CallCtx, CallKind, CallState};
+use crate::driver::callbacks::{self, CallState};
+use crate::driver::invoke::{invoke, refuse};
 use crate::driver::loader::{self, Module};
 use devhost_abi as abi;
 use std::ffi::c_void;
@@ -187,16 +188,6 @@ fn wait_input(channel: &UnixStream, wake: &OwnedFd) -> Result<bool, String> {
     Ok(fds[0].revents != 0)
 }
 
-fn str_views(ids: &[String]) -> Vec<abi::devhost_str> {
-    ids.iter().map(|s| abi::devhost_str::from_str(s)).collect()
-}
-
-fn refuse(message: String) -> (abi::devhost_status, CallState) {
-    let mut st = CallState::default();
-    st.error = Some(message);
-    (abi::DEVHOST_ERR_INTERNAL, st)
-}
-
 fn serve(name: &str, module: Module, outbox: &'static Outbox, mut input: BufReader<UnixStream>) -> Result<(), String> {
     let mut api = callbacks::host_api((outbox as *const Outbox).cast_mut().cast());
     api.log = Some(log);
@@ -231,7 +222,8 @@ fn serve(name: &str, module: Module, outbox: &'static Outbox, mut input: BufRead
     }
 }
 
-/// Runs one request against the driver, exactly as the in-process worker does.
+/// Runs one request against the driver: create and destroy here, every hook through the one
+/// call path both backends share ([`invoke`]).
 fn call(
     name: &str,
     module: &Module,
@@ -240,18 +232,6 @@ fn call(
     req: Request,
 ) -> (abi::devhost_status, CallState) {
     let me = inst.load(Ordering::Acquire);
-    if me.is_null() && !matches!(req, Request::Create { .. } | Request::Shutdown) {
-        return refuse(format!("driver {name}: no instance (create has not succeeded)"));
-    }
-    let missing = |hook: &str| refuse(format!("module {} has no {hook} hook", module.name));
-    let ids_call = |f: Option<abi::IdsFn>, kind: CallKind, ids: Vec<String>, hook: &str| {
-        let Some(f) = f else { return missing(hook) };
-        let views = str_views(&ids);
-        let ctx = CallCtx::new(kind);
-        // SAFETY: live instance; views borrow `ids`, alive for the call.
-        let status = unsafe { f(me, views.as_ptr(), views.len(), ctx.as_raw()) };
-        (status, ctx.into_state())
-    };
     match req {
         Request::Create { options } => {
             if !me.is_null() {
@@ -262,34 +242,16 @@ fn call(
             inst.store(out, Ordering::Release);
             (status, st)
         }
-        Request::WatchStart | Request::Scan => {
-            let (f, kind, hook) = match req {
-                Request::Scan => (module.desc.scan, CallKind::Scan, "scan"),
-                _ => (module.watch_start(), CallKind::Watch, "watch_start"),
-            };
-            let Some(f) = f else { return missing(hook) };
-            let ctx = CallCtx::new(kind);
-            let _scanning = (kind == CallKind::Scan).then(crate::driver::callbacks::ScanGuard::enter);
-            // SAFETY: live instance on the thread that serves every call.
-            let status = unsafe { f(me, ctx.as_raw()) };
-            (status, ctx.into_state())
-        }
-        Request::Allocate { ids } => ids_call(module.allocate(), CallKind::Allocate, ids, "allocate"),
-        Request::PreStart { ids } => ids_call(module.pre_start(), CallKind::PreStart, ids, "pre_start"),
-        Request::Release { ids } => ids_call(module.release(), CallKind::Release, ids, "release"),
-        Request::Preferred { available, must, size } => {
-            let Some(f) = module.preferred_allocation() else { return missing("preferred_allocation") };
-            let (a, m) = (str_views(&available), str_views(&must));
-            let ctx = CallCtx::new(CallKind::Preferred);
-            // SAFETY: views borrow the vectors, alive for the call.
-            let status = unsafe { f(me, a.as_ptr(), a.len(), m.as_ptr(), m.len(), size, ctx.as_raw()) };
-            (status, ctx.into_state())
-        }
         Request::Shutdown => {
             let me = inst.swap(std::ptr::null_mut(), Ordering::AcqRel);
             // SAFETY: the instance came from create and no other call runs now.
             unsafe { module.teardown(me) };
             (abi::DEVHOST_OK, CallState::default())
         }
+        hook => match hook.hook() {
+            // SAFETY: `me` is null or the live instance, and this main thread makes every call.
+            Some(h) => unsafe { invoke(module, me, h) },
+            None => refuse(format!("driver {name}: {} is not a hook", hook.name())),
+        },
     }
 }

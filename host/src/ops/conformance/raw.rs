@@ -8,8 +8,9 @@
 
 use super::probe::calling;
 use super::{DEADLINE, Report, Verdict};
-use crate::driver::callbacks::{self, CallCtx, CallKind, HostCtx};
+use crate::driver::callbacks::{self, HostCtx};
 use crate::driver::instance::Instance;
+use crate::driver::invoke::{Hook, invoke};
 use crate::driver::loader::{self, Module};
 use devhost_abi as abi;
 use std::collections::BTreeMap;
@@ -89,21 +90,12 @@ impl Drop for Raw {
 /// One scan: the device IDs, or what went wrong.
 fn scan(m: &Module, inst: Shared) -> Result<Vec<String>, String> {
     calling("scan");
-    let ctx = CallCtx::new(CallKind::Scan);
-    let status = {
-        let _scanning = callbacks::ScanGuard::enter();
-        // SAFETY: a live instance (shared only by a concurrent driver); ctx outlives the call.
-        m.desc.scan.map_or(abi::DEVHOST_ERR_INTERNAL, |f| unsafe { f(inst.0, ctx.as_raw()) })
-    };
-    let state = ctx.into_state();
+    // SAFETY: a live instance, shared only by a concurrent driver (DEVHOST_CAP_CONCURRENT).
+    let (status, state) = unsafe { invoke(m, inst.0, Hook::Scan) };
     if status != abi::DEVHOST_OK {
         return Err(format!("scan returned {status}: {}", state.error.unwrap_or_default()));
     }
     Ok(state.devices.into_iter().map(|d| d.id).collect())
-}
-
-fn views(ids: &[String]) -> Vec<abi::devhost_str> {
-    ids.iter().map(|s| abi::devhost_str::from_str(s)).collect()
 }
 
 /// One round of every concurrent call; the first problem, if any.
@@ -112,31 +104,22 @@ fn round(m: &Module, inst: Shared, expected: &[String], first: &[String]) -> Res
     if ids != expected {
         return Err(format!("an overlapping scan reported {ids:?}, not {expected:?}"));
     }
-    let v = views(first);
-    let calls: [(&str, Option<abi::IdsFn>, CallKind); 3] = [
-        ("allocate", m.allocate(), CallKind::Allocate),
-        ("pre_start", m.pre_start(), CallKind::PreStart),
-        ("release", m.release(), CallKind::Release),
+    let calls = [
+        (m.allocate().is_some(), Hook::Allocate(first)),
+        (m.pre_start().is_some(), Hook::PreStart(first)),
+        (m.release().is_some(), Hook::Release(first)),
+        (
+            m.preferred_allocation().is_some(),
+            Hook::Preferred { available: expected, must: first, size: first.len() as u32 },
+        ),
     ];
-    for (name, f, kind) in calls {
-        let Some(f) = f else { continue };
-        calling(name);
-        let ctx = CallCtx::new(kind);
-        // SAFETY: as above; `v` borrows `first`, alive for the call.
-        let status = unsafe { f(inst.0, v.as_ptr(), v.len(), ctx.as_raw()) };
-        if status != abi::DEVHOST_OK && status != abi::DEVHOST_ERR_NOT_FOUND {
-            return Err(format!("{name} returned {status}: {}", ctx.into_state().error.unwrap_or_default()));
-        }
-    }
-    if let Some(f) = m.preferred_allocation() {
-        let all = views(expected);
-        calling("preferred_allocation");
-        let ctx = CallCtx::new(CallKind::Preferred);
-        // SAFETY: as above.
-        let status = unsafe { f(inst.0, all.as_ptr(), all.len(), v.as_ptr(), v.len(), v.len() as u32, ctx.as_raw()) };
-        if status != abi::DEVHOST_OK {
-            let why = ctx.into_state().error.unwrap_or_default();
-            return Err(format!("preferred_allocation returned {status}: {why}"));
+    for (_, hook) in calls.into_iter().filter(|(has, _)| *has) {
+        calling(hook.name());
+        // SAFETY: as in `scan`.
+        let (status, state) = unsafe { invoke(m, inst.0, hook) };
+        let not_found_ok = !matches!(hook, Hook::Preferred { .. });
+        if status != abi::DEVHOST_OK && !(not_found_ok && status == abi::DEVHOST_ERR_NOT_FOUND) {
+            return Err(format!("{} returned {status}: {}", hook.name(), state.error.unwrap_or_default()));
         }
     }
     Ok(())
