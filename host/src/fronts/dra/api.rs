@@ -63,6 +63,13 @@ impl ApiServer {
             }
             None => kube::Config::infer().await.map_err(ApiError::Infer)?,
         };
+        // No retries inside the client: kube's default layer repeats a 429, 503 or 504 up to 15
+        // times (after the server's Retry-After, 1 s under priority and fairness), so a claim's
+        // read would wait out its 10 s deadline on a server that sheds load and report "no
+        // answer", and each publishing pass would ask about once a second for 30 s. The callers
+        // retry themselves: the kubelet repeats a failed Prepare, the publisher backs off.
+        let mut config = config;
+        config.default_retry = false;
         let client = kube::Client::try_from(config).map_err(ApiError::Client)?;
         Ok(ApiServer { client, node })
     }
