@@ -14,6 +14,7 @@
 //! daemon per kubelet folder. docs/architecture.md has the allowed order and
 //! the exceptions to it.
 //! [`fs_events`] reads inotify events on the runtime for the two file watches.
+//! [`names`] holds the stable hash the CDI and DRA name rules share.
 
 pub mod driver;
 pub mod engine;
@@ -21,4 +22,5 @@ pub mod fronts;
 pub mod fs_events;
 pub mod lock;
 pub mod manifest;
+pub mod names;
 pub mod ops;

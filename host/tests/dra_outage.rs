@@ -125,26 +125,8 @@ driver = "plugin"
     /// Creates ResourceClaim `name` and writes its allocation of `device`, as the scheduler
     /// would; returns its UID.
     fn claim(&self, name: &str, device: &str) -> Claim {
-        let yaml = format!(
-            "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {{name: {name}, namespace: default}}\n\
-             spec:\n  devices:\n    requests:\n    - name: gpu\n      exactly: {{deviceClassName: {DRIVER}}}\n"
-        );
-        self.harness.kubectl_stdin(&["create", "-f", "-"], &yaml);
-        let results = serde_json::json!([{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}]);
-        let patch = serde_json::json!({"status": {"allocation": {"devices": {"results": results}}}});
-        let (ns, patch) = ("default", patch.to_string());
-        self.harness.kubectl(&[
-            "patch",
-            "resourceclaim",
-            name,
-            "-n",
-            ns,
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            &patch,
-        ]);
-        let uid = self.harness.kubectl(&["get", "resourceclaim", name, "-n", ns, "-o", "jsonpath={.metadata.uid}"]);
+        let ns = "default";
+        let uid = self.harness.allocated_claim(ns, name, DRIVER, NODE, device);
         Claim { namespace: ns.into(), uid, name: name.into() }
     }
 

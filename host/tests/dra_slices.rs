@@ -332,7 +332,7 @@ api = "dra"
     };
     assert_eq!(slice.metadata.name.as_deref(), Some("node-gpu-gpu.nvidia.com-0000"));
     let device = &slice.spec.devices.as_ref().unwrap()[0];
-    assert_eq!(device.name, devhost::fronts::dra::prepare::device_name(uuid));
+    assert_eq!(device.name, devhost::fronts::dra::prepare::dra_device_name(uuid));
     let attrs = device.attributes.as_ref().unwrap();
     assert_eq!(attrs["model"].string.as_deref(), Some("NVIDIA H100 80GB HBM3"));
     assert_eq!(attrs["numaNode"].int, Some(1));

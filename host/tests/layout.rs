@@ -72,7 +72,7 @@ const NO_GRPC: &[&str] = &["driver", "engine"];
 fn area(segments: &[String]) -> Option<(String, u32)> {
     let first = segments.first()?.as_str();
     let rank = match first {
-        "lock" | "fs_events" => 0,
+        "lock" | "fs_events" | "names" => 0,
         "manifest" => 1,
         "driver" => 2,
         "engine" => 3,

@@ -159,27 +159,7 @@ async fn everything_at_once_grows_nothing() {
         &format!("apiVersion: v1\nkind: Node\nmetadata: {{name: {node_name}}}\n"),
     );
     let (driver, ns) = ("accel.example.com", "default");
-    harness.kubectl_stdin(
-        &["create", "-f", "-"],
-        &format!(
-            "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {{name: soak, namespace: {ns}}}\n\
-             spec:\n  devices:\n    requests:\n    - name: gpu\n      exactly: {{deviceClassName: {driver}}}\n"
-        ),
-    );
-    let results = serde_json::json!([{"request": "gpu", "driver": driver, "pool": node_name, "device": "example-0"}]);
-    let patch = serde_json::json!({"status": {"allocation": {"devices": {"results": results}}}}).to_string();
-    harness.kubectl(&[
-        "patch",
-        "resourceclaim",
-        "soak",
-        "-n",
-        ns,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        &patch,
-    ]);
-    let uid = harness.kubectl(&["get", "resourceclaim", "soak", "-n", ns, "-o", "jsonpath={.metadata.uid}"]);
+    let uid = harness.allocated_claim(ns, "soak", driver, node_name, "example-0");
     let claim = Claim { namespace: ns.into(), uid: uid.clone(), name: "soak".into() };
 
     let node = Node::new();

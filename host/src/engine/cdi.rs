@@ -24,6 +24,7 @@ pub mod resolve;
 pub mod watch;
 
 use crate::driver::device::{Device, Edits};
+use crate::names::{fnv1a, has_hash_suffix};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::{self, Write};
@@ -58,19 +59,6 @@ pub fn is_device_name(name: &str) -> bool {
     name.chars().next().is_some_and(is_alnum)
         && name.chars().last().is_some_and(is_alnum)
         && name.chars().all(is_device_name_char)
-}
-
-/// FNV-1a, 32 bits: a stable hash (unlike std's) so names survive restarts and upgrades.
-fn fnv1a(text: &str) -> u32 {
-    text.bytes().fold(0x811c_9dc5, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193))
-}
-
-/// Whether `name` ends as [`device_name`] ends the names it hashes: `-` and 8 hex digits.
-fn has_hash_suffix(name: &str) -> bool {
-    let bytes = name.as_bytes();
-    bytes.len() >= 9
-        && bytes[bytes.len() - 9] == b'-'
-        && bytes[bytes.len() - 8..].iter().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))
 }
 
 /// The CDI device name for a device ID: the ID itself when it is a valid name (the usual case:

@@ -264,6 +264,21 @@ impl ApiServerHarness {
         &self.node_kubeconfig
     }
 
+    /// Creates ResourceClaim `name` in `ns` (one request `gpu` of DeviceClass `driver`) and
+    /// writes its allocation of `pool`'s `device`, as the scheduler would; returns its UID.
+    pub fn allocated_claim(&self, ns: &str, name: &str, driver: &str, pool: &str, device: &str) -> String {
+        let yaml = format!(
+            "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {{name: {name}, namespace: {ns}}}\n\
+             spec:\n  devices:\n    requests:\n    - name: gpu\n      exactly: {{deviceClassName: {driver}}}\n"
+        );
+        self.kubectl_stdin(&["create", "-f", "-"], &yaml);
+        let results = serde_json::json!([{"request": "gpu", "driver": driver, "pool": pool, "device": device}]);
+        let patch = serde_json::json!({"status": {"allocation": {"devices": {"results": results}}}}).to_string();
+        let status = ["patch", "resourceclaim", name, "-n", ns, "--subresource=status", "--type=merge", "-p", &patch];
+        self.kubectl(&status);
+        self.kubectl(&["get", "resourceclaim", name, "-n", ns, "-o", "jsonpath={.metadata.uid}"])
+    }
+
     /// `https://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("https://127.0.0.1:{}", self.port)

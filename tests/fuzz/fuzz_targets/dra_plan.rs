@@ -1,4 +1,4 @@
-//! DRA claim mapping (`prepare::plan`, `prepare::device_name`) on arbitrary device IDs and
+//! DRA claim mapping (`prepare::plan`, `prepare::dra_device_name`) on arbitrary device IDs and
 //! allocation results. Every device name is a DNS label, an ID that is one is its own name, and
 //! two devices of one driver never share a name (else a claim could prepare the wrong device).
 //! `plan` is deterministic; what it plans is exactly the healthy devices the driver's results
@@ -10,7 +10,7 @@
 use arbitrary::{Arbitrary, Unstructured};
 use devhost::driver::callbacks::check_device_id;
 use devhost::driver::device::Device;
-use devhost::fronts::dra::prepare::{AllocationResult, device_name, plan};
+use devhost::fronts::dra::prepare::{AllocationResult, dra_device_name, plan};
 use libfuzzer_sys::fuzz_target;
 use std::collections::BTreeMap;
 
@@ -66,7 +66,7 @@ fuzz_target!(|data: &[u8]| {
     }
     let mut names: BTreeMap<String, &str> = BTreeMap::new();
     for d in &devices {
-        let name = device_name(&d.id);
+        let name = dra_device_name(&d.id);
         assert!(is_label(&name), "device name {name:?} of ID {:?} is not a DNS label", d.id);
         // ...unless it ends as hashed names do (`-` and 8 hex digits), which could be another ID's.
         let (body, tail) = d.id.split_at(d.id.len().saturating_sub(8));
@@ -86,7 +86,7 @@ fuzz_target!(|data: &[u8]| {
             driver: if r.other_driver { "other.example.com".into() } else { DRIVER.into() },
             pool: if r.other_pool { "node-b".into() } else { POOL.into() },
             device: match (r.device, devices.len()) {
-                (Some(n), len) if len > 0 => device_name(&devices[usize::from(n) % len].id),
+                (Some(n), len) if len > 0 => dra_device_name(&devices[usize::from(n) % len].id),
                 _ => r.name,
             },
             admin_access: r.admin_access,
@@ -95,7 +95,7 @@ fuzz_target!(|data: &[u8]| {
     let answer = plan(DRIVER, POOL, &devices, &results);
     assert_eq!(answer, plan(DRIVER, POOL, &devices, &results), "plan is not deterministic");
     let ours: Vec<&AllocationResult> = results.iter().filter(|r| r.driver == DRIVER).collect();
-    let by_name = |name: &str| devices.iter().find(|d| device_name(&d.id) == name);
+    let by_name = |name: &str| devices.iter().find(|d| dra_device_name(&d.id) == name);
     let refusable = ours.iter().any(|r| r.pool != POOL || by_name(&r.device).is_none_or(|d| !d.healthy));
     let planned = match answer {
         Err(message) => {

@@ -23,13 +23,13 @@ pub fn kind(driver: &str) -> String {
 }
 
 /// The CDI device name of DRA device `device` in claim `uid`.
-pub fn device_name(uid: &str, device: &str) -> String {
+pub fn claim_device_name(uid: &str, device: &str) -> String {
     format!("{uid}-{device}")
 }
 
 /// The fully-qualified CDI device ID of DRA device `device` in claim `uid`.
 pub fn qualified_name(driver: &str, uid: &str, device: &str) -> String {
-    format!("{}={}", kind(driver), device_name(uid, device))
+    format!("{}={}", kind(driver), claim_device_name(uid, device))
 }
 
 /// The spec file of claim `uid` in `cdi_dir`.

@@ -186,7 +186,7 @@ impl Claims {
                 .iter()
                 .filter_map(|p| {
                     let device = view.physical(&p.id)?;
-                    Some((claim_spec::device_name(&claim.uid, &p.device), &device.edits))
+                    Some((claim_spec::claim_device_name(&claim.uid, &p.device), &device.edits))
                 })
                 .collect();
             let entries = claim_spec::split(&own, &total);

@@ -12,6 +12,7 @@
 //! exception, ID `x-264d58fb` would take the name of ID `}}}}}}`).
 
 use crate::driver::device::Device;
+use crate::names::{fnv1a, has_hash_suffix};
 
 /// Longest DRA device name (a DNS label).
 const MAX_DEVICE_NAME: usize = 63;
@@ -42,21 +43,8 @@ fn is_device_name(name: &str) -> bool {
         && alnum(name.chars().last())
 }
 
-/// FNV-1a, 32 bits: stable across builds and restarts, unlike std's hasher.
-fn fnv1a(text: &str) -> u32 {
-    text.bytes().fold(0x811c_9dc5, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193))
-}
-
-/// Whether `name` ends as [`device_name`] ends the names it hashes: `-` and 8 hex digits.
-fn has_hash_suffix(name: &str) -> bool {
-    let bytes = name.as_bytes();
-    bytes.len() >= 9
-        && bytes[bytes.len() - 9] == b'-'
-        && bytes[bytes.len() - 8..].iter().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))
-}
-
 /// The DRA device name of a driver's device ID (rule in the module docs).
-pub fn device_name(id: &str) -> String {
+pub fn dra_device_name(id: &str) -> String {
     if is_device_name(id) && !has_hash_suffix(id) {
         return id.to_owned();
     }
@@ -102,7 +90,7 @@ pub fn plan(
                 result.device, result.request, result.pool
             ));
         }
-        let Some(device) = devices.iter().find(|d| device_name(&d.id) == result.device) else {
+        let Some(device) = devices.iter().find(|d| dra_device_name(&d.id) == result.device) else {
             return Err(format!(
                 "device {} of request {} is not a device of driver {driver} on this node (gone since allocation?)",
                 result.device, result.request
@@ -161,41 +149,41 @@ mod tests {
 
     #[test]
     fn device_names_are_stable_dns_labels() {
-        assert_eq!(device_name("gpu-0"), "gpu-0");
-        let pci = device_name("0000:3B:00.0");
+        assert_eq!(dra_device_name("gpu-0"), "gpu-0");
+        let pci = dra_device_name("0000:3B:00.0");
         assert!(pci.starts_with("0000-3b-00-0-") && pci.len() == 13 + 8, "{pci}");
-        assert_eq!(device_name("0000:3B:00.0"), pci, "the same ID always gets the same name");
-        assert_ne!(device_name("GPU-1"), device_name("gpu-1"), "a lossy mapping keeps IDs apart");
-        let long = device_name(&"A".repeat(100));
+        assert_eq!(dra_device_name("0000:3B:00.0"), pci, "the same ID always gets the same name");
+        assert_ne!(dra_device_name("GPU-1"), dra_device_name("gpu-1"), "a lossy mapping keeps IDs apart");
+        let long = dra_device_name(&"A".repeat(100));
         assert!(long.len() <= 63 && is_device_name(&long), "{long}");
-        assert!(is_device_name(&device_name("::")), "{}", device_name("::"));
+        assert!(is_device_name(&dra_device_name("::")), "{}", dra_device_name("::"));
     }
 
     #[test]
     fn an_id_shaped_like_a_hashed_name_never_takes_another_ids_name() {
         // Found by tests/fuzz (dra_plan): `}}}}}}` is named `x-264d58fb`, which is also a DNS label.
-        assert_eq!(device_name("}}}}}}"), "x-264d58fb");
+        assert_eq!(dra_device_name("}}}}}}"), "x-264d58fb");
         for id in ["}}}}}}", "GPU-A", "0000:3B:00.0", &"A".repeat(63)] {
-            let name = device_name(id);
-            assert_ne!(device_name(&name), name, "ID {name:?} would share the name of ID {id:?}");
-            assert!(is_device_name(&device_name(&name)));
+            let name = dra_device_name(id);
+            assert_ne!(dra_device_name(&name), name, "ID {name:?} would share the name of ID {id:?}");
+            assert!(is_device_name(&dra_device_name(&name)));
         }
-        assert_eq!(device_name("gpu-0"), "gpu-0", "other labels stay their own names");
-        assert_eq!(device_name("gpu-1234567"), "gpu-1234567", "7 hex digits are not a hash");
+        assert_eq!(dra_device_name("gpu-0"), "gpu-0", "other labels stay their own names");
+        assert_eq!(dra_device_name("gpu-1234567"), "gpu-1234567", "7 hex digits are not a hash");
     }
 
     #[test]
     fn plan_maps_names_back_to_ids() {
         let devices = [device("GPU-A", true), device("gpu-1", true)];
         let results = [
-            result("gpus/large", "gpu.example.com", "node-1", &device_name("GPU-A")),
+            result("gpus/large", "gpu.example.com", "node-1", &dra_device_name("GPU-A")),
             result("gpus", "other.example.com", "node-1", "x"),
             result("one", "gpu.example.com", "node-1", "gpu-1"),
             result("two", "gpu.example.com", "node-1", "gpu-1"),
         ];
         let planned = plan("gpu.example.com", "node-1", &devices, &results).unwrap();
         assert_eq!(planned.len(), 2, "the other driver's result is skipped, a device is planned once");
-        assert_eq!((planned[0].id.as_str(), planned[0].device.as_str()), ("GPU-A", device_name("GPU-A").as_str()));
+        assert_eq!((planned[0].id.as_str(), planned[0].device.as_str()), ("GPU-A", dra_device_name("GPU-A").as_str()));
         assert_eq!(planned[0].requests, ["gpus"], "the subrequest suffix is dropped");
         assert_eq!(planned[1].id, "gpu-1");
         assert_eq!(planned[1].requests, ["one", "two"]);

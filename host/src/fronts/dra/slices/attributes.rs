@@ -7,7 +7,7 @@ use std::path::Path;
 use k8s_openapi::api::resource::v1::{Device as DraDevice, DeviceAttribute, DeviceCapacity};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use super::super::prepare::device_name;
+use super::super::prepare::dra_device_name;
 use crate::driver::device::Device;
 
 /// Most attributes and capacities of one device, together.
@@ -203,7 +203,7 @@ pub fn dra_device(device: &Device, sysfs: &Path) -> (DraDevice, Vec<String>) {
         attrs.truncate(room);
     }
     let device = DraDevice {
-        name: device_name(&device.id),
+        name: dra_device_name(&device.id),
         attributes: (!attrs.is_empty()).then(|| attrs.into_iter().collect()),
         capacity: (!caps.is_empty())
             .then(|| caps.into_iter().map(|(n, value)| (n, DeviceCapacity { value, request_policy: None })).collect()),

@@ -9,7 +9,7 @@
 //!   resource's DRA driver; every slice is owned by the Node object (garbage-collected with it);
 //! - the resource's **healthy physical devices** only (a device turning unhealthy leaves the
 //!   slice, coming back re-adds it; `replicas` does not apply to DRA, the manifest warns),
-//!   named by [`device_name`](super::prepare::device_name), in the order the driver reported them;
+//!   named by [`dra_device_name`](super::prepare::dra_device_name), in the order the driver reported them;
 //! - at most [`MAX_DEVICES_PER_SLICE`] devices per slice; a bigger pool is split into several
 //!   slices, all with the same generation and `resourceSliceCount`. A pool without a healthy
 //!   device keeps one empty slice, so that consumers know it is empty rather than missing.

@@ -13,6 +13,7 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
 use super::super::api::ApiServer;
 use super::attributes::{Once, dra_device};
 use crate::driver::device::Device;
+use crate::names::fnv1a;
 
 /// The field selector of (driver, node)'s slices.
 pub fn selector(driver: &str, node: &str) -> String {
@@ -23,11 +24,6 @@ pub fn selector(driver: &str, node: &str) -> String {
 pub const MAX_DEVICES_PER_SLICE: usize = 128;
 /// Longest object name (a DNS subdomain).
 const MAX_OBJECT_NAME: usize = 253;
-
-/// FNV-1a, 32 bits (stable across builds).
-fn fnv1a(text: &str) -> u32 {
-    text.bytes().fold(0x811c_9dc5, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193))
-}
 
 /// The name of slice `index` of (node, driver): `<node>-<driver>-<index:04>`, shortened with a
 /// hash when over 253 characters.

@@ -1,4 +1,4 @@
-use super::super::prepare::device_name;
+use super::super::prepare::dra_device_name;
 use super::*;
 use crate::driver::device::Device;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -61,7 +61,7 @@ fn a_device_gets_standard_attributes_capacity_and_typed_driver_attributes() {
     );
     let (dra, skipped) = dra_device(&d, Path::new("/nonexistent"));
     assert!(skipped.is_empty(), "{skipped:?}");
-    assert_eq!(dra.name, device_name("GPU-1"));
+    assert_eq!(dra.name, dra_device_name("GPU-1"));
     let attrs = dra.attributes.unwrap();
     assert_eq!(attrs["numaNode"].int, Some(1));
     assert_eq!(attrs["model"].string.as_deref(), Some("H100"));
