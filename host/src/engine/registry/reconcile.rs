@@ -6,8 +6,8 @@
 use super::{Changes, DriverEntry, Registry, Resource, Scanned, Slot, View, read, retire, serving, write};
 use crate::driver::instance::{CallError, Instance, StartError};
 use crate::driver::lookup::{self, ModuleCache};
+use crate::engine::release::hook as release_hook;
 use crate::engine::release::{self, Backoff, ReleaseRunner};
-use crate::engine::release_hook;
 use crate::engine::status::Tracker;
 use crate::manifest::{DriverConfig, Isolation, Manifest};
 use std::collections::{BTreeSet, HashMap};

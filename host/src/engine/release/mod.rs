@@ -20,6 +20,7 @@
 //! that holder has exited (`containers.rs`); until then the devices stay
 //! Unhealthy and the batch says what it waits for.
 
+pub mod hook;
 pub mod journal;
 pub mod state;
 mod store;
@@ -52,7 +53,7 @@ use tokio::time::Instant;
 /// ID → reason.
 pub type Overlay = BTreeMap<String, String>;
 
-pub use crate::engine::release_hook::{Releaser, outcome};
+pub use hook::{Releaser, outcome};
 
 /// The release runner of one resource. Dropping it stops it (a call in
 /// flight still finishes on the driver's worker thread).

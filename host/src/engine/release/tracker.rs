@@ -59,7 +59,7 @@ pub fn driver_id(kubelet_id: &str) -> &str {
     crate::engine::sharing::parse_replica(kubelet_id).map_or(kubelet_id, |(id, _)| id)
 }
 
-pub use crate::engine::release_hook::Outcome;
+pub use super::hook::Outcome;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Phase {

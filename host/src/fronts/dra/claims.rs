@@ -21,7 +21,7 @@ use super::checkpoint::{self, Checkpoint, PreparedClaim, PreparedDevice};
 use super::claim_spec;
 use super::prepare::{self, AllocationResult};
 use crate::engine::registry::{Resource, compose};
-use crate::engine::release_hook::{self, Outcome, Releaser};
+use crate::engine::release::hook::{self as release_hook, Outcome, Releaser};
 use crate::engine::telemetry::Metrics;
 
 /// How long a claim GET may take (they run at once), well within the kubelet's 45 s deadline.
