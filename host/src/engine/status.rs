@@ -1,13 +1,12 @@
 //! What the host has seen, for an operator debugging a node: each device's health history (when
 //! and why it turned Unhealthy) and the allocations served, per resource, in bounded memory.
-//! Served as JSON on `/status` and by `devhost list --json`. The history and log are plain data
-//! with explicit times (so they are tested without clocks); [`Tracker`] wraps them for sharing.
-//! Both are bounded in bytes, not only in entries: long texts and ID lists are shortened in the
-//! records (saying how long they were), whatever a driver or a client sends.
+//! Served as JSON on `/status` and by `devhost list --json`, as the typed document that [`model`]
+//! builds. The history and log are plain data with explicit times (so they are tested without
+//! clocks); [`Tracker`] wraps them for sharing. Both are bounded in bytes, not only in entries:
+//! long texts and ID lists are shortened in the records (saying how long they were), whatever a
+//! driver or a client sends.
 
 use crate::driver::device::{self, Device};
-use crate::engine::sharing;
-use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -360,126 +359,7 @@ pub fn rfc3339(t: SystemTime) -> String {
     )
 }
 
-fn transition_json(t: &Transition) -> Value {
-    json!({ "at": rfc3339(t.at), "from": t.from, "to": t.to, "reason": &*t.reason })
-}
-
-/// One resource's status: its devices (physical ones when shared, with their replica count), each
-/// with its health history and, when Unhealthy, the latest reason; the devices gone with their
-/// history; and the allocations served. `devices` is the advertised list (replicas collapse onto
-/// their physical device); `tracker` is `None` where nothing was tracked (`devhost list`).
-pub fn resource_json(info: ResourceInfo<'_>, devices: &[Device], tracker: Option<&Tracker>) -> Value {
-    let guard = tracker.map(Tracker::lock);
-    let (history, log) = match &guard {
-        Some(g) => (Some(&g.0), Some(&g.1)),
-        None => (None, None),
-    };
-    let mut shown: Vec<&str> = Vec::new();
-    let mut out_devices = Vec::new();
-    for d in devices {
-        let id = match sharing::parse_replica(&d.id) {
-            Some((physical, _)) if info.replicas > 1 => physical,
-            _ => d.id.as_str(),
-        };
-        if shown.contains(&id) {
-            continue;
-        }
-        shown.push(id);
-        let transitions = history.map(|h| h.transitions(id)).unwrap_or_default();
-        let mut v = json!({
-            "id": id,
-            "health": health(d.healthy),
-            "numa_node": d.numa_node,
-            "attributes": d.attributes,
-            "links": d.links.iter().map(|(id, score)| json!({ "id": id, "score": score })).collect::<Vec<_>>(),
-            "history": transitions.iter().map(transition_json).collect::<Vec<_>>(),
-        });
-        if !d.healthy
-            && let Some(t) = transitions.iter().rev().find(|t| t.to == UNHEALTHY)
-        {
-            v["unhealthy_since"] = Value::String(rfc3339(t.at));
-            v["reason"] = Value::String(t.reason.to_string());
-        } else if !d.healthy
-            && let Some(r) = &d.health_reason
-        {
-            // Nothing tracked (`devhost list`): the driver's word is all there is.
-            v["reason"] = Value::String(format!("{DRIVER_REPORTED}: {r}"));
-        }
-        if let Some(r) = &d.health_reason {
-            v["health_reason"] = Value::String(r.clone());
-        }
-        out_devices.push(v);
-    }
-    let gone: Vec<Value> = history
-        .map(|h| {
-            h.gone()
-                .into_iter()
-                .map(|id| json!({ "id": id, "history": h.transitions(id).iter().map(transition_json).collect::<Vec<_>>() }))
-                .collect()
-        })
-        .unwrap_or_default();
-    let allocations: Vec<Value> = log
-        .map(|l| {
-            l.entries()
-                .map(|a| {
-                    let mut v = json!({
-                        "at": rfc3339(a.at),
-                        "container": a.container,
-                        "devices": a.devices,
-                        "device_count": a.device_count,
-                        "outcome": if a.outcome.is_ok() { "ok" } else { "error" },
-                        "latency_ms": a.latency.as_secs_f64() * 1000.0,
-                    });
-                    if let Err(e) = &a.outcome {
-                        v["error"] = Value::String(e.clone());
-                    }
-                    v
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    let (served, refused) = log.map(AllocationLog::totals).unwrap_or_default();
-    let healthy = out_devices.iter().filter(|d| d["health"] == HEALTHY).count();
-    let mut v = json!({
-        "resource": info.name,
-        "driver": info.driver,
-        "registered": info.registered,
-        "replicas": info.replicas,
-        "device_list_strategy": info.device_list_strategy,
-        "healthy": healthy,
-        "unhealthy": out_devices.len() - healthy,
-        "devices": out_devices,
-        "gone_devices": gone,
-        "allocations": allocations,
-        "allocations_total": { "served": served, "refused": refused },
-    });
-    if let Some(e) = info.error {
-        v["error"] = Value::String(e.to_string());
-    }
-    v
-}
-
-/// The whole `/status` document: the host's version, when it was made, and every resource.
-pub fn status_json(at: SystemTime, resources: Vec<Value>) -> Value {
-    json!({
-        "version": env!("CARGO_PKG_VERSION"),
-        "generated_at": rfc3339(at),
-        "resources": resources,
-    })
-}
+pub mod model;
 
 #[cfg(test)]
 mod tests;
-
-/// A driver's failing `create` as the status view shows it: being retried,
-/// how many attempts failed, the last error and when the next one runs.
-pub fn create_retry_json(r: &crate::driver::instance::CreateRetry, now: std::time::Instant) -> Value {
-    let next = r.next_attempt.saturating_duration_since(now);
-    json!({
-        "state": "retrying",
-        "attempts": r.attempts,
-        "last_error": r.last_error,
-        "next_attempt_in_ms": next.as_millis() as u64,
-        "next_attempt_at": rfc3339(std::time::SystemTime::now() + next),
-    })
-}

@@ -1,6 +1,8 @@
 //! The one-shot commands (`list`, `check`, `drivers`) and how every command loads the
 //! manifest ([`load_manifest`]).
 
+use crate::engine::podresources::Snapshot;
+use crate::engine::registry::report::View;
 use crate::engine::registry::{Mode, Registry, Slot};
 use crate::manifest::Manifest;
 use std::path::{Path, PathBuf};
@@ -52,8 +54,8 @@ pub async fn list(config: &Path, json: bool, flags: Flags) -> ExitCode {
     let Some(manifest) = load_manifest(config, None, flags) else { return ExitCode::from(2) };
     let registry = Registry::open(&manifest, Mode::Inspect).await;
     if json {
-        let mut out = registry.status(false);
-        add_holders(&mut out, &manifest).await;
+        let holders = list_holders(&manifest).await;
+        let out = registry.status(View::List(holders.as_ref().map_err(String::as_str)));
         match serde_json::to_string_pretty(&out) {
             Ok(s) => println!("{s}"),
             Err(e) => {
@@ -94,21 +96,12 @@ fn links_text(d: &crate::driver::device::Device) -> Option<String> {
     (!links.is_empty()).then(|| format!("links={}", links.join(",")))
 }
 
-/// Who holds each device, from the kubelet's pod-resources socket when
-/// there is one (a running node); `list` works without it.
-async fn add_holders(out: &mut [serde_json::Value], manifest: &Manifest) {
-    let holders = crate::engine::podresources::list_once(&manifest.pod_resources_socket).await;
-    let holders = holders.map(|map| crate::engine::podresources::Snapshot {
-        generation: 1,
-        resources: Some(std::sync::Arc::new(map)),
-        ..Default::default()
-    });
-    for r in out.iter_mut() {
-        match &holders {
-            Ok(snap) => crate::engine::registry::report::set_holders(r, snap),
-            Err(e) => r["holders_error"] = serde_json::Value::String(e.to_string()),
-        }
-    }
+/// Who holds each device, from the kubelet's pod-resources socket when there is one (a running
+/// node); `list` works without it, and each resource then says why there are no holders.
+async fn list_holders(manifest: &Manifest) -> Result<Snapshot, String> {
+    let map =
+        crate::engine::podresources::list_once(&manifest.pod_resources_socket).await.map_err(|e| e.to_string())?;
+    Ok(Snapshot { generation: 1, resources: Some(std::sync::Arc::new(map)), ..Default::default() })
 }
 
 /// `devhost check`: the manifest, every driver's create and the CDI names it would hand out.

@@ -3,7 +3,9 @@
 //! metrics and probe server, the CDI folder watch and the NFD labels. `devhost run`, `devhost
 //! sim` and `devhost conformance` all start one, so what `sim` shows is what `run` does.
 
+use crate::engine::registry::report::View;
 use crate::engine::registry::{Changes, Mode, Registry, Resource};
+use crate::engine::status::model::StatusDocument;
 use crate::fronts::device_plugin::kubelet::Endpoints;
 use crate::fronts::dra::Fronts;
 use crate::lock::{InstanceLock, LockError};
@@ -145,7 +147,7 @@ fn probes(registry: &Arc<Registry>) -> metrics::Probes {
             let missing = ready.unregistered();
             if missing.is_empty() { Ok(()) } else { Err(missing) }
         },
-        move || crate::engine::status::status_json(std::time::SystemTime::now(), status.status(true)),
+        move || StatusDocument::new(std::time::SystemTime::now(), status.status(View::Daemon)),
     )
 }
 

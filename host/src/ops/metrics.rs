@@ -1,8 +1,9 @@
 //! Metrics and probes on `metrics_addr`: `/metrics` in the Prometheus text format (OpenMetrics
 //! when the scraper asks for it) through the Prometheus project's `prometheus-client`, `/healthz`
 //! (the process and its async runtime answer), `/readyz` (every enabled resource is registered
-//! with the kubelet) and `/status` (the JSON of [`crate::engine::status`]). The server is a small hyper 1
-//! HTTP/1.1 loop; what each path answers is decided by [`respond`], which needs no socket.
+//! with the kubelet) and `/status` (the typed document of [`crate::engine::status::model`]). The
+//! server is a small hyper 1 HTTP/1.1 loop; what each path answers is decided by [`respond`],
+//! which needs no socket.
 
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
@@ -15,6 +16,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
+use crate::engine::status::model::StatusDocument;
 /// Upper bounds of the Allocate latency buckets, in seconds: from a composed answer (well under
 /// a millisecond) to a driver hook near the default 10 s call deadline.
 use crate::engine::telemetry::Metrics;
@@ -36,15 +38,15 @@ pub struct Probes {
     pub live: Check<Result<(), String>>,
     /// `/readyz`: `Err(resources not registered)` until every enabled resource is registered.
     pub ready: Check<Result<(), Vec<String>>>,
-    /// `/status`: the document of [`crate::engine::status::status_json`].
-    pub status: Check<serde_json::Value>,
+    /// `/status`: the document of [`crate::engine::status::model`].
+    pub status: Check<StatusDocument>,
 }
 
 impl Probes {
     /// Probes with an always-passing liveness check.
     pub fn new(
         ready: impl Fn() -> Result<(), Vec<String>> + Send + Sync + 'static,
-        status: impl Fn() -> serde_json::Value + Send + Sync + 'static,
+        status: impl Fn() -> StatusDocument + Send + Sync + 'static,
     ) -> Probes {
         Probes { live: Arc::new(|| Ok(())), ready: Arc::new(ready), status: Arc::new(status) }
     }

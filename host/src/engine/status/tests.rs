@@ -1,5 +1,8 @@
+use super::model::{ResourceStatus, StatusDocument};
 use super::*;
 use crate::driver::device::Edits;
+use crate::engine::sharing;
+use serde_json::{Value, json};
 
 fn dev(id: &str, healthy: bool) -> Device {
     Device {
@@ -11,6 +14,11 @@ fn dev(id: &str, healthy: bool) -> Device {
         edits: Edits::default(),
         links: vec![],
     }
+}
+
+/// A resource's status as `/status` and `list --json` write it.
+fn resource_json(info: ResourceInfo<'_>, devices: &[Device], tracker: Option<&Tracker>) -> Value {
+    serde_json::to_value(ResourceStatus::new(info, devices, tracker)).unwrap()
 }
 
 fn t(secs: u64) -> SystemTime {
@@ -148,7 +156,7 @@ fn replicas_collapse_onto_their_physical_device() {
 fn status_document_wraps_resources_with_version_and_time() {
     let mut i = info(1);
     i.error = Some("driver ex: no module file found");
-    let v = status_json(t(0), vec![resource_json(i, &[], None)]);
+    let v = serde_json::to_value(StatusDocument::new(t(0), vec![ResourceStatus::new(i, &[], None)])).unwrap();
     assert_eq!(v["generated_at"], "1970-01-01T00:00:00.000Z");
     assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
     assert_eq!(v["resources"][0]["error"], "driver ex: no module file found");
@@ -215,4 +223,75 @@ fn a_drivers_reason_completes_its_own_verdict_and_yields_to_the_hosts() {
     let v = resource_json(info(1), &[why("a", false, "GPU lost")], None);
     assert_eq!(v["devices"][0]["reason"], "driver reported Unhealthy: GPU lost");
     assert_eq!(v["devices"][0]["health_reason"], "GPU lost");
+}
+
+/// A resource with every part the status can show: history, a gone device, allocations, links,
+/// the driver's reason, its driver's state, holders, a pending release and the follower's state.
+fn everything() -> StatusDocument {
+    use crate::driver::instance::CreateRetry;
+    use crate::engine::podresources::{Holder, HolderMap, Snapshot};
+    use crate::engine::release::{Batch, Phase};
+    let mut a = dev("a", true);
+    a.attributes = BTreeMap::from([("model".into(), "x".into()), ("arch".into(), "y".into())]);
+    a.links = vec![("b".into(), 7)];
+    let b = Device { numa_node: None, health_reason: Some("Xid 79".into()), ..dev("b", false) };
+    let tracker = Tracker::new();
+    tracker.observe(&[], &[a.clone(), dev("b", true), dev("g", true)], "");
+    tracker.observe(&[a.clone(), dev("b", true), dev("g", true)], &[a.clone(), b.clone()], DRIVER_REPORTED);
+    tracker.allocation(0, &["a".into()], Ok(()), Duration::from_micros(1500));
+    tracker.allocation(1, &["b".into()], Err("device b is Unhealthy".into()), Duration::ZERO);
+    let holder = Holder { namespace: "ns".into(), pod: "p".into(), container: "c".into() };
+    let held = HolderMap::from([("example.com/gpu".into(), [("a".into(), holder.clone())].into())]);
+    let snap = Snapshot { generation: 3, resources: Some(held.into()), ..Default::default() };
+    let waiting = Some("containers run".into());
+    let batch =
+        Batch { holder, devices: vec!["b".into()], phase: Phase::Running, attempts: 2, last_error: None, waiting };
+    let now = std::time::Instant::now();
+    let retry = CreateRetry { attempts: 3, last_error: "EIO".into(), next_attempt: now + Duration::from_secs(2) };
+    let mut served =
+        ResourceStatus::new(ResourceInfo { error: Some("some error"), ..info(1) }, &[a, b], Some(&tracker));
+    served.set_driver(true, Some(42), Some(&retry), now);
+    served.set_followed(&snap, &[batch]);
+    let mut listed = ResourceStatus::starting(info(1));
+    listed.set_listed(Err("pod-resources socket /x not found"));
+    StatusDocument::new(t(0), vec![served, listed])
+}
+
+#[test]
+fn status_keys_are_written_in_alphabetical_order_at_every_level() {
+    // The document was a `serde_json::Value` once, whose objects sort their keys; clients may
+    // have come to rely on that order, so the typed model keeps it.
+    let doc = everything();
+    let sorted = serde_json::to_value(&doc).unwrap();
+    assert_eq!(serde_json::to_string_pretty(&doc).unwrap(), serde_json::to_string_pretty(&sorted).unwrap());
+}
+
+#[test]
+fn the_followed_status_shows_holders_releases_and_the_follower() {
+    let v = serde_json::to_value(everything()).unwrap();
+    let r = &v["resources"][0];
+    assert_eq!(r["devices"][0]["held_by"], json!([{ "namespace": "ns", "pod": "p", "container": "c" }]));
+    assert_eq!(r["devices"][1]["held_by"], json!([]));
+    assert!(r["devices"][0].get("release").is_none());
+    let release = json!({ "state": "waiting", "attempts": 2, "last_holder": "ns/p/c", "error": null, "waiting_for": "containers run" });
+    assert_eq!(r["devices"][1]["release"], release);
+    assert_eq!(r["pod_resources"], json!({ "generation": 3, "error": null }));
+    assert_eq!((r["isolation"].as_str(), r["worker_pid"].as_u64()), (Some("process"), Some(42)));
+    assert_eq!(
+        (r["create"]["state"].as_str(), r["create"]["next_attempt_in_ms"].as_u64()),
+        (Some("retrying"), Some(2000))
+    );
+    assert_eq!(r["gone_devices"][0]["id"], "g");
+    assert!(r.get("holders_error").is_none());
+}
+
+#[test]
+fn a_failed_list_replaces_every_holder_by_its_reason() {
+    let v = serde_json::to_value(everything()).unwrap();
+    let r = &v["resources"][1];
+    assert_eq!(r["create"], json!({ "state": "starting" }));
+    assert_eq!(r["holders_error"], "pod-resources socket /x not found");
+    for absent in ["pod_resources", "isolation", "worker_pid", "error"] {
+        assert!(r.get(absent).is_none(), "{absent}: {r}");
+    }
 }

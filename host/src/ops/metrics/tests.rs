@@ -1,5 +1,7 @@
 use super::*;
 use crate::driver::instance::CallError;
+use crate::engine::status::ResourceInfo;
+use crate::engine::status::model::ResourceStatus;
 use crate::engine::telemetry::{CALL_OUTCOMES, call_outcome};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -96,7 +98,17 @@ fn call_outcomes_name_the_failure_kind() {
 fn flag_probes(ready: Arc<AtomicBool>) -> Probes {
     Probes::new(
         move || if ready.load(Ordering::SeqCst) { Ok(()) } else { Err(vec![R.to_string(), "b.com/x".to_string()]) },
-        || serde_json::json!({ "resources": [{ "resource": R }] }),
+        || {
+            let info = ResourceInfo {
+                name: R,
+                driver: "ex",
+                registered: true,
+                error: None,
+                replicas: 1,
+                device_list_strategy: "edits",
+            };
+            StatusDocument::new(std::time::SystemTime::now(), vec![ResourceStatus::new(info, &[], None)])
+        },
     )
 }
 
