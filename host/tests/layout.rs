@@ -56,9 +56,6 @@ const GRPC_EXCEPTIONS: &[(&str, &str)] = &[
     ("engine/containers.rs", "tonic"),
     // Its tests make that client's fake runtime fail with a gRPC code.
     ("engine/release/gate_tests.rs", "tonic"),
-    // The registry's view builds the Device Plugin front's `pb::Device` list; to move into
-    // fronts/device_plugin with the registry's split (#39).
-    ("engine/registry/view.rs", "devhost_proto"),
 ];
 
 /// The crates that are gRPC: the transport and the kubelet's (and runtime's) protos.

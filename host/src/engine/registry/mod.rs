@@ -27,7 +27,7 @@ mod publish;
 mod reconcile;
 pub mod report;
 mod view;
-pub use view::{Mode, Services, View};
+pub use view::{Advertised, Mode, Services, View};
 
 pub struct Resource {
     pub config: ResourceConfig,
