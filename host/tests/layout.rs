@@ -30,7 +30,7 @@ const CIRCLE_EXCEPTIONS: &[(&str, &str)] = &[
     ("fronts/device_plugin/kubelet/life.rs", "fronts/device_plugin/kubelet.rs"),
     // DRA: files that use what the front's `mod.rs` declares, which uses them.
     ("fronts/dra/checkpoint.rs", "fronts/dra/mod.rs"),
-    ("fronts/dra/fronts.rs", "fronts/dra/mod.rs"),
+    ("fronts/dra/front.rs", "fronts/dra/mod.rs"),
     ("fronts/dra/registration.rs", "fronts/dra/mod.rs"),
     // The manifest: `mod.rs` declares the types its files build and uses them.
     ("manifest/mod.rs", "manifest/build.rs"),
