@@ -9,7 +9,7 @@ use std::sync::Arc;
 use devhost::engine::registry::{Mode, Registry};
 use devhost::engine::telemetry::Metrics;
 use devhost::fronts::dra::api::ApiServer;
-use devhost::fronts::dra::{DraFront, FrontError, Paths, Settings};
+use devhost::fronts::dra::{FrontError, Paths, ServedDriver, Settings};
 use devhost::manifest::Manifest;
 use devhost_proto::dra::v1::dra_plugin_client::DraPluginClient;
 use devhost_proto::dra::v1::{Claim, NodePrepareResourcesRequest, NodeUnprepareResourcesRequest};
@@ -22,7 +22,7 @@ const NODE: &str = "node-1";
 
 /// The front of one DRA resource of the C example driver (two devices), with a client for an
 /// API server that is not there (these tests never reach it).
-async fn start(root: &Path) -> Result<DraFront, FrontError> {
+async fn start(root: &Path) -> Result<ServedDriver, FrontError> {
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = common::unreachable_kubeconfig(dir.path());
     start_at(root, dir.path(), &kubeconfig, Arc::new(Metrics::new())).await
@@ -31,7 +31,12 @@ async fn start(root: &Path) -> Result<DraFront, FrontError> {
 /// The front of one DRA resource of the C example driver (two devices, its releases recorded in
 /// `<dir>/released`, failing for the IDs listed in `<dir>/release-fails`), keeping claims in
 /// `<dir>/state` and their CDI specs in `<dir>/cdi`, reaching the API server through `kubeconfig`.
-async fn start_at(root: &Path, dir: &Path, kubeconfig: &Path, metrics: Arc<Metrics>) -> Result<DraFront, FrontError> {
+async fn start_at(
+    root: &Path,
+    dir: &Path,
+    kubeconfig: &Path,
+    metrics: Arc<Metrics>,
+) -> Result<ServedDriver, FrontError> {
     let text = format!(
         "kubelet_dir = \"{dir}\"\nstate_dir = \"{dir}/state\"\nlock_dir = \"{dir}\"\n\
          [driver.example_c]\nmodule = \"{module}\"\nisolation = \"in-process\"\n[driver.example_c.options]\ncount = 2\n\
@@ -46,7 +51,7 @@ async fn start_at(root: &Path, dir: &Path, kubeconfig: &Path, metrics: Arc<Metri
     assert!(resource.driver.is_some(), "the example driver is loaded: {:?}", resource.error);
     let api = ApiServer::connect(Some(kubeconfig), Some(NODE)).await.expect("client");
     let settings = Settings { cdi_dir: dir.join("cdi"), state_dir: manifest.state_dir.clone(), metrics };
-    DraFront::start(root, DRIVER, resource, api, &settings).await
+    ServedDriver::start(root, DRIVER, resource, api, &settings).await
 }
 
 fn claims() -> Vec<Claim> {
@@ -207,7 +212,7 @@ use std::path::PathBuf;
 struct Served {
     root: tempfile::TempDir,
     dir: tempfile::TempDir,
-    front: Option<DraFront>,
+    front: Option<ServedDriver>,
     metrics: Arc<Metrics>,
     plugin: DraPluginClient<tonic::transport::Channel>,
 }

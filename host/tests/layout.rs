@@ -30,7 +30,7 @@ const CIRCLE_EXCEPTIONS: &[(&str, &str)] = &[
     ("fronts/device_plugin/kubelet/life.rs", "fronts/device_plugin/kubelet.rs"),
     // DRA: files that use what the front's `mod.rs` declares, which uses them.
     ("fronts/dra/checkpoint.rs", "fronts/dra/mod.rs"),
-    ("fronts/dra/fronts.rs", "fronts/dra/mod.rs"),
+    ("fronts/dra/front.rs", "fronts/dra/mod.rs"),
     ("fronts/dra/registration.rs", "fronts/dra/mod.rs"),
     // The manifest: `mod.rs` declares the types its files build and uses them.
     ("manifest/mod.rs", "manifest/build.rs"),
@@ -56,9 +56,6 @@ const GRPC_EXCEPTIONS: &[(&str, &str)] = &[
     ("engine/containers.rs", "tonic"),
     // Its tests make that client's fake runtime fail with a gRPC code.
     ("engine/release/gate_tests.rs", "tonic"),
-    // The registry's view builds the Device Plugin front's `pb::Device` list; to move into
-    // fronts/device_plugin with the registry's split (#39).
-    ("engine/registry/view.rs", "devhost_proto"),
 ];
 
 /// The crates that are gRPC: the transport and the kubelet's (and runtime's) protos.

@@ -8,7 +8,7 @@ mod common;
 use common::*;
 use devhost::driver::instance::Instance;
 use devhost::engine::podresources::{Follower, Holder, Snapshot};
-use devhost::engine::release::hook::Counted;
+use devhost::engine::release::hook::DriverReleaser;
 use devhost::engine::release::{Backoff, ReleaseRunner};
 use devhost::engine::telemetry::Metrics;
 use kubelet_emu::PodResourcesServer;
@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 /// The instance as the daemon hands it to a release runner: each hook call counted.
-fn counted(instance: Arc<Instance>) -> Arc<Counted> {
-    Arc::new(Counted { instance, metrics: Arc::new(Metrics::new()) })
+fn counted(instance: Arc<Instance>) -> Arc<DriverReleaser> {
+    Arc::new(DriverReleaser { instance, metrics: Arc::new(Metrics::new()) })
 }
 
 const GPU: &str = "example.com/fake";

@@ -3,7 +3,7 @@
 
 use crate::engine::podresources::Snapshot;
 use crate::engine::registry::report::View;
-use crate::engine::registry::{Mode, Registry, Slot};
+use crate::engine::registry::{DriverState, Mode, Registry};
 use crate::manifest::Manifest;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -109,12 +109,12 @@ pub async fn check(config: &Path, flags: Flags) -> ExitCode {
     let Some(manifest) = load_manifest(config, None, flags) else { return ExitCode::from(2) };
     let registry = Registry::open(&manifest, Mode::Inspect).await;
     let mut problems = Vec::new();
-    for (name, slot) in registry.drivers() {
-        match slot {
-            Slot::Failed(e) => problems.push(e),
+    for (name, state) in registry.drivers() {
+        match state {
+            DriverState::Failed(e) => problems.push(e),
             // A device is served by exactly one kubelet API: only the devices decide whether
             // a DRA resource's `match` overlaps another resource's.
-            Slot::Ready(inst)
+            DriverState::Ready(inst)
                 if manifest.resources.iter().any(|r| r.driver == name && r.api.dra_driver().is_some()) =>
             {
                 match inst.scan().await {
@@ -125,7 +125,7 @@ pub async fn check(config: &Path, flags: Flags) -> ExitCode {
                     Err(e) => problems.push(format!("driver {name}: scan failed: {e}")),
                 }
             }
-            Slot::Ready(_) => {}
+            DriverState::Ready(_) => {}
         }
     }
     let cdi = registry.planned_cdi_report();

@@ -6,8 +6,8 @@
 use crate::engine::registry::report::View;
 use crate::engine::registry::{Changes, Mode, Registry, Resource};
 use crate::engine::status::model::StatusDocument;
-use crate::fronts::device_plugin::kubelet::Endpoints;
-use crate::fronts::dra::Fronts;
+use crate::fronts::device_plugin::DevicePluginFront;
+use crate::fronts::dra::DraFront;
 use crate::lock::{InstanceLock, LockError};
 use crate::manifest::Manifest;
 use crate::ops::metrics;
@@ -32,10 +32,10 @@ pub struct Daemon {
     pub registry: Arc<Registry>,
     /// The manifest it started with: settings only a restart changes are compared with it.
     started_with: Manifest,
-    endpoints: Arc<Endpoints>,
+    device_plugin: Arc<DevicePluginFront>,
     stop_fronts: watch::Sender<bool>,
     plugins: JoinHandle<()>,
-    dra: JoinHandle<Fronts>,
+    dra: JoinHandle<DraFront>,
     /// The CDI folder watch and the NFD labels, aborted at shutdown.
     background: Vec<JoinHandle<()>>,
     stop_probes: watch::Sender<bool>,
@@ -71,11 +71,11 @@ impl Daemon {
             let probes = probes(&registry);
             tokio::spawn(metrics::serve(listener, registry.services.metrics.clone(), probes, stop_probes_rx));
         }
-        let endpoints = Arc::new(Endpoints::start(manifest.kubelet_dir.clone(), registry.services.clone()));
-        let dra = Fronts::new(&manifest, registry.services.metrics.clone());
+        let device_plugin = Arc::new(DevicePluginFront::start(manifest.kubelet_dir.clone(), registry.services.clone()));
+        let dra = DraFront::new(&manifest, registry.services.metrics.clone());
         // The fronts follow the registry: each resource is served as soon as its
         // own driver is up, at start and on every reload.
-        let (stop_fronts, plugins, dra) = follow_registry(registry.clone(), endpoints.clone(), dra);
+        let (stop_fronts, plugins, dra) = follow_registry(registry.clone(), device_plugin.clone(), dra);
         // CDI folders changed by others (a vendor's spec, devhost's own removed by hand): seen at once.
         let mut background: Vec<JoinHandle<()>> = registry.watch_cdi().into_iter().collect();
         registry.apply(&manifest).await;
@@ -83,7 +83,7 @@ impl Daemon {
         Ok(Daemon {
             registry,
             started_with: manifest,
-            endpoints,
+            device_plugin,
             stop_fronts,
             plugins,
             dra,
@@ -127,7 +127,7 @@ impl Daemon {
         let _ = self.stop_fronts.send(true);
         let _ = self.plugins.await;
         let mut dra = self.dra.await.ok();
-        self.endpoints.shutdown().await;
+        self.device_plugin.shutdown().await;
         if let Some(dra) = &mut dra {
             dra.shutdown().await;
         }
@@ -170,32 +170,32 @@ fn restart_only_changes(running: &Manifest, next: &Manifest) -> Vec<&'static str
     .collect()
 }
 
-/// Keeps the device-plugin endpoints and the DRA fronts in step with the
+/// Keeps the Device Plugin front and the DRA front in step with the
 /// registry's resources until told to stop. Both follow every install, so
 /// that each resource is served as soon as its own driver is up; a DRA front
 /// that cannot start is tried once per apply (at start, and again at each
 /// reload). Each front has a task of its own, so a slow DRA start (an API
 /// server that does not answer) never holds back a device plugin. The DRA
-/// task returns the fronts for their shutdown.
+/// task returns the DRA front for its shutdown.
 fn follow_registry(
     registry: Arc<Registry>,
-    endpoints: Arc<Endpoints>,
-    mut dra: Fronts,
-) -> (watch::Sender<bool>, JoinHandle<()>, JoinHandle<Fronts>) {
+    device_plugin: Arc<DevicePluginFront>,
+    mut dra: DraFront,
+) -> (watch::Sender<bool>, JoinHandle<()>, JoinHandle<DraFront>) {
     let (stop, stopped) = watch::channel(false);
     let (mut installs, mut stop_rx) = (registry.installs(), stopped.clone());
     let reg = registry.clone();
     let plugins = tokio::spawn(async move {
         loop {
             installs.borrow_and_update();
-            endpoints.sync(&reg.resources()).await;
+            device_plugin.sync(&reg.resources()).await;
             if !next_install(&mut installs, &mut stop_rx).await {
                 break;
             }
         }
     });
     let (mut installs, mut stop_rx) = (registry.installs(), stopped);
-    let fronts = tokio::spawn(async move {
+    let dra_task = tokio::spawn(async move {
         let mut round = 0;
         loop {
             let apply = *installs.borrow_and_update();
@@ -210,7 +210,7 @@ fn follow_registry(
         }
         dra
     });
-    (stop, plugins, fronts)
+    (stop, plugins, dra_task)
 }
 
 /// Waits for the registry's next install; false once told to stop (or the registry is gone).

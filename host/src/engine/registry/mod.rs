@@ -27,7 +27,7 @@ mod publish;
 mod reconcile;
 pub mod report;
 mod view;
-pub use view::{Mode, Services, View};
+pub use view::{Advertised, Mode, Services, View};
 
 pub struct Resource {
     pub config: ResourceConfig,
@@ -65,32 +65,33 @@ impl Resource {
     }
 }
 
-/// A driver instance, or why it could not be brought up.
+/// A configured driver as the registry holds it: its instance (created, or retrying its create),
+/// or why it could not be brought up (its module, or a create that will not be retried).
 #[derive(Clone)]
-pub enum Slot {
+pub enum DriverState {
     Ready(Arc<Instance>),
     Failed(String),
 }
 
-impl Slot {
+impl DriverState {
     fn instance(&self) -> Option<&Arc<Instance>> {
         match self {
-            Slot::Ready(i) => Some(i),
-            Slot::Failed(_) => None,
+            DriverState::Ready(i) => Some(i),
+            DriverState::Failed(_) => None,
         }
     }
 }
 
 struct DriverEntry {
     config: DriverConfig,
-    slot: Slot,
+    state: DriverState,
     /// Stops the instance's rescan task.
     stop: watch::Sender<bool>,
 }
 
 impl DriverEntry {
-    fn new(config: DriverConfig, slot: Slot) -> DriverEntry {
-        DriverEntry { config, slot, stop: watch::channel(false).0 }
+    fn new(config: DriverConfig, state: DriverState) -> DriverEntry {
+        DriverEntry { config, state, stop: watch::channel(false).0 }
     }
 }
 
@@ -203,8 +204,8 @@ impl Registry {
     }
 
     /// Every driver instance by name, or why it failed.
-    pub fn drivers(&self) -> BTreeMap<String, Slot> {
-        read(&self.drivers).iter().map(|(k, e)| (k.clone(), e.slot.clone())).collect()
+    pub fn drivers(&self) -> BTreeMap<String, DriverState> {
+        read(&self.drivers).iter().map(|(k, e)| (k.clone(), e.state.clone())).collect()
     }
 
     /// Stops every driver (watch_stop, destroy) after queued calls.
@@ -229,15 +230,15 @@ impl Registry {
     }
 }
 
-/// Whether a slot holds an instance that serves (created, not retrying).
-fn serving(slot: &Slot) -> bool {
-    matches!(slot, Slot::Ready(i) if i.create_retry().is_none())
+/// Whether a driver's state holds an instance that serves (created, not retrying).
+fn serving(state: &DriverState) -> bool {
+    matches!(state, DriverState::Ready(i) if i.create_retry().is_none())
 }
 
 /// Stops a driver's rescan task and its instance.
 fn retire(e: DriverEntry) {
     let _ = e.stop.send(true);
-    if let Slot::Ready(inst) = e.slot {
+    if let DriverState::Ready(inst) = e.state {
         inst.shutdown();
     }
 }

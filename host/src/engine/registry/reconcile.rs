@@ -3,7 +3,7 @@
 //! as soon as its create is in, its resources installed, then what it
 //! replaces retired and its first scan started.
 
-use super::{Changes, DriverEntry, Registry, Resource, Scanned, Slot, View, read, retire, serving, write};
+use super::{Changes, DriverEntry, DriverState, Registry, Resource, Scanned, View, read, retire, serving, write};
 use crate::driver::instance::{CallError, Instance, StartError};
 use crate::driver::lookup::{self, ModuleCache};
 use crate::engine::release::hook as release_hook;
@@ -18,8 +18,10 @@ use tokio::sync::{mpsc, watch};
 /// How long a (re)load waits for first scans before serving without them.
 const START_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// One `apply` while its drivers settle one by one.
-struct Settling {
+/// What one `apply` has done so far while its drivers settle one by one: the resources it began
+/// with, those its settled drivers installed and the changes to report, and each driver's first
+/// scan still to come; `finish` ends it.
+struct ApplyProgress {
     /// This apply's number (what `installs` carries).
     apply: u64,
     /// The resources served when the apply began.
@@ -33,9 +35,9 @@ struct Settling {
     first_scans: HashMap<String, tokio::task::JoinHandle<Option<Scanned>>>,
 }
 
-impl Settling {
-    fn new(apply: u64, old_resources: Vec<Arc<Resource>>) -> Settling {
-        Settling {
+impl ApplyProgress {
+    fn new(apply: u64, old_resources: Vec<Arc<Resource>>) -> ApplyProgress {
+        ApplyProgress {
             apply,
             old_resources,
             changes: Changes::default(),
@@ -46,8 +48,8 @@ impl Settling {
     }
 }
 
-/// A driver's start result, as its task sends it: the slot, once its create is in.
-type Created = (String, DriverConfig, Slot);
+/// A driver's start result, as its task sends it: the state, once its create is in.
+type Created = (String, DriverConfig, DriverState);
 
 impl Registry {
     /// Brings the registry to `manifest`, touching only what changed: a
@@ -61,30 +63,30 @@ impl Registry {
     /// keeps serving, and a new one is listed by [`Registry::unregistered`].
     pub async fn apply(self: &Arc<Self>, manifest: &Manifest) -> Changes {
         let mut old = std::mem::take(&mut *write(&self.drivers));
-        let mut start = Settling::new(*self.installs.borrow() + 1, self.resources());
+        let mut progress = ApplyProgress::new(*self.installs.borrow() + 1, self.resources());
         let (created_tx, mut created_rx) = mpsc::unbounded_channel();
-        let (kept_drivers, mut replacing) = self.start_drivers(manifest, &mut old, &mut start, created_tx);
+        let (kept_drivers, mut replacing) = self.start_drivers(manifest, &mut old, &mut progress, created_tx);
         // Settled at once: the kept drivers, and resources naming a driver
         // the manifest does not configure.
         for inst in &kept_drivers {
-            self.settle(manifest, &inst.name, &mut start);
+            self.settle(manifest, &inst.name, &mut progress);
         }
         for name in unconfigured(manifest) {
-            self.settle(manifest, name, &mut start);
+            self.settle(manifest, name, &mut progress);
         }
         // The resources this takes out are the ones no longer in the manifest: the kept drivers'
         // rescans below hand their devices on, and a replaced driver's instance is retired.
-        let _ = self.publish_installed(manifest, &start);
+        let _ = self.publish_installed(manifest, &progress);
         // A kept driver's rescan publishes to the installed resources: started before they are
         // in, it could give its devices to the resources being replaced, and a changed
         // resource would be served empty until the driver's next scan.
         for inst in &kept_drivers {
-            self.start_first_scan(inst, false, &mut start);
+            self.start_first_scan(inst, false, &mut progress);
         }
-        // Every task sends its slot once; a task that panicked sends none
+        // Every task sends its state once; a task that panicked sends none
         // and its sender is gone with it: that driver counts as failed.
-        while let Some((name, cfg, slot)) = created_rx.recv().await {
-            self.decide(manifest, name, cfg, slot, &mut replacing, &mut start);
+        while let Some((name, cfg, state)) = created_rx.recv().await {
+            self.decide(manifest, name, cfg, state, &mut replacing, &mut progress);
         }
         let lost: Vec<(String, DriverConfig)> = manifest
             .drivers
@@ -93,27 +95,27 @@ impl Registry {
             .map(|(name, cfg)| (name.clone(), cfg.clone()))
             .collect();
         for (name, cfg) in lost {
-            let failed = Slot::Failed("the driver's start ended without a result".into());
-            self.decide(manifest, name, cfg, failed, &mut replacing, &mut start);
+            let failed = DriverState::Failed("the driver's start ended without a result".into());
+            self.decide(manifest, name, cfg, failed, &mut replacing, &mut progress);
         }
         for (name, e) in old {
             self.services.metrics.forget_driver(&name);
             retire(e);
         }
         self.count_drivers();
-        self.finish(manifest, start).await
+        self.finish(manifest, progress).await
     }
 
     /// Keeps each driver of `manifest` whose table and instance are
     /// unchanged (returned first, and back in `self.drivers`) and starts
-    /// every other one on its own task, which sends its slot on `created`
+    /// every other one on its own task, which sends its state on `created`
     /// (second: the entries those will replace). `old` keeps what the
     /// manifest no longer names.
     fn start_drivers(
         self: &Arc<Self>,
         manifest: &Manifest,
         old: &mut std::collections::BTreeMap<String, DriverEntry>,
-        start: &mut Settling,
+        progress: &mut ApplyProgress,
         created: mpsc::UnboundedSender<Created>,
     ) -> (Vec<Arc<Instance>>, HashMap<String, DriverEntry>) {
         let cache = ModuleCache::default();
@@ -125,10 +127,10 @@ impl Registry {
                 // does one whose module file now holds other bytes.
                 Some(e)
                     if e.config == *cfg
-                        && matches!(&e.slot, Slot::Ready(i) if (i.isolated() || !i.poisoned())
+                        && matches!(&e.state, DriverState::Ready(i) if (i.isolated() || !i.poisoned())
                             && lookup::module_changed(cfg, i).is_none()) =>
                 {
-                    if let Slot::Ready(i) = &e.slot {
+                    if let DriverState::Ready(i) = &e.state {
                         kept_drivers.push(i.clone());
                     }
                     write(&self.drivers).insert(name.clone(), e);
@@ -136,7 +138,7 @@ impl Registry {
                 }
                 // Replaced only once its successor is up (`decide`).
                 Some(e) => {
-                    if let Slot::Ready(i) = &e.slot
+                    if let DriverState::Ready(i) = &e.state
                         && e.config == *cfg
                         && let Some(path) = lookup::module_changed(cfg, i)
                     {
@@ -149,19 +151,19 @@ impl Registry {
             }
             // A failed create is retried by the daemon, unless a running
             // instance would be replaced: that one keeps serving instead.
-            let retry = self.watching && !replacing.get(name).is_some_and(|e| serving(&e.slot));
+            let retry = self.watching && !replacing.get(name).is_some_and(|e| serving(&e.state));
             // New instances are created concurrently: one slow driver must not
             // hold back the others (each create has its own deadline).
             let driver = Start { cfg: cfg.clone(), allow_untrusted: manifest.allow_untrusted_modules, retry };
             let task = tokio::spawn(self.clone().start_driver(driver, cache.clone(), created.clone()));
-            start.first_scans.insert(name.clone(), task);
+            progress.first_scans.insert(name.clone(), task);
         }
         (kept_drivers, replacing)
     }
 
     /// One driver's whole start on its own: module, create, then at once
     /// watch_start and the first scan, so one driver's slow step overlaps
-    /// with the others' instead of holding them all back. The created slot
+    /// with the others' instead of holding them all back. The created state
     /// is sent on `created`; the first scan is the result.
     async fn start_driver(
         self: Arc<Self>,
@@ -173,11 +175,11 @@ impl Registry {
         let inst = match driver.create(!self.watching, cache).await {
             Ok(inst) => inst,
             Err(e) => {
-                let _ = created.send((name, driver.cfg, Slot::Failed(e)));
+                let _ = created.send((name, driver.cfg, DriverState::Failed(e)));
                 return None;
             }
         };
-        let _ = created.send((name, driver.cfg, Slot::Ready(inst.clone())));
+        let _ = created.send((name, driver.cfg, DriverState::Ready(inst.clone())));
         drop(created);
         // watch_start comes before any other call (the ABI's promise),
         // then the first scan, published once the resources are in place.
@@ -192,7 +194,7 @@ impl Registry {
     /// Each configured driver's create-retry state and module, as metrics.
     fn count_drivers(&self) {
         for (name, e) in read(&self.drivers).iter() {
-            let inst = e.slot.instance();
+            let inst = e.state.instance();
             let (retry, module) = (inst.and_then(|i| i.create_retry()), inst.map(|i| &i.module));
             self.services.metrics.set_create_retry(name, retry.as_ref());
             self.services.metrics.driver_configured(name, module);
@@ -202,8 +204,8 @@ impl Registry {
     /// Once every driver is settled (so the last install was the whole
     /// manifest): what stopped, its CDI files and metrics gone, the release
     /// state trimmed; `list` and `check` wait for every first scan here.
-    async fn finish(&self, manifest: &Manifest, start: Settling) -> Changes {
-        let Settling { old_resources, mut changes, waiters, .. } = start;
+    async fn finish(&self, manifest: &Manifest, progress: ApplyProgress) -> Changes {
+        let ApplyProgress { old_resources, mut changes, waiters, .. } = progress;
         let resources = self.resources();
         changes.stopped = old_resources.into_iter().filter(|o| !resources.iter().any(|r| Arc::ptr_eq(r, o))).collect();
         for gone in &changes.stopped {
@@ -230,40 +232,40 @@ impl Registry {
         changes
     }
 
-    /// Settles one driver of `manifest` whose start gave `slot`: logs it,
+    /// Settles one driver of `manifest` whose start gave `state`: logs it,
     /// puts it (or the running instance it would replace, when that one
-    /// serves and `slot` failed) in `self.drivers`, installs its resources,
+    /// serves and `state` failed) in `self.drivers`, installs its resources,
     /// then retires what it replaces and starts its first scan.
     fn decide(
         self: &Arc<Self>,
         manifest: &Manifest,
         name: String,
         cfg: DriverConfig,
-        slot: Slot,
+        state: DriverState,
         replacing: &mut HashMap<String, DriverEntry>,
-        start: &mut Settling,
+        progress: &mut ApplyProgress,
     ) {
         // Where the options the driver complains about are written, or the driver meant.
-        let slot = match slot {
-            Slot::Failed(e) => Slot::Failed(manifest.explain_driver_failure(&name, &e).into_owned()),
+        let state = match state {
+            DriverState::Failed(e) => DriverState::Failed(manifest.explain_driver_failure(&name, &e).into_owned()),
             ready => ready,
         };
         let previous = replacing.remove(&name);
-        let (entry, retired, scan) = match (&slot, previous) {
+        let (entry, retired, scan) = match (&state, previous) {
             // A changed driver that cannot start keeps the running one: a
             // reload never trades working devices for an error.
-            (Slot::Failed(e), Some(prev)) if serving(&prev.slot) => {
+            (DriverState::Failed(e), Some(prev)) if serving(&prev.state) => {
                 self.services.metrics.module_load_failure(&name);
                 tracing::error!(driver = %name, "new settings cannot be applied, the previous instance keeps serving: {e}");
-                let kept = prev.slot.instance().map(|k| (k.clone(), false));
+                let kept = prev.state.instance().map(|k| (k.clone(), false));
                 (prev, None, kept)
             }
-            (Slot::Failed(e), prev) => {
+            (DriverState::Failed(e), prev) => {
                 self.services.metrics.module_load_failure(&name);
                 tracing::error!(driver = %name, "driver not loaded, its resources are not served: {e}");
-                (DriverEntry::new(cfg, slot.clone()), prev, None)
+                (DriverEntry::new(cfg, state.clone()), prev, None)
             }
-            (Slot::Ready(i), prev) => {
+            (DriverState::Ready(i), prev) => {
                 // A create that failed and is retried: say once where what it names is written.
                 if let Some(r) = i.create_retry()
                     && let explained = manifest.explain_driver_failure(&name, &r.last_error)
@@ -282,19 +284,19 @@ impl Registry {
                     m.abi_minor
                 );
                 let fresh = Some((i.clone(), true));
-                (DriverEntry::new(cfg, slot.clone()), prev, fresh)
+                (DriverEntry::new(cfg, state.clone()), prev, fresh)
             }
         };
         write(&self.drivers).insert(name.clone(), entry);
-        self.settle(manifest, &name, start);
-        let freed = self.publish_installed(manifest, start);
+        self.settle(manifest, &name, progress);
+        let freed = self.publish_installed(manifest, progress);
         // The instance it replaced goes only once its successor's resources are in place.
         if let Some(p) = retired {
             retire(p);
         }
         let scanned = scan.as_ref().map(|(inst, _)| inst.clone());
         if let Some((inst, is_new)) = scan {
-            self.start_first_scan(&inst, is_new, start);
+            self.start_first_scan(&inst, is_new, progress);
         }
         // A resource this took out (replaced by one of this driver) may have held a device
         // that the new manifest gives to another resource of a driver that keeps running: that
@@ -310,18 +312,18 @@ impl Registry {
     }
 
     /// Builds the resources of driver `name` (now in `self.drivers`, or not
-    /// configured at all) into `start`: kept when entry and instance are
+    /// configured at all) into `progress`: kept when entry and instance are
     /// unchanged, new otherwise.
-    fn settle(self: &Arc<Self>, manifest: &Manifest, name: &str, start: &mut Settling) {
-        let slot = read(&self.drivers).get(name).map(|e| e.slot.clone());
+    fn settle(self: &Arc<Self>, manifest: &Manifest, name: &str, progress: &mut ApplyProgress) {
+        let state = read(&self.drivers).get(name).map(|e| e.state.clone());
         for cfg in manifest.resources.iter().filter(|r| r.driver == name) {
             self.services.metrics.resource_configured(&cfg.name);
-            let (driver, error) = match &slot {
-                Some(Slot::Ready(i)) => (Some(i.clone()), None),
-                Some(Slot::Failed(e)) => (None, Some(e.clone())),
+            let (driver, error) = match &state {
+                Some(DriverState::Ready(i)) => (Some(i.clone()), None),
+                Some(DriverState::Failed(e)) => (None, Some(e.clone())),
                 None => (None, Some(format!("driver {} is not configured", cfg.driver))),
             };
-            let same = start.old_resources.iter().find(|r| {
+            let same = progress.old_resources.iter().find(|r| {
                 r.config.same_settings(cfg)
                     && match (&r.driver, &driver) {
                         (Some(a), Some(b)) => Arc::ptr_eq(a, b),
@@ -329,13 +331,13 @@ impl Registry {
                     }
             });
             if let Some(r) = same {
-                start.changes.kept.push(r.clone());
-                start.new.insert(cfg.name.clone(), r.clone());
+                progress.changes.kept.push(r.clone());
+                progress.new.insert(cfg.name.clone(), r.clone());
                 continue;
             }
             // The runner this one replaces must not call the driver
             // any more; the new one goes on from the kept state.
-            for old in start.old_resources.iter().filter(|o| o.config.name == cfg.name) {
+            for old in progress.old_resources.iter().filter(|o| o.config.name == cfg.name) {
                 if let Some(runner) = &old.release {
                     runner.stop();
                 }
@@ -348,7 +350,10 @@ impl Registry {
                 release: match (&self.services.follower, &driver) {
                     (Some(f), Some(d)) if self.watching => Some(ReleaseRunner::start_gated(
                         &cfg.name,
-                        Arc::new(release_hook::Counted { instance: d.clone(), metrics: self.services.metrics.clone() }),
+                        Arc::new(release_hook::DriverReleaser {
+                            instance: d.clone(),
+                            metrics: self.services.metrics.clone(),
+                        }),
                         f.subscribe(),
                         Backoff::default(),
                         self.release_state.clone(),
@@ -370,8 +375,8 @@ impl Registry {
                     tracing::error!(resource = %r.config.name, "not served: {}", r.error.as_deref().unwrap_or("driver unavailable"));
                 }
             }
-            start.changes.started.push(r.clone());
-            start.new.insert(cfg.name.clone(), r);
+            progress.changes.started.push(r.clone());
+            progress.new.insert(cfg.name.clone(), r);
         }
     }
 
@@ -380,11 +385,15 @@ impl Registry {
     /// (serving until then); a new one not settled yet is pending. Returns
     /// the driver instances of the resources this took out: devices they
     /// held may now belong to another resource of the same instance.
-    fn publish_installed(&self, manifest: &Manifest, start: &Settling) -> Vec<Arc<Instance>> {
+    fn publish_installed(&self, manifest: &Manifest, progress: &ApplyProgress) -> Vec<Arc<Instance>> {
         let mut resources = Vec::with_capacity(manifest.resources.len());
         let mut pending = Vec::new();
         for cfg in &manifest.resources {
-            match start.new.get(&cfg.name).or_else(|| start.old_resources.iter().find(|o| o.config.name == cfg.name)) {
+            match progress
+                .new
+                .get(&cfg.name)
+                .or_else(|| progress.old_resources.iter().find(|o| o.config.name == cfg.name))
+            {
                 Some(r) => resources.push(r.clone()),
                 None => pending.push(cfg.clone()),
             }
@@ -403,28 +412,28 @@ impl Registry {
         }
         *write(&self.pending) = pending;
         // Every send wakes the fronts, even with the same number.
-        self.installs.send_replace(start.apply);
+        self.installs.send_replace(progress.apply);
         freed
     }
 
     /// Whether `inst` is the running instance of one of the registry's drivers.
     fn current(&self, inst: &Arc<Instance>) -> bool {
-        read(&self.drivers).values().any(|e| e.slot.instance().is_some_and(|i| Arc::ptr_eq(i, inst)))
+        read(&self.drivers).values().any(|e| e.state.instance().is_some_and(|i| Arc::ptr_eq(i, inst)))
     }
 
     /// A settled driver's first scan (a new instance's began right after its
     /// create; a kept one's starts here), published to its new resources,
     /// which are ready once it is in. One still scanning after the grace
     /// period finishes in the background, its resources served empty until then.
-    fn start_first_scan(self: &Arc<Self>, inst: &Arc<Instance>, is_new: bool, start: &mut Settling) {
-        let mine: Vec<Arc<Resource>> = start
+    fn start_first_scan(self: &Arc<Self>, inst: &Arc<Instance>, is_new: bool, progress: &mut ApplyProgress) {
+        let mine: Vec<Arc<Resource>> = progress
             .changes
             .started
             .iter()
             .filter(|r| r.driver.as_ref().is_some_and(|d| Arc::ptr_eq(d, inst)))
             .cloned()
             .collect();
-        let first = start.first_scans.remove(&inst.name).filter(|_| is_new);
+        let first = progress.first_scans.remove(&inst.name).filter(|_| is_new);
         let scanned = Arc::new(AtomicBool::new(false));
         let driver = inst.name.clone();
         let (reg, inst, done, ready) = (self.clone(), inst.clone(), scanned.clone(), mine.clone());
@@ -445,7 +454,7 @@ impl Registry {
             reg.settle_releases(&ready).await;
             ready.iter().for_each(|r| r.set_ready());
         });
-        start.waiters.push(tokio::spawn(async move {
+        progress.waiters.push(tokio::spawn(async move {
             if tokio::time::timeout(START_GRACE, work).await.is_err() && !scanned.load(Ordering::Acquire) {
                 tracing::warn!(driver = %driver, "still scanning after {START_GRACE:?}; its resources start empty");
                 mine.iter().for_each(|r| r.set_ready());

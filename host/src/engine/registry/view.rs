@@ -1,15 +1,24 @@
-//! What a resource publishes (its [`View`]: physical devices, how they are
-//! advertised, the ListAndWatch message) and what every resource shares.
+//! What a resource publishes (its [`View`]: physical devices and the IDs it advertises for them,
+//! with their health and NUMA node) and what every resource shares. The Device Plugin front turns
+//! the advertised IDs into its ListAndWatch message (`fronts::device_plugin::list`).
 
 use crate::driver::device::Device;
 use crate::engine::cdi::{self, CdiWriter};
 use crate::engine::podresources::Follower;
 use crate::engine::sharing;
 use crate::engine::telemetry::Metrics;
-use devhost_proto::v1beta1 as pb;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
+
+/// One ID a resource advertises: a physical device's own, or one of its replicas' (`<id>::<k>`)
+/// when the resource is shared, with the health and NUMA node of the physical device behind it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Advertised {
+    pub id: String,
+    pub healthy: bool,
+    pub numa_node: Option<i64>,
+}
 
 /// A resource's current devices, with health already decided by the host.
 #[derive(Debug, Default)]
@@ -20,8 +29,9 @@ pub struct View {
     /// Each physical device is advertised as this many IDs (`<id>::<k>`
     /// when more than one).
     pub replicas: u32,
-    /// The ListAndWatch message for these devices, built once per change.
-    pub list: pb::ListAndWatchResponse,
+    /// The IDs advertised for these devices, built once per change, in [`sharing::expand`]'s
+    /// order (replica-major): what ListAndWatch lists.
+    pub advertised: Vec<Advertised>,
     /// The devices whose edits reach containers through the CDI names they declare, as devhost
     /// defines those in its spec files ([`cdi::own_names`]; empty without `cdi_dir`), each as
     /// the Allocate answer takes it ([`cdi::through_names`]).
@@ -41,18 +51,8 @@ impl View {
             HashMap::new()
         };
         let index = devices.iter().enumerate().map(|(i, d)| (d.id.clone(), i)).collect();
-        let advertised = if replicas > 1 { sharing::expand(&devices, replicas) } else { devices.clone() };
-        let list = pb::ListAndWatchResponse {
-            devices: advertised
-                .iter()
-                .map(|d| pb::Device {
-                    id: d.id.clone(),
-                    health: if d.healthy { devhost_proto::HEALTHY } else { devhost_proto::UNHEALTHY }.to_string(),
-                    topology: d.numa_node.map(|n| pb::TopologyInfo { nodes: vec![pb::NumaNode { id: n }] }),
-                })
-                .collect(),
-        };
-        View { devices, index, replicas: replicas.max(1), list, through_cdi }
+        let advertised = advertise(&devices, replicas);
+        View { devices, index, replicas: replicas.max(1), advertised, through_cdi }
     }
 
     /// The physical device behind an advertised ID (a replica ID when the
@@ -73,6 +73,20 @@ impl View {
     pub fn physical(&self, id: &str) -> Option<&Device> {
         self.index.get(id).map(|&i| &self.devices[i])
     }
+}
+
+/// The IDs advertised for `devices` shared `replicas` times: [`sharing::expand`]'s IDs, in its
+/// order, without copying the rest of each device.
+fn advertise(devices: &[Device], replicas: u32) -> Vec<Advertised> {
+    let one = |d: &Device, id: String| Advertised { id, healthy: d.healthy, numa_node: d.numa_node };
+    if replicas <= 1 {
+        return devices.iter().map(|d| one(d, d.id.clone())).collect();
+    }
+    let mut out = Vec::with_capacity(devices.len() * replicas as usize);
+    for k in 0..replicas {
+        out.extend(devices.iter().map(|d| one(d, sharing::replica_id(&d.id, k))));
+    }
+    out
 }
 
 /// What every resource and endpoint shares: metrics, the CDI writer and folders and the
@@ -101,4 +115,34 @@ pub enum Mode {
     Serve,
     /// `sim`: watches and rescans, without a real kubelet's pod resources.
     Simulate,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::driver::device::Edits;
+
+    fn dev(id: &str, healthy: bool, numa_node: Option<i64>) -> Device {
+        Device {
+            id: id.into(),
+            healthy,
+            health_reason: None,
+            numa_node,
+            attributes: Default::default(),
+            edits: Edits::default(),
+            links: vec![],
+        }
+    }
+
+    #[test]
+    fn advertised_ids_are_the_expanded_devices() {
+        let devices = [dev("a", true, Some(1)), dev("b", false, None)];
+        for replicas in [0, 1, 3] {
+            let want: Vec<Advertised> = sharing::expand(&devices, replicas)
+                .into_iter()
+                .map(|d| Advertised { id: d.id, healthy: d.healthy, numa_node: d.numa_node })
+                .collect();
+            assert_eq!(advertise(&devices, replicas), want, "replicas = {replicas}");
+        }
+    }
 }

@@ -12,7 +12,7 @@ use devhost_abi as abi;
 use crate::driver::instance::{CallError, Instance};
 use crate::engine::telemetry::{self, Metrics};
 
-/// What a release caller needs from a driver instance; [`Counted`] in the daemon (so that no
+/// What a release caller needs from a driver instance; [`DriverReleaser`] in the daemon (so that no
 /// call of the hook goes uncounted), a fake in the tests.
 pub trait Releaser: Send + Sync + 'static {
     /// Whether the driver has a release hook at all.
@@ -21,14 +21,14 @@ pub trait Releaser: Send + Sync + 'static {
     fn release(&self, ids: Vec<String>) -> impl Future<Output = Result<bool, CallError>> + Send;
 }
 
-/// The releaser both fronts use: the driver instance, each call of its hook counted in
-/// `devhost_driver_calls_total` (`call="release"`).
-pub struct Counted {
+/// The releaser both fronts use: a driver instance, its release hook called for them and each call
+/// counted in `devhost_driver_calls_total` (`call="release"`).
+pub struct DriverReleaser {
     pub instance: Arc<Instance>,
     pub metrics: Arc<Metrics>,
 }
 
-impl Releaser for Counted {
+impl Releaser for DriverReleaser {
     fn has_release(&self) -> bool {
         self.instance.module.release
     }

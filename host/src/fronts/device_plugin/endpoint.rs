@@ -11,6 +11,7 @@ use crate::engine::preferred::{self, Candidate};
 use crate::engine::registry::{Resource, Services, compose};
 use crate::engine::sharing;
 use crate::engine::telemetry;
+use crate::fronts::device_plugin::list;
 use crate::manifest::DeviceListStrategy;
 use devhost_proto::v1beta1 as pb;
 use pb::device_plugin_server::DevicePlugin;
@@ -107,7 +108,7 @@ impl DevicePlugin for Endpoint {
         let resource = self.name().to_string();
         let stream = async_stream(move |tx| async move {
             loop {
-                let msg = views.borrow_and_update().list.clone();
+                let msg = list::message(&views.borrow_and_update());
                 if tx.send(Ok(msg)).await.is_err() {
                     return;
                 }

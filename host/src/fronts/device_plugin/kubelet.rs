@@ -4,7 +4,8 @@
 //! `kubelet.sock`) or our socket disappears. The kubelet may be absent for
 //! as long as it likes: we retry with capped backoff and never exit for it.
 //! The folder itself may come and go too (`folder` re-arms its watch).
-//! Stopping is concurrent and bounded, and always removes our sockets.
+//! Stopping is concurrent and bounded, and always removes our sockets. Which resources are
+//! served is the front's ([`DevicePluginFront`](crate::fronts::device_plugin::front::DevicePluginFront)).
 
 mod folder;
 mod life;
@@ -43,7 +44,7 @@ fn describe(e: &anyhow::Error) -> String {
 const STOP_DEADLINE: Duration = Duration::from_secs(3);
 
 /// What the folder watcher tells the endpoints.
-struct Signals {
+pub(super) struct Signals {
     /// Bumped whenever a new kubelet.sock appears, or the folder does.
     kubelet_gen: watch::Sender<u64>,
     /// Per socket path of ours: notified when the file is removed.
@@ -136,103 +137,70 @@ fn inode(path: &Path) -> Option<SocketId> {
         .map(|m| (m.ino(), m.ctime(), m.ctime_nsec()))
 }
 
-struct Served {
-    resource: Arc<Resource>,
+impl Signals {
+    /// The signals of the folder `dir`, with the kubelet.sock there now taken as already seen.
+    pub(super) fn new(dir: &Path, services: Arc<Services>) -> Arc<Signals> {
+        Arc::new(Signals {
+            kubelet_gen: watch::channel(0).0,
+            socket_lost: Mutex::new(HashMap::new()),
+            services,
+            last_kubelet: Mutex::new(inode(&dir.join(devhost_proto::KUBELET_SOCKET))),
+            rearm: Notify::new(),
+            bind_said: Mutex::new(None),
+        })
+    }
+}
+
+/// Starts watching `dir` for `signals` (inotify plus a periodic stat check): the inotify task,
+/// when the watch could be set, and the checker's.
+pub(super) fn watch_folder(
+    dir: &Path,
+    signals: &Arc<Signals>,
+) -> (Option<tokio::task::JoinHandle<()>>, tokio::task::JoinHandle<()>) {
+    // Absolute, so that the watch can climb to the parents.
+    let watched = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
+    let watch = folder::FolderWatch::new(&watched, dir, signals.clone()).map(|w| tokio::spawn(w.run()));
+    let checker = tokio::spawn(folder::recheck(dir.to_path_buf(), signals.clone()));
+    (watch, checker)
+}
+
+/// One resource's endpoint being served, by a task of its own.
+pub(super) struct Served {
+    pub(super) resource: Arc<Resource>,
     stop: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
 }
 
-/// The endpoints being served in one device-plugins folder, one task per
-/// resource, plus the folder watch they share.
-pub struct Endpoints {
-    dir: PathBuf,
-    services: Arc<Services>,
-    signals: Arc<Signals>,
-    served: Mutex<Vec<Served>>,
-    watch: Option<tokio::task::JoinHandle<()>>,
-    checker: tokio::task::JoinHandle<()>,
-}
-
-impl Endpoints {
-    /// Starts watching `dir` (inotify plus a periodic stat check).
-    pub fn start(dir: PathBuf, services: Arc<Services>) -> Endpoints {
-        let signals = Arc::new(Signals {
-            kubelet_gen: watch::channel(0).0,
-            socket_lost: Mutex::new(HashMap::new()),
-            services: services.clone(),
-            last_kubelet: Mutex::new(inode(&dir.join(devhost_proto::KUBELET_SOCKET))),
-            rearm: Notify::new(),
-            bind_said: Mutex::new(None),
-        });
-        // Absolute, so that the watch can climb to the parents.
-        let watched = std::path::absolute(&dir).unwrap_or_else(|_| dir.clone());
-        let watch = folder::FolderWatch::new(&watched, &dir, signals.clone()).map(|w| tokio::spawn(w.run()));
-        let checker = tokio::spawn(folder::recheck(dir.clone(), signals.clone()));
-        Endpoints { dir, services, signals, served: Mutex::new(Vec::new()), watch, checker }
-    }
-
-    /// Serves exactly `resources` (those with a driver): starts the new ones
-    /// and stops the ones no longer listed. Resources served already keep
-    /// their socket, registration and streams.
-    pub async fn sync(&self, resources: &[Arc<Resource>]) {
-        // A DRA resource is served by the DRA front (crate::fronts::dra), never also as a device plugin.
-        let wanted: Vec<&Arc<Resource>> =
-            resources.iter().filter(|r| r.driver.is_some() && r.config.api.dra_driver().is_none()).collect();
-        let gone: Vec<Served> = {
-            let mut served = self.served.lock().unwrap_or_else(|p| p.into_inner());
-            let (keep, gone): (Vec<Served>, Vec<Served>) = std::mem::take(&mut *served)
-                .into_iter()
-                .partition(|s| wanted.iter().any(|w| Arc::ptr_eq(w, &s.resource)));
-            *served = keep;
-            gone
-        };
-        stop_all(gone, &self.dir).await;
-        let mut served = self.served.lock().unwrap_or_else(|p| p.into_inner());
-        for r in wanted {
-            if served.iter().any(|s| Arc::ptr_eq(&s.resource, r)) {
-                continue;
-            }
-            let path = self.dir.join(&r.config.socket_name);
-            let lost = Arc::new(Notify::new());
-            self.signals.socket_lost.lock().unwrap_or_else(|p| p.into_inner()).insert(path, lost.clone());
-            let (stop, stop_rx) = watch::channel(false);
-            let task = tokio::spawn(serve_resource(
-                r.clone(),
-                self.services.clone(),
-                self.signals.clone(),
-                self.dir.clone(),
-                lost,
-                self.signals.kubelet_gen.subscribe(),
-                stop_rx,
-            ));
-            served.push(Served { resource: r.clone(), stop, task });
-        }
-    }
-
-    /// Stops every endpoint and removes our sockets, within `STOP_DEADLINE` (3 s).
-    pub async fn shutdown(&self) {
-        let all = std::mem::take(&mut *self.served.lock().unwrap_or_else(|p| p.into_inner()));
-        stop_all(all, &self.dir).await;
-        self.checker.abort();
-        if let Some(w) = &self.watch {
-            w.abort();
-        }
-    }
-}
-
-impl Drop for Endpoints {
-    fn drop(&mut self) {
-        self.checker.abort();
-        if let Some(w) = &self.watch {
-            w.abort();
-        }
+impl Served {
+    /// Starts serving `resource` on its socket in `dir`: bound, registered with the kubelet and
+    /// served again after each of its restarts, until [`stop_all`].
+    pub(super) fn start(
+        resource: &Arc<Resource>,
+        services: &Arc<Services>,
+        signals: &Arc<Signals>,
+        dir: &Path,
+    ) -> Served {
+        let path = dir.join(&resource.config.socket_name);
+        let lost = Arc::new(Notify::new());
+        signals.socket_lost.lock().unwrap_or_else(|p| p.into_inner()).insert(path, lost.clone());
+        let (stop, stop_rx) = watch::channel(false);
+        let task = tokio::spawn(serve_resource(
+            resource.clone(),
+            services.clone(),
+            signals.clone(),
+            dir.to_path_buf(),
+            lost,
+            signals.kubelet_gen.subscribe(),
+            stop_rx,
+        ));
+        Served { resource: resource.clone(), stop, task }
     }
 }
 
 /// Stops endpoints together under one deadline: those still busy then (a
 /// kubelet that does not answer) are cancelled. Our sockets are removed in
 /// every case.
-async fn stop_all(list: Vec<Served>, dir: &Path) {
+pub(super) async fn stop_all(list: Vec<Served>, dir: &Path) {
     for s in &list {
         let _ = s.stop.send(true);
     }

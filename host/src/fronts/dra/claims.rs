@@ -266,8 +266,8 @@ impl Claims {
         if !ids.is_empty()
             && let Some(driver) = &self.resource.driver
         {
-            let counted = release_hook::Counted { instance: driver.clone(), metrics: self.metrics.clone() };
-            match release_hook::outcome(counted.release(ids.clone()).await) {
+            let releaser = release_hook::DriverReleaser { instance: driver.clone(), metrics: self.metrics.clone() };
+            match release_hook::outcome(releaser.release(ids.clone()).await) {
                 Outcome::Done => {}
                 Outcome::Gone(message) => tracing::info!(dra_driver = %self.driver, claim = %claim.shown(),
                     "DRA: the claim's devices no longer exist; nothing to release: {message}"),

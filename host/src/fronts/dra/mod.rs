@@ -1,7 +1,8 @@
 //! The DRA front: serves one Dynamic Resource Allocation driver to the kubelet,
 //! with the plugin service (v1 and v1beta1) on `<kubelet root>/plugins/<driver>/dra.sock` and the registration
 //! service on `<kubelet root>/plugins_registry/<driver>-reg.sock`, where the kubelet's plugin
-//! watcher finds it; [`Fronts`] keeps one per `api = "dra"` resource. [`slices`] publishes the
+//! watcher finds it (a [`ServedDriver`]); [`DraFront`], the handle the daemon holds, keeps one per
+//! `api = "dra"` resource. [`slices`] publishes the
 //! resource's healthy devices as ResourceSlices through the API server while the front runs;
 //! [`claims`] prepares and unprepares the claims the kubelet sends, keeping them in a
 //! [`checkpoint`].
@@ -11,7 +12,7 @@ mod authority;
 pub mod checkpoint;
 pub mod claim_spec;
 pub mod claims;
-mod fronts;
+mod front;
 mod outage;
 #[doc(hidden)]
 pub use authority::mend_requests;
@@ -41,7 +42,7 @@ use api::ApiServer;
 
 pub use claims::Settings;
 
-pub use fronts::Fronts;
+pub use front::DraFront;
 
 /// The kubelet's plugin watcher folder, under its root directory (`--root-dir`).
 pub const PLUGINS_REGISTRY: &str = "plugins_registry";
@@ -52,7 +53,7 @@ pub const PLUGIN_SOCKET: &str = "dra.sock";
 /// Where claims' CDI specs go when the manifest sets no `cdi_dir`: the folder containerd and
 /// CRI-O read by default (often a tmpfs, which is why Prepare writes a missing spec again).
 pub const DEFAULT_CDI_DIR: &str = "/var/run/cdi";
-/// How long [`DraFront::stop`] waits for calls in flight before dropping them.
+/// How long [`ServedDriver::stop`] waits for calls in flight before dropping them.
 const STOP_DEADLINE: Duration = Duration::from_secs(3);
 
 /// Where one DRA driver's two sockets live.
@@ -89,8 +90,8 @@ pub enum FrontError {
 /// The last registration verdict the kubelet sent: (registered, error).
 pub type RegistrationVerdict = Arc<Mutex<Option<(bool, String)>>>;
 
-/// One DRA driver being served: both sockets, until [`DraFront::stop`].
-pub struct DraFront {
+/// One DRA driver being served: both sockets, until [`ServedDriver::stop`].
+pub struct ServedDriver {
     driver: String,
     paths: Paths,
     stop: watch::Sender<bool>,
@@ -98,7 +99,7 @@ pub struct DraFront {
     verdict: RegistrationVerdict,
 }
 
-impl DraFront {
+impl ServedDriver {
     /// Serves `driver` under the kubelet root `root`: the plugin socket first, then the
     /// registration socket (the kubelet dials the endpoint as soon as it sees the registration).
     /// A stale socket file at either path (left by a killed daemon) is replaced.
@@ -108,7 +109,7 @@ impl DraFront {
         resource: Arc<Resource>,
         api: ApiServer,
         settings: &Settings,
-    ) -> Result<DraFront, FrontError> {
+    ) -> Result<ServedDriver, FrontError> {
         let paths = Paths::new(root, driver);
         let (stop, stop_rx) = watch::channel(false);
         let verdict: RegistrationVerdict = Arc::default();
@@ -138,7 +139,7 @@ impl DraFront {
         ];
         tracing::info!(dra_driver = driver, registration = %paths.registration.display(), plugin = %paths.plugin.display(),
             "DRA driver sockets are up; waiting for the kubelet's plugin watcher");
-        Ok(DraFront { driver: driver.to_owned(), paths, stop, tasks, verdict })
+        Ok(ServedDriver { driver: driver.to_owned(), paths, stop, tasks, verdict })
     }
 
     /// The socket paths.

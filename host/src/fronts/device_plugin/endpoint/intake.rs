@@ -213,7 +213,7 @@ impl<S> Guard<S> {
         if large.is_some() {
             let c = census(call, &buf[5..]).map_err(invalid)?;
             *counted = c.ids;
-            admissible(call, c, self.resource.snapshot().list.devices.len()).map_err(invalid)?;
+            admissible(call, c, self.resource.snapshot().advertised.len()).map_err(invalid)?;
         }
         Ok((Body::new(http_body_util::Full::new(Bytes::from(buf))), large))
     }

@@ -140,12 +140,14 @@ pub fn binary_quantity(mut n: u64, mut power: usize) -> Quantity {
     Quantity(format!("{n}{}", SUFFIXES[power.min(power_max)]))
 }
 
-/// Messages that are logged once per publisher (per DRA front), keyed by their text.
+/// The warnings a publisher (one per served DRA driver) has logged, by their text, so that each
+/// is logged once however many passes find it again.
 #[derive(Default)]
-pub(super) struct Once(HashSet<String>);
+pub(super) struct LoggedWarnings(HashSet<String>);
 
-impl Once {
-    pub(super) fn first(&mut self, text: &str) -> bool {
+impl LoggedWarnings {
+    /// Records `text`; true the first time, when it is to be logged.
+    pub(super) fn is_new(&mut self, text: &str) -> bool {
         self.0.insert(text.to_owned())
     }
 }

@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
 
 use super::super::api::ApiServer;
-use super::attributes::{Once, dra_device};
+use super::attributes::{LoggedWarnings, dra_device};
 use crate::driver::device::Device;
 use crate::names::fnv1a;
 
@@ -111,7 +111,8 @@ pub(super) struct Publisher {
     pub(super) nodes: Api<Node>,
     pub(super) selector: String,
     pub(super) sysfs: PathBuf,
-    pub(super) once: Once,
+    /// The warnings logged already, each once.
+    pub(super) logged: LoggedWarnings,
     /// Per slice name: the spec last sent and the spec the server stored for it, so a field
     /// the server drops (a feature gate off) does not make every pass write again.
     pub(super) stored: HashMap<String, (serde_json::Value, serde_json::Value)>,
@@ -131,7 +132,7 @@ impl Publisher {
             nodes: Api::all(api.client.clone()),
             selector: selector(driver, &api.node),
             sysfs: PathBuf::from("/sys"),
-            once: Once::default(),
+            logged: LoggedWarnings::default(),
             stored: HashMap::new(),
         }
     }
@@ -167,7 +168,7 @@ impl Publisher {
                 self.node,
                 paths.join(", ")
             );
-            if self.once.first(&text) {
+            if self.logged.is_new(&text) {
                 tracing::warn!(resource = %self.resource, dra_driver = %self.driver, node = %self.node, "{text}");
             }
         }
@@ -198,7 +199,7 @@ impl Publisher {
     pub(super) async fn reconcile(&mut self, devices: &[Device]) -> Result<Option<Published>, String> {
         let (wanted, notes) = desired(devices, &self.sysfs);
         for note in notes {
-            if self.once.first(&note) {
+            if self.logged.is_new(&note) {
                 tracing::warn!(resource = %self.resource, dra_driver = %self.driver, "not published in full: {note}");
             }
         }

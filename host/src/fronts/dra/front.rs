@@ -1,37 +1,37 @@
-//! The DRA fronts of the daemon: one [`DraFront`] per `api = "dra"` resource whose driver is
-//! loaded, kept in step with the manifest at start and at each reload.
+//! The DRA front as the daemon holds it: one [`ServedDriver`] per `api = "dra"` resource whose
+//! driver is loaded, kept in step with the manifest at start and at each reload.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::api::ApiServer;
-use super::{DEFAULT_CDI_DIR, DraFront, Settings};
+use super::{DEFAULT_CDI_DIR, ServedDriver, Settings};
 use crate::engine::registry::Resource;
 use crate::engine::telemetry::Metrics;
 use crate::manifest::Manifest;
 
 /// Every DRA resource being served, under one kubelet root directory.
-pub struct Fronts {
+pub struct DraFront {
     root: PathBuf,
     kubeconfig: Option<PathBuf>,
     node_name: Option<String>,
     /// Made when the first DRA resource needs it (a node without DRA resources never needs a
     /// kubeconfig), and again at a later sync if making it failed.
     api: Option<ApiServer>,
-    /// Where the fronts keep claims' CDI specs and their checkpoints.
+    /// Where the served drivers keep claims' CDI specs and their checkpoints.
     settings: Settings,
-    served: Vec<(Arc<Resource>, DraFront)>,
-    /// Resources whose front could not start in this round (see [`Fronts::new_round`]).
+    served: Vec<(Arc<Resource>, ServedDriver)>,
+    /// Resources whose driver could not be served in this round (see [`DraFront::new_round`]).
     failed: Vec<std::sync::Weak<Resource>>,
 }
 
-impl Fronts {
-    /// No front yet; the kubelet root (`kubelet_root_dir`), the API server (`kubeconfig`) and the
+impl DraFront {
+    /// No driver served yet; the kubelet root (`kubelet_root_dir`), the API server (`kubeconfig`) and the
     /// node (`node_name`) come from `manifest`, as do the folders of claims' CDI specs
     /// (`cdi_dir`, else [`DEFAULT_CDI_DIR`]) and of the checkpoints (`state_dir`).
-    pub fn new(manifest: &Manifest, metrics: Arc<Metrics>) -> Fronts {
+    pub fn new(manifest: &Manifest, metrics: Arc<Metrics>) -> DraFront {
         let cdi_dir = manifest.cdi_dir.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_CDI_DIR));
-        Fronts {
+        DraFront {
             root: manifest.kubelet_root_dir.clone(),
             kubeconfig: manifest.kubeconfig.clone(),
             node_name: manifest.node_name.clone(),
@@ -55,17 +55,17 @@ impl Fronts {
         Ok(api)
     }
 
-    /// Serves exactly the DRA resources of `resources` whose driver is loaded: stops the fronts
-    /// of resources gone or changed (a reload makes a new `Resource` for a changed entry), then
-    /// starts the missing ones. A front that cannot start costs only its own resource.
+    /// Serves exactly the DRA resources of `resources` whose driver is loaded: stops serving the
+    /// drivers of resources gone or changed (a reload makes a new `Resource` for a changed entry),
+    /// then starts the missing ones. A driver that cannot be served costs only its own resource.
     pub async fn sync(&mut self, resources: &[Arc<Resource>]) {
         let wanted: Vec<&Arc<Resource>> =
             resources.iter().filter(|r| r.driver.is_some() && r.config.api.dra_driver().is_some()).collect();
         let (keep, gone): (Vec<_>, Vec<_>) =
             std::mem::take(&mut self.served).into_iter().partition(|(r, _)| wanted.iter().any(|w| Arc::ptr_eq(w, r)));
         self.served = keep;
-        for (_, front) in gone {
-            front.stop().await;
+        for (_, served) in gone {
+            served.stop().await;
         }
         self.failed.retain(|f| f.strong_count() > 0);
         for r in wanted {
@@ -86,8 +86,8 @@ impl Fronts {
                     continue;
                 }
             };
-            match DraFront::start(&self.root, driver, r.clone(), api, &self.settings).await {
-                Ok(front) => {
+            match ServedDriver::start(&self.root, driver, r.clone(), api, &self.settings).await {
+                Ok(served) => {
                     tracing::info!(
                         resource = %r.config.name,
                         dra_driver = driver,
@@ -95,7 +95,7 @@ impl Fronts {
                         "served through DRA: its devices are published as ResourceSlices and claims allocated \
                          to them are prepared"
                     );
-                    self.served.push((r.clone(), front));
+                    self.served.push((r.clone(), served));
                 }
                 Err(e) => {
                     tracing::error!(resource = %r.config.name, "not served: {e}");
@@ -105,16 +105,16 @@ impl Fronts {
         }
     }
 
-    /// Starts a round: the next [`Fronts::sync`] tries again the fronts that could not start.
+    /// Starts a round: the next [`DraFront::sync`] tries again the drivers that could not be served.
     /// The daemon starts one per `apply` (each reload), and syncs at each of its installs.
     pub fn new_round(&mut self) {
         self.failed.clear();
     }
 
-    /// Stops every front and removes its sockets.
+    /// Stops every served driver and removes its sockets.
     pub async fn shutdown(&mut self) {
-        for (_, front) in std::mem::take(&mut self.served) {
-            front.stop().await;
+        for (_, served) in std::mem::take(&mut self.served) {
+            served.stop().await;
         }
     }
 }
@@ -123,16 +123,16 @@ impl Fronts {
 mod tests {
     use super::*;
 
-    fn fronts(extra: &str) -> Fronts {
+    fn front(extra: &str) -> DraFront {
         let text = format!("{extra}[[resource]]\nname = \"example.com/gpu\"\ndriver = \"x\"\napi = \"dra\"\n");
         let manifest = Manifest::parse(&text, std::path::Path::new("/etc/devhost/devhost.toml"), None).unwrap();
-        Fronts::new(&manifest, Arc::new(Metrics::new()))
+        DraFront::new(&manifest, Arc::new(Metrics::new()))
     }
 
     #[test]
     fn claims_cdi_specs_go_to_the_runtimes_default_folder_unless_cdi_dir_is_set() {
-        assert_eq!(fronts("").settings.cdi_dir, std::path::Path::new("/var/run/cdi"));
-        assert_eq!(fronts("cdi_dir = \"/etc/cdi\"\n").settings.cdi_dir, std::path::Path::new("/etc/cdi"));
-        assert_eq!(fronts("state_dir = \"/srv/state\"\n").settings.state_dir, std::path::Path::new("/srv/state"));
+        assert_eq!(front("").settings.cdi_dir, std::path::Path::new("/var/run/cdi"));
+        assert_eq!(front("cdi_dir = \"/etc/cdi\"\n").settings.cdi_dir, std::path::Path::new("/etc/cdi"));
+        assert_eq!(front("state_dir = \"/srv/state\"\n").settings.state_dir, std::path::Path::new("/srv/state"));
     }
 }
