@@ -6,7 +6,7 @@ use super::thread;
 use super::{Backend, Instance};
 use crate::driver::call::{BACKOFF_MAX, BACKOFF_MIN, CallError, CreateRetry, StartError};
 use crate::driver::callbacks::CallState;
-use crate::driver::isolation::supervisor::{Spec, Worker};
+use crate::driver::isolation::supervisor::{Spec, Supervisor};
 use crate::driver::loader::{Module, ModuleInfo};
 use crate::manifest::{DriverConfig, Isolation};
 use devhost_abi as abi;
@@ -108,7 +108,7 @@ impl Instance {
     pub fn create_retry(&self) -> Option<CreateRetry> {
         match &self.backend {
             Backend::InProcess(_) => self.creating.lock().unwrap_or_else(|p| p.into_inner()).clone(),
-            Backend::Process(w) => w.create_retry(),
+            Backend::Process(sup) => sup.create_retry(),
         }
     }
 
@@ -152,8 +152,8 @@ impl Instance {
             let program = crate::driver::isolation::worker_program();
             Ok(Spec { name, module: path, options, timeout, keep_caps, program, image })
         };
-        let (worker, info) = Worker::start(&cfg.name, timeout, spec, changed.clone(), retry).await?;
-        Ok(Instance::with_backend(&cfg.name, info, changed, timeout, Backend::Process(worker)))
+        let (supervisor, info) = Supervisor::start(&cfg.name, timeout, spec, changed.clone(), retry).await?;
+        Ok(Instance::with_backend(&cfg.name, info, changed, timeout, Backend::Process(supervisor)))
     }
 
     /// An instance of the driver `name` whose code runs in `backend`.
@@ -203,7 +203,7 @@ async fn retry_create(
                 inst.changed.notify_one();
                 return;
             }
-            Err(CallError::WorkerGone { .. }) => return,
+            Err(CallError::ThreadGone { .. }) => return,
             Err(e) if inst.poisoned() => {
                 *inst.creating.lock().unwrap_or_else(|p| p.into_inner()) = None;
                 tracing::error!(driver = %inst.name, "driver {}: create panicked; no more attempts until a reload: {e}", inst.name);

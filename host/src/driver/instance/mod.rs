@@ -15,7 +15,7 @@ use crate::driver::callbacks::CallState;
 use crate::driver::device::{Device, Edits};
 use crate::driver::invoke::{invoke, refuse};
 use crate::driver::isolation::protocol::Request;
-use crate::driver::isolation::supervisor::Worker;
+use crate::driver::isolation::supervisor::Supervisor;
 use crate::driver::loader::{ModuleInfo, Source};
 use devhost_abi as abi;
 use std::ffi::c_void;
@@ -45,8 +45,8 @@ pub struct Instance {
 /// Where the driver's code runs.
 enum Backend {
     InProcess(Local),
-    /// A worker process (`isolation = "process"`).
-    Process(Worker),
+    /// A worker process (`isolation = "process"`), through the handle on its supervisor.
+    Process(Supervisor),
 }
 
 /// A devices list from scan plus what was wrong with it.
@@ -60,14 +60,14 @@ impl Instance {
     pub fn source(&self) -> &Source {
         match &self.backend {
             Backend::InProcess(l) => l.module.source,
-            Backend::Process(w) => w.source(),
+            Backend::Process(sup) => sup.source(),
         }
     }
 
     /// The PID of an isolated instance's current worker process.
     pub fn worker_pid(&self) -> Option<u32> {
         match &self.backend {
-            Backend::Process(w) => w.pid(),
+            Backend::Process(sup) => sup.pid(),
             Backend::InProcess(_) => None,
         }
     }
@@ -75,7 +75,7 @@ impl Instance {
     /// How an isolated instance's last worker process ended, if one did.
     pub fn worker_ended(&self) -> Option<crate::driver::isolation::supervisor::Ended> {
         match &self.backend {
-            Backend::Process(w) => w.ended(),
+            Backend::Process(sup) => sup.ended(),
             Backend::InProcess(_) => None,
         }
     }
@@ -88,7 +88,7 @@ impl Instance {
     ) -> Result<T, CallError> {
         let local = self.callable(call)?;
         let Some(rx) = local.queue(call, f) else {
-            return Err(CallError::WorkerGone { driver: self.name.clone() });
+            return Err(CallError::ThreadGone { driver: self.name.clone() });
         };
         self.answer(local, call, rx).await
     }
@@ -96,7 +96,7 @@ impl Instance {
     /// The in-process backend, if it takes a call now.
     fn callable(&self, call: &'static str) -> Result<&Local, CallError> {
         let Backend::InProcess(local) = &self.backend else {
-            return Err(CallError::WorkerGone { driver: self.name.clone() });
+            return Err(CallError::ThreadGone { driver: self.name.clone() });
         };
         if local.poisoned.load(Ordering::Acquire) {
             return Err(CallError::Poisoned { driver: self.name.clone() });
@@ -117,13 +117,13 @@ impl Instance {
         match wait_briefly(&mut rx) {
             Ok(v) => return Ok(v),
             Err(oneshot::error::TryRecvError::Closed) => {
-                return Err(CallError::WorkerGone { driver: self.name.clone() });
+                return Err(CallError::ThreadGone { driver: self.name.clone() });
             }
             Err(oneshot::error::TryRecvError::Empty) => {}
         }
         match tokio::time::timeout(self.timeout, rx).await {
             Ok(Ok(v)) => Ok(v),
-            Ok(Err(_)) => Err(CallError::WorkerGone { driver: self.name.clone() }),
+            Ok(Err(_)) => Err(CallError::ThreadGone { driver: self.name.clone() }),
             Err(_) => {
                 if let Ok(mut b) = local.busy.lock()
                     && b.call.is_some()
@@ -149,11 +149,12 @@ impl Instance {
         }
     }
 
-    /// The call the driver (its thread, or its worker process) has been stuck in past its deadline, if any.
+    /// The call the driver has been stuck in past its deadline (on its driver thread, or in its
+    /// worker process), if any.
     pub fn hung(&self) -> Option<(&'static str, Duration)> {
         let local = match &self.backend {
             Backend::InProcess(l) => l,
-            Backend::Process(w) => return w.hung(),
+            Backend::Process(sup) => return sup.hung(),
         };
         let b = local.busy.lock().unwrap_or_else(|p| p.into_inner());
         match (b.hung, b.call) {
@@ -172,7 +173,7 @@ impl Instance {
     pub fn poisoned(&self) -> bool {
         match &self.backend {
             Backend::InProcess(l) => l.poisoned.load(Ordering::Acquire),
-            Backend::Process(w) => w.down(),
+            Backend::Process(sup) => sup.down(),
         }
     }
 
@@ -199,7 +200,7 @@ impl Instance {
             match &self.backend {
                 Backend::InProcess(l) => l.poisoned.store(true, Ordering::Release),
                 // A fresh process has none of the broken state: restart it.
-                Backend::Process(w) => w.restart(format!("the driver panicked in {call}")),
+                Backend::Process(sup) => sup.restart(format!("the driver panicked in {call}")),
             }
             self.changed.notify_one();
         }
@@ -208,7 +209,7 @@ impl Instance {
 
     pub async fn scan(&self) -> Result<ScanOutput, CallError> {
         let (status, state) = match &self.backend {
-            Backend::Process(w) => w.scan().await?,
+            Backend::Process(sup) => sup.scan().await?,
             // The scan a change notice queued already, if there is one (its answer, no job).
             Backend::InProcess(local) => match local.notice.take() {
                 Some(rx) => {
@@ -234,7 +235,7 @@ impl Instance {
     async fn answer_of(&self, req: Request) -> Result<Answer, CallError> {
         let call = req.name();
         match &self.backend {
-            Backend::Process(w) => w.call(call, req).await,
+            Backend::Process(sup) => sup.call(call, req).await,
             Backend::InProcess(local) => {
                 let module = local.module;
                 self.run(call, move |inst, _| match req.hook() {
@@ -254,13 +255,13 @@ impl Instance {
         if self.create_retry().is_some() {
             // Started once create succeeds (by the retry, or the new worker).
             self.watch_wanted.store(true, Ordering::Release);
-            if let Backend::Process(w) = &self.backend {
-                w.watching();
+            if let Backend::Process(sup) = &self.backend {
+                sup.watching();
             }
             return Ok(());
         }
-        if let Backend::Process(w) = &self.backend {
-            w.watching();
+        if let Backend::Process(sup) = &self.backend {
+            sup.watching();
         }
         self.hook(Request::WatchStart).await.map(drop)
     }
@@ -308,7 +309,7 @@ impl Instance {
     pub fn shutdown(&self) {
         match &self.backend {
             Backend::InProcess(local) => local.jobs.close(),
-            Backend::Process(w) => w.stop(),
+            Backend::Process(sup) => sup.stop(),
         }
     }
 }

@@ -230,7 +230,7 @@ pub(super) async fn start(
             call: "create",
             code: abi::DEVHOST_ERR_INTERNAL,
             status: "INTERNAL",
-            message: format!("cannot start worker thread: {e}"),
+            message: format!("cannot start driver thread: {e}"),
         })
     })?;
     let (module, notice) = match loaded_rx.await {

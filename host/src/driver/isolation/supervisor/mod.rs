@@ -30,19 +30,20 @@ pub(crate) use exit::describe_exit;
 pub use shared::{Ended, MAX_MISSES};
 pub use spawn::Spec;
 
-/// The handle an `Instance` holds; dropping it stops the worker.
-pub struct Worker {
+/// The handle an `Instance` holds on its supervisor thread, through which it calls the driver
+/// in the worker process; dropping it stops the supervisor and its worker.
+pub struct Supervisor {
     shared: Arc<Shared>,
     source: Source,
 }
 
-impl Drop for Worker {
+impl Drop for Supervisor {
     fn drop(&mut self) {
         self.stop();
     }
 }
 
-impl Worker {
+impl Supervisor {
     /// Starts the supervisor thread, which first makes the worker's spec
     /// with `spec` (reading and checking the module blocks: it runs there,
     /// not on the async runtime), and waits until the first worker has
@@ -55,7 +56,7 @@ impl Worker {
         spec: impl FnOnce() -> Result<Spec, String> + Send + 'static,
         changed: Arc<Notify>,
         retry: bool,
-    ) -> Result<(Worker, ModuleInfo), CallError> {
+    ) -> Result<(Supervisor, ModuleInfo), CallError> {
         let (tx, rx) = mpsc::channel();
         let shared = Arc::new(Shared {
             name: name.to_string(),
@@ -85,7 +86,7 @@ impl Worker {
             })
             .map_err(|e| shared.unavailable(format!("cannot start its supervisor thread: {e}")))?;
         match first_rx.await {
-            Ok(Ok((info, source))) => Ok((Worker { shared, source }, info)),
+            Ok(Ok((info, source))) => Ok((Supervisor { shared, source }, info)),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(shared.unavailable("its supervisor thread ended")),
         }
