@@ -1,6 +1,7 @@
 //! Making an instance: in process (the module loaded on its driver thread, then `create` there)
 //! or isolated (a supervisor and its first worker process), and, with `retry`, an instance whose
 //! failing `create` is tried again with capped backoff while every other call is refused.
+//! The instance itself and its calls are in `mod.rs`; this file only builds it.
 
 use super::thread;
 use super::{Backend, Instance};

@@ -1,6 +1,8 @@
 //! A module file read once into a private sealed copy ([`Image`], a memfd), with what the file
 //! was then ([`Source`]: identity and SHA-256, to tell on a reload whether it changed), and the
 //! trust policy applied to exactly the bytes read ([`open_trusted`]).
+//! Whatever happens to the file afterwards, what was checked is what gets loaded, here or in an
+//! isolated worker that inherits the copy.
 
 use super::error::LoadError;
 use super::trust::{TrustError, file_problems};

@@ -1,6 +1,7 @@
 //! A validated module as the host calls it ([`Module`]: its descriptor, the optional hooks it
 //! declared, `create` and teardown) and what it declared without its code ([`ModuleInfo`]),
 //! which every instance carries, whether the module is mapped here or in a worker process.
+//! Optional hooks are read only where the descriptor the driver declared reaches them.
 
 use super::image::Source;
 use devhost_abi as abi;

@@ -1,6 +1,8 @@
 //! What the supervisor thread, the instance's handle and the worker's channel share about one
 //! isolated instance ([`Shared`]): whether a worker serves calls now ([`Link`]), the events
 //! that wake the supervisor, missed deadlines, and how the last worker process ended.
+//! The channel sees it only through `conn::Owner`, so the channel imports nothing of the
+//! supervisor.
 
 use crate::driver::call::{CallError, CreateState};
 use crate::driver::isolation::conn::{Conn, Owner};

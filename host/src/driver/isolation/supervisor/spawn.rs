@@ -1,6 +1,8 @@
 //! Starting one worker process: spawn it from the worker program (or, when that program itself
 //! fails, from `/proc/self/exe`), hand it the sealed module copy, read its greeting, connect its
 //! channel and run `create` (and `watch_start`) in it.
+//! A worker that fails says whether the program or the module was at fault ([`Failed`]), which
+//! decides whether it is started again at once from `/proc/self/exe`.
 
 use super::exit::{own_exit, reap};
 use super::shared::Shared;
