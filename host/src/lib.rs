@@ -3,7 +3,7 @@
 //! The tree follows the data flow, in four areas over one configuration, each
 //! using only the ones before it:
 //! [`manifest`] (the configuration) → [`driver`] (loading vendor modules,
-//! calling them on worker threads or in isolated worker processes, the device
+//! calling them on driver threads or in isolated worker processes, the device
 //! model they report) → [`engine`] (the shared core: device registry per
 //! resource, sharing, preferred allocation, CDI spec files, health history and
 //! the metrics recorded) → [`fronts`] (the

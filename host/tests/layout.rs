@@ -564,7 +564,7 @@ fn ring() -> Vec<(String, Vec<String>, String)> {
     };
     vec![
         file("driver/call.rs", &["driver", "call"], "pub struct CallError;"),
-        file("driver/instance.rs", &["driver", "instance"], "use crate::driver::isolation::supervisor::Worker;"),
+        file("driver/instance.rs", &["driver", "instance"], "use crate::driver::isolation::supervisor::Supervisor;"),
         file("driver/isolation/mod.rs", &["driver", "isolation"], "pub mod supervisor;"),
         file("driver/isolation/supervisor.rs", &["driver", "isolation", "supervisor"], "use super::conn::Conn;"),
         file(
@@ -582,7 +582,7 @@ fn a_circle_is_found_and_named_file_by_file() {
     assert_eq!(
         found,
         ["driver/instance.rs → driver/isolation/supervisor.rs → driver/isolation/conn.rs → driver/instance.rs \
-          (driver/instance.rs uses crate::driver::isolation::supervisor::Worker; \
+          (driver/instance.rs uses crate::driver::isolation::supervisor::Supervisor; \
           driver/isolation/supervisor.rs uses crate::driver::isolation::conn::Conn; \
           driver/isolation/conn.rs uses crate::driver::instance::ANSWER_SPIN)"]
     );

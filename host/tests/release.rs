@@ -1,6 +1,6 @@
 //! Device release end to end below the registry: the pod-resources follower
 //! against the emulated PodResources socket, and a release runner calling
-//! the compiled C example's `release` hook on its worker thread. What the
+//! the compiled C example's `release` hook on its driver thread. What the
 //! daemon adds on top (publishing the Unhealthy overlay to the kubelet) is
 //! tested once it is wired.
 

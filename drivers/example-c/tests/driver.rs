@@ -1,6 +1,6 @@
 //! The compiled C example driven through the real host library: the host's
 //! loader checks the descriptor, `devhost::driver::instance::Instance` makes every
-//! call on its worker thread, and the host's callbacks validate what the
+//! call on its driver thread, and the host's callbacks validate what the
 //! driver reports (options, scan, allocate, pre_start and the health watch).
 
 mod common;
@@ -245,7 +245,7 @@ async fn pre_start_logs_the_ids_at_info() {
 async fn watch_reports_health_file_changes_until_shutdown() {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("health");
-    // The name the host gives its worker thread; the watch thread inherits it.
+    // The name the host gives its driver thread; the watch thread inherits it.
     let thread = "drv-watch";
     let inst = create("watch", &[("health_file", utf8(&path))]).await;
     assert_eq!(threads_named(thread), 1, "only the host's worker before watch_start");

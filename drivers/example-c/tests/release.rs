@@ -1,5 +1,5 @@
 //! The example's `release` hook (ABI 1.1) driven through the real host
-//! library: `Instance::release` on the instance's worker thread, as the
+//! library: `Instance::release` on the instance's driver thread, as the
 //! host's release runner calls it once a container's pod is gone.
 
 mod common;

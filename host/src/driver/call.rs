@@ -1,4 +1,4 @@
-//! The vocabulary of a driver call, shared by the in-process instance, its worker thread and the
+//! The vocabulary of a driver call, shared by the in-process instance, its driver thread and the
 //! isolated worker's supervisor and channel: why a call failed ([`CallError`]), a driver's status
 //! in words ([`status_error`]), a failing `create` being retried ([`CreateRetry`]), and the timing
 //! constants both backends use. A leaf: it imports nothing else of the driver side but the call
@@ -20,8 +20,9 @@ pub enum CallError {
     Hung { driver: String, call: &'static str, secs: u64 },
     #[error("driver {driver} is broken after a panic; call refused")]
     Poisoned { driver: String },
-    #[error("driver {driver}: worker thread is gone")]
-    WorkerGone { driver: String },
+    /// An in-process instance whose driver thread has ended (the instance is stopping).
+    #[error("driver {driver}: driver thread is gone")]
+    ThreadGone { driver: String },
     /// An isolated driver whose worker process is down (crashed, killed,
     /// restarting) or could not be started.
     #[error("driver {driver}: {reason}")]
@@ -74,7 +75,7 @@ impl CallError {
         match self {
             CallError::Status { call, status, message, .. } => format!("{call} failed ({status}): {message}"),
             CallError::Timeout { call, timeout, .. } => format!("{call} did not return within {timeout:?}"),
-            CallError::WorkerGone { .. } => "worker thread is gone".to_string(),
+            CallError::ThreadGone { .. } => "driver thread is gone".to_string(),
             CallError::Unavailable { reason, .. } => reason.clone(),
             CallError::Hung { .. } | CallError::Poisoned { .. } => self.to_string(),
         }
@@ -162,7 +163,7 @@ mod tests {
                 message: "no".into(),
             },
             CallError::Timeout { driver: d.clone(), call: "scan", timeout: Duration::from_secs(5) },
-            CallError::WorkerGone { driver: d.clone() },
+            CallError::ThreadGone { driver: d.clone() },
             CallError::lost_in("gpu", "create", "its worker process exited"),
             CallError::Hung { driver: d.clone(), call: "scan", secs: 3 },
             CallError::Poisoned { driver: d.clone() },

@@ -1,5 +1,5 @@
 //! One call into a driver module's hook: the unsafe call that both backends make, the
-//! in-process worker thread (`instance`) and the worker process (`isolation/worker`), written
+//! in-process driver thread (`instance`) and the worker process (`isolation/worker`), written
 //! once because it is the one path where memory safety matters (the conformance kit's
 //! overlapping calls use it too). `create` and `destroy` are the
 //! module's own methods (`loader::Module::create_instance`, `teardown`), which both call too.

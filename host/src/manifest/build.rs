@@ -81,21 +81,7 @@ pub(super) fn parse(text: &str, path: &Path, kubelet_dir_override: Option<&Path>
     let mut diags = Diagnostics::new(path, text);
     let (document, syntax_errors) = DeTable::parse_recoverable(text);
     if !syntax_errors.is_empty() {
-        // What follows a syntax error is guesswork, so only the syntax is reported, and only the
-        // first error of each line: the parser's recovery tends to trip again on the same line.
-        let mut syntax_errors: Vec<_> =
-            syntax_errors.into_iter().map(|error| (error.span().unwrap_or(0..0), error.message().to_owned())).collect();
-        syntax_errors.sort_by_key(|(span, _)| span.start);
-        let mut last_line = None;
-        for (span, message) in syntax_errors {
-            let location = diags.location(span.start);
-            let line = location.rsplit_once(':').map(|(line, _)| line.to_owned());
-            if line != last_line {
-                diags.error(span, "syntax", message);
-                last_line = line;
-            }
-        }
-        return Err(ManifestErrors(diags.into_sorted()));
+        return Err(syntax_only(diags, syntax_errors));
     }
     let document = Spanned::new(document.span(), DeValue::Table(document.into_inner()));
     let top: RawTop = deserialize_section(&document, "", &mut diags).unwrap_or_default();
@@ -156,6 +142,31 @@ pub(super) fn parse(text: &str, path: &Path, kubelet_dir_override: Option<&Path>
     manifest.kubelet_root_dir = kubelet_root_dir;
     manifest.kubeconfig = kubeconfig;
     manifest.node_name = node_name;
+    warn_of_no_effect(&mut manifest);
+    Ok(manifest)
+}
+
+/// The errors of a manifest with syntax errors. What follows a syntax error is guesswork, so only
+/// the syntax is reported, and only the first error of each line: the parser's recovery tends to
+/// trip again on the same line.
+fn syntax_only(mut diags: Diagnostics<'_>, errors: Vec<toml::de::Error>) -> ManifestErrors {
+    let mut errors: Vec<_> =
+        errors.into_iter().map(|error| (error.span().unwrap_or(0..0), error.message().to_owned())).collect();
+    errors.sort_by_key(|(span, _)| span.start);
+    let mut last_line = None;
+    for (span, message) in errors {
+        let location = diags.location(span.start);
+        let line = location.rsplit_once(':').map(|(line, _)| line.to_owned());
+        if line != last_line {
+            diags.error(span, "syntax", message);
+            last_line = line;
+        }
+    }
+    ManifestErrors(diags.into_sorted())
+}
+
+/// Warnings for resource keys that have no effect as set.
+fn warn_of_no_effect(manifest: &mut Manifest) {
     for (index, r) in manifest.resources.iter().enumerate() {
         if r.one_replica_per_container && r.replicas == 1 {
             let field = format!("resource[{index}].one_replica_per_container");
@@ -170,7 +181,6 @@ pub(super) fn parse(text: &str, path: &Path, kubelet_dir_override: Option<&Path>
             ));
         }
     }
-    Ok(manifest)
 }
 
 /// A directory key: relative paths are taken from the manifest's folder, so a manifest and its
@@ -365,35 +375,7 @@ impl Builder<'_> {
             self.diags.error(raw.name.span(), &name_field, message);
         }
         let driver = raw.driver.get_ref().clone();
-        match check_driver_name(&driver) {
-            Err(why) => self.diags.error(raw.driver.span(), &format!("{section}.driver"), why),
-            Ok(()) if !self.drivers.contains_key(&driver) => {
-                // The module may appear later; whether it exists is the loader's question.
-                let config = DriverConfig {
-                    name: driver.clone(),
-                    module_candidates: self.conventional_modules(&driver),
-                    options: Vec::new(),
-                    poll_interval: None,
-                    call_timeout: self.default_timeout,
-                    implicit: true,
-                    sha256: None,
-                    isolation: Isolation::default(),
-                };
-                self.drivers.insert(driver.clone(), config);
-                let declared = self.declared_at.keys().map(String::as_str);
-                if let Some((similar, &offset)) =
-                    super::notes::similar(&driver, declared).and_then(|s| self.declared_at.get_key_value(s))
-                {
-                    let hint = super::DriverHint {
-                        at: self.diags.location(raw.driver.span().start),
-                        similar: similar.clone(),
-                        similar_at: self.diags.location(offset),
-                    };
-                    self.driver_hints.insert(driver.clone(), hint);
-                }
-            }
-            Ok(()) => {}
-        }
+        self.resource_driver(&raw.driver, section);
         let replicas = features::replicas(raw.replicas.as_ref(), section, &mut self.diags);
         let strategy =
             features::strategy(raw.device_list_strategy.as_ref(), section, self.cdi_dir_set, &mut self.diags);
@@ -423,8 +405,59 @@ impl Builder<'_> {
             );
             self.diags.error(raw.name.span(), &name_field, message);
         }
+        let matches = self.matches(raw.matches.unwrap_or_default(), section);
+        self.resources.push(ResourceConfig {
+            name,
+            driver,
+            matches,
+            socket_name: socket,
+            location,
+            replicas,
+            one_replica_per_container: raw.one_replica_per_container.unwrap_or(false),
+            device_list_strategy: strategy,
+            api,
+        });
+    }
+
+    /// Checks the driver a resource names; one no `[driver.X]` table declares is added as an
+    /// implicit driver (with a hint when a declared name is close to it).
+    fn resource_driver(&mut self, raw_driver: &Spanned<String>, section: &str) {
+        let driver = raw_driver.get_ref().clone();
+        match check_driver_name(&driver) {
+            Err(why) => self.diags.error(raw_driver.span(), &format!("{section}.driver"), why),
+            Ok(()) if !self.drivers.contains_key(&driver) => {
+                // The module may appear later; whether it exists is the loader's question.
+                let config = DriverConfig {
+                    name: driver.clone(),
+                    module_candidates: self.conventional_modules(&driver),
+                    options: Vec::new(),
+                    poll_interval: None,
+                    call_timeout: self.default_timeout,
+                    implicit: true,
+                    sha256: None,
+                    isolation: Isolation::default(),
+                };
+                self.drivers.insert(driver.clone(), config);
+                let declared = self.declared_at.keys().map(String::as_str);
+                if let Some((similar, &offset)) =
+                    super::notes::similar(&driver, declared).and_then(|s| self.declared_at.get_key_value(s))
+                {
+                    let hint = super::DriverHint {
+                        at: self.diags.location(raw_driver.span().start),
+                        similar: similar.clone(),
+                        similar_at: self.diags.location(offset),
+                    };
+                    self.driver_hints.insert(driver.clone(), hint);
+                }
+            }
+            Ok(()) => {}
+        }
+    }
+
+    /// A resource's `match` globs, each checked: a string, a named attribute, not empty.
+    fn matches(&mut self, raw: BTreeMap<String, Spanned<toml::Value>>, section: &str) -> Vec<(String, String)> {
         let mut matches = Vec::new();
-        for (key, pattern) in raw.matches.unwrap_or_default() {
+        for (key, pattern) in raw {
             let field = format!("{section}.match.{key}");
             let span = pattern.span();
             let toml::Value::String(pattern) = pattern.into_inner() else {
@@ -439,17 +472,7 @@ impl Builder<'_> {
             }
             matches.push((key, pattern));
         }
-        self.resources.push(ResourceConfig {
-            name,
-            driver,
-            matches,
-            socket_name: socket,
-            location,
-            replicas,
-            one_replica_per_container: raw.one_replica_per_container.unwrap_or(false),
-            device_list_strategy: strategy,
-            api,
-        });
+        matches
     }
 
     fn finish(self, path: &Path) -> Result<Manifest, ManifestErrors> {

@@ -135,7 +135,7 @@ pub struct DriverConfig {
 /// Where a driver instance's code runs (`isolation` in `[driver.X]`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Isolation {
-    /// In the host process, on a worker thread of its own (`"in-process"`, an explicit opt-in:
+    /// In the host process, on a driver thread of its own (`"in-process"`, an explicit opt-in:
     /// a crash in the driver's code ends the whole daemon).
     InProcess,
     /// In a worker process of its own (`"process"`, the default), which keeps only these

@@ -3,6 +3,7 @@
 //! manifest advertises and what a container would receive, without a cluster.
 
 use crate::engine::registry::{Mode, Resource};
+use crate::engine::release::ReleaseRunner;
 use crate::manifest::{DEFAULT_CALL_TIMEOUT, Manifest};
 use crate::ops::daemon::Daemon;
 use kubelet_emu::{Kubelet, PodResourcesServer};
@@ -353,6 +354,58 @@ async fn preferred_report(kubelet: &Kubelet, r: &Resource) -> String {
     s
 }
 
+/// Whether the host saw, within [`REGISTER_WAIT`], the pod hold `id` of resource `name`
+/// through the pod-resources follower, and its release runner caught up with that.
+async fn seen_holding(
+    follower: &Arc<crate::engine::podresources::Follower>,
+    runner: &ReleaseRunner,
+    name: &str,
+    id: &str,
+) -> bool {
+    let mut holders = follower.subscribe();
+    let wait = tokio::time::sleep(REGISTER_WAIT);
+    tokio::pin!(wait);
+    let mut held_since = None;
+    loop {
+        {
+            let snap = holders.borrow_and_update();
+            if held_since.is_none() && snap.holder(name, id).is_some() {
+                held_since = Some(snap.generation);
+            }
+        }
+        if held_since.is_some_and(|g| runner.seen_generation() >= g) {
+            return true;
+        }
+        tokio::select! {
+            _ = holders.changed() => {}
+            _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+            _ = &mut wait => return false,
+        }
+    }
+}
+
+/// Once release was called for `id`: Ok when it is out of the runner's overlay (released), the
+/// reason when it is still listed after a failed call (the host retries).
+async fn released(
+    overlay: &mut tokio::sync::watch::Receiver<Arc<crate::engine::release::Overlay>>,
+    runner: &ReleaseRunner,
+    id: &str,
+) -> Result<(), String> {
+    loop {
+        if !overlay.borrow_and_update().contains_key(id) {
+            return Ok(());
+        }
+        // Still listed after the call returned: it failed, and the host retries.
+        let failed = runner.pending().iter().any(|b| matches!(b.phase, crate::engine::release::Phase::Failed { .. }));
+        if let Some(reason) = runner.unhealthy(id).filter(|_| failed) {
+            return Err(reason);
+        }
+        if overlay.changed().await.is_err() {
+            return Ok(());
+        }
+    }
+}
+
 /// Ends a simulated pod that held `id` and shows the release hook running.
 async fn pod_end_report(
     pods: &PodResourcesServer,
@@ -373,28 +426,9 @@ async fn pod_end_report(
     let _ = writeln!(s, "\nPod sim/{pod} (holding {id} on {name}) ends:");
     pods.set_pod("sim", pod, vec![("main".into(), name.into(), vec![id.to_string()])]);
     // The host must have seen the pod hold the device before it can see it let go.
-    let mut holders = follower.subscribe();
-    let wait = tokio::time::sleep(REGISTER_WAIT);
-    tokio::pin!(wait);
-    let mut held_since = None;
-    loop {
-        {
-            let snap = holders.borrow_and_update();
-            if held_since.is_none() && snap.holder(name, id).is_some() {
-                held_since = Some(snap.generation);
-            }
-        }
-        if held_since.is_some_and(|g| runner.seen_generation() >= g) {
-            break;
-        }
-        tokio::select! {
-            _ = holders.changed() => {}
-            _ = tokio::time::sleep(Duration::from_millis(20)) => {}
-            _ = &mut wait => {
-                let _ = writeln!(s, "  the host did not see the pod through the pod-resources socket");
-                return s;
-            }
-        }
+    if !seen_holding(follower, runner, name, id).await {
+        let _ = writeln!(s, "  the host did not see the pod through the pod-resources socket");
+        return s;
     }
     let mut overlay = runner.subscribe();
     overlay.borrow_and_update();
@@ -406,23 +440,7 @@ async fn pod_end_report(
         return s;
     }
     let started = ended.elapsed();
-    let outcome = tokio::time::timeout(deadline, async {
-        loop {
-            if !overlay.borrow_and_update().contains_key(id) {
-                return Ok(());
-            }
-            // Still listed after the call returned: it failed, and the host retries.
-            let failed =
-                runner.pending().iter().any(|b| matches!(b.phase, crate::engine::release::Phase::Failed { .. }));
-            if let Some(reason) = runner.unhealthy(id).filter(|_| failed) {
-                return Err(reason);
-            }
-            if overlay.changed().await.is_err() {
-                return Ok(());
-            }
-        }
-    })
-    .await;
+    let outcome = tokio::time::timeout(deadline, released(&mut overlay, runner, id)).await;
     let took = ended.elapsed().saturating_sub(started);
     match outcome {
         Ok(Ok(())) => {

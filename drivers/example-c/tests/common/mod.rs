@@ -58,7 +58,7 @@ pub fn logs_of(driver: &str) -> Vec<LogLine> {
 }
 
 /// Installs the capturing layer process-wide, once. It must be global, not
-/// `set_default`: the host logs from each instance's worker thread.
+/// `set_default`: the host logs from each instance's driver thread.
 fn capture_logs() {
     static INSTALLED: OnceLock<()> = OnceLock::new();
     INSTALLED.get_or_init(|| {

@@ -26,7 +26,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::{Notify, oneshot};
 
 /// What a channel needs of the instance it serves, and tells it: the supervisor's shared state
-/// (`supervisor::Shared`) is one. The channel knows no more of the supervisor than this.
+/// (`supervisor::shared::Shared`) is one. The channel knows no more of the supervisor than this.
 pub(super) trait Owner: Send + Sync + 'static {
     /// The driver's name, for errors and log lines.
     fn name(&self) -> &str;

@@ -2,7 +2,7 @@
 //! MODULE`). It lowers its privileges, loads the sealed copy of the module
 //! the host checked (an inherited memfd; MODULE only names it), then serves the
 //! host's requests one at a time on its main thread, as the in-process
-//! worker thread does, through the same callbacks. It has no async runtime
+//! driver thread does, through the same callbacks. It has no async runtime
 //! and no logger: driver log lines and change notifications travel to the
 //! host as frames. A change notice (`devices_changed`, from any thread of
 //! the driver) wakes the main thread through an eventfd; it scans at once

@@ -20,7 +20,7 @@ impl From<&CallError> for Status {
             },
             CallError::Timeout { .. } | CallError::Hung { .. } => Code::DeadlineExceeded,
             CallError::Poisoned { .. } => Code::Internal,
-            CallError::WorkerGone { .. } | CallError::Unavailable { .. } => Code::Unavailable,
+            CallError::ThreadGone { .. } | CallError::Unavailable { .. } => Code::Unavailable,
         };
         Status::new(code, e.to_string())
     }
