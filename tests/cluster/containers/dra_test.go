@@ -138,6 +138,11 @@ func TestDRAClaimsReachTheContainerOnContainerd(t *testing.T) {
 		t.Logf("%s's container (its report %v after the pods' creation):\n%s", p.Name, time.Since(start).Round(time.Millisecond),
 			strings.Join(outs[p.Name], "\n"))
 	}
+	// Where the time went (second resolution): in one full run the reports came 79.5 s after
+	// the pods' creation, in a run of this test alone 0.7 s.
+	for _, p := range []*v1.Pod{claimPod, extPod, plainPod} {
+		t.Logf("%s since the pods' creation:\n%s", p.Name, podTimeline(t, p.Name, start))
+	}
 	t.Logf("three pods created → every container's report in %v", time.Since(start).Round(time.Millisecond))
 
 	claimDev := t.Run("a claim from a template", func(t *testing.T) {

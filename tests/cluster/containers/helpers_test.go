@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"syscall"
 	"testing"
@@ -26,11 +27,6 @@ const pluginDir = "/var/lib/kubelet/device-plugins"
 // /dev/btrfs-control.
 var exampleNodes = []struct{ major, minor uint32 }{{10, 229}, {10, 237}, {10, 232}, {10, 234}}
 
-// mkdev is the kernel's new_encode_dev.
-func mkdev(major, minor uint32) int {
-	return int((minor & 0xff) | (major << 8) | ((minor &^ 0xff) << 12))
-}
-
 // makeExampleNodes makes dir/example0..3 as the character devices of exampleNodes.
 func makeExampleNodes(t *testing.T, dir string) {
 	t.Helper()
@@ -40,7 +36,7 @@ func makeExampleNodes(t *testing.T, dir string) {
 	for i, n := range exampleNodes {
 		path := filepath.Join(dir, fmt.Sprintf("example%d", i))
 		_ = os.Remove(path)
-		if err := syscall.Mknod(path, syscall.S_IFCHR|0o666, mkdev(n.major, n.minor)); err != nil {
+		if err := syscall.Mknod(path, syscall.S_IFCHR|0o666, devhost.Mkdev(n.major, n.minor)); err != nil {
 			t.Fatalf("mknod %s: %v", path, err)
 		}
 	}
@@ -183,3 +179,36 @@ func waitingReasons(p *v1.Pod) string {
 func deletePod(t *testing.T, name string) { cl.DeletePod(t, name, nil) }
 
 func getPod(t *testing.T, name string) *v1.Pod { return cl.Pod(t, name) }
+
+// podTimeline is what happened to the pod since start, for a log: its events (time, source,
+// reason, message) and its conditions' transitions, each as an offset from start, in order.
+func podTimeline(t *testing.T, pod string, start time.Time) string {
+	t.Helper()
+	type entry struct {
+		at   time.Time
+		what string
+	}
+	var all []entry
+	if evs, err := cl.Client.CoreV1().Events("default").List(context.Background(),
+		metav1.ListOptions{FieldSelector: "involvedObject.name=" + pod}); err == nil {
+		for _, e := range evs.Items {
+			at := e.LastTimestamp.Time
+			if at.IsZero() {
+				at = e.EventTime.Time
+			}
+			all = append(all, entry{at, fmt.Sprintf("event %s/%s (%s, ×%d): %s", e.Source.Component, e.ReportingController,
+				e.Reason, max(e.Count, 1), e.Message)})
+		}
+	}
+	if p, err := cl.Client.CoreV1().Pods("default").Get(context.Background(), pod, metav1.GetOptions{}); err == nil {
+		for _, c := range p.Status.Conditions {
+			all = append(all, entry{c.LastTransitionTime.Time, fmt.Sprintf("condition %s=%s %s %s", c.Type, c.Status, c.Reason, c.Message)})
+		}
+	}
+	sort.SliceStable(all, func(i, j int) bool { return all[i].at.Before(all[j].at) })
+	var b strings.Builder
+	for _, e := range all {
+		fmt.Fprintf(&b, "  +%v %s\n", e.at.Sub(start).Round(time.Second), e.what)
+	}
+	return b.String()
+}
