@@ -60,6 +60,11 @@ func startDevhost(t *testing.T, opts devhost.Options) *node {
 	opts.HealthFile, opts.ReleaseFile = health, release
 	config := devhost.WriteDemoConfig(t, dir, opts)
 	list := devhost.List(t, config)
+	// The Node lags the kubelet by up to one status update: wait until it shows the previous
+	// test's devhost gone (allocatable 0), or the wait below can pass on the old figures and a
+	// pod be admitted before this devhost has registered (UnexpectedAdmissionError: "no healthy
+	// devices present").
+	waitNodeAllocatable(t, list, "the previous devhost gone from the Node", func(devhost.Resource) int { return 0 })
 	n := &node{dh: devhost.Start(t, config), config: config, list: list}
 	waitNodeShows(t, list)
 	return n
@@ -68,15 +73,21 @@ func startDevhost(t *testing.T, opts devhost.Options) *node {
 // waitNodeShows waits until the Node's allocatable shows every healthy device of list.
 func waitNodeShows(t *testing.T, list []devhost.Resource) {
 	t.Helper()
-	devhost.Eventually(t, 60*time.Second, "the Node shows every resource of devhost list", func() string {
+	waitNodeAllocatable(t, list, "the Node shows every resource of devhost list", func(r devhost.Resource) int { return r.Healthy })
+}
+
+// waitNodeAllocatable waits until the Node's allocatable of each resource of list is want's.
+func waitNodeAllocatable(t *testing.T, list []devhost.Resource, what string, want func(devhost.Resource) int) {
+	t.Helper()
+	devhost.Eventually(t, 60*time.Second, what, func() string {
 		nd, err := cl.Node()
 		if err != nil {
 			return err.Error()
 		}
 		for _, r := range list {
 			q := nd.Status.Allocatable[v1.ResourceName(r.Resource)]
-			if q.Value() != int64(r.Healthy) {
-				return fmt.Sprintf("%s: allocatable %d, devhost lists %d healthy", r.Resource, q.Value(), r.Healthy)
+			if q.Value() != int64(want(r)) {
+				return fmt.Sprintf("%s: allocatable %d, want %d (devhost lists %d healthy)", r.Resource, q.Value(), want(r), r.Healthy)
 			}
 		}
 		return ""
