@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"syscall"
 	"testing"
@@ -26,11 +27,6 @@ const pluginDir = "/var/lib/kubelet/device-plugins"
 // /dev/btrfs-control.
 var exampleNodes = []struct{ major, minor uint32 }{{10, 229}, {10, 237}, {10, 232}, {10, 234}}
 
-// mkdev is the kernel's new_encode_dev.
-func mkdev(major, minor uint32) int {
-	return int((minor & 0xff) | (major << 8) | ((minor &^ 0xff) << 12))
-}
-
 // makeExampleNodes makes dir/example0..3 as the character devices of exampleNodes.
 func makeExampleNodes(t *testing.T, dir string) {
 	t.Helper()
@@ -40,7 +36,7 @@ func makeExampleNodes(t *testing.T, dir string) {
 	for i, n := range exampleNodes {
 		path := filepath.Join(dir, fmt.Sprintf("example%d", i))
 		_ = os.Remove(path)
-		if err := syscall.Mknod(path, syscall.S_IFCHR|0o666, mkdev(n.major, n.minor)); err != nil {
+		if err := syscall.Mknod(path, syscall.S_IFCHR|0o666, devhost.Mkdev(n.major, n.minor)); err != nil {
 			t.Fatalf("mknod %s: %v", path, err)
 		}
 	}
@@ -64,6 +60,11 @@ func startDevhost(t *testing.T, opts devhost.Options) *node {
 	opts.HealthFile, opts.ReleaseFile = health, release
 	config := devhost.WriteDemoConfig(t, dir, opts)
 	list := devhost.List(t, config)
+	// The Node lags the kubelet by up to one status update: wait until it shows the previous
+	// test's devhost gone (allocatable 0), or the wait below can pass on the old figures and a
+	// pod be admitted before this devhost has registered (UnexpectedAdmissionError: "no healthy
+	// devices present").
+	waitNodeAllocatable(t, list, "the previous devhost gone from the Node", func(devhost.Resource) int { return 0 })
 	n := &node{dh: devhost.Start(t, config), config: config, list: list}
 	waitNodeShows(t, list)
 	return n
@@ -72,15 +73,21 @@ func startDevhost(t *testing.T, opts devhost.Options) *node {
 // waitNodeShows waits until the Node's allocatable shows every healthy device of list.
 func waitNodeShows(t *testing.T, list []devhost.Resource) {
 	t.Helper()
-	devhost.Eventually(t, 60*time.Second, "the Node shows every resource of devhost list", func() string {
+	waitNodeAllocatable(t, list, "the Node shows every resource of devhost list", func(r devhost.Resource) int { return r.Healthy })
+}
+
+// waitNodeAllocatable waits until the Node's allocatable of each resource of list is want's.
+func waitNodeAllocatable(t *testing.T, list []devhost.Resource, what string, want func(devhost.Resource) int) {
+	t.Helper()
+	devhost.Eventually(t, 60*time.Second, what, func() string {
 		nd, err := cl.Node()
 		if err != nil {
 			return err.Error()
 		}
 		for _, r := range list {
 			q := nd.Status.Allocatable[v1.ResourceName(r.Resource)]
-			if q.Value() != int64(r.Healthy) {
-				return fmt.Sprintf("%s: allocatable %d, devhost lists %d healthy", r.Resource, q.Value(), r.Healthy)
+			if q.Value() != int64(want(r)) {
+				return fmt.Sprintf("%s: allocatable %d, want %d (devhost lists %d healthy)", r.Resource, q.Value(), want(r), r.Healthy)
 			}
 		}
 		return ""
@@ -183,3 +190,36 @@ func waitingReasons(p *v1.Pod) string {
 func deletePod(t *testing.T, name string) { cl.DeletePod(t, name, nil) }
 
 func getPod(t *testing.T, name string) *v1.Pod { return cl.Pod(t, name) }
+
+// podTimeline is what happened to the pod since start, for a log: its events (time, source,
+// reason, message) and its conditions' transitions, each as an offset from start, in order.
+func podTimeline(t *testing.T, pod string, start time.Time) string {
+	t.Helper()
+	type entry struct {
+		at   time.Time
+		what string
+	}
+	var all []entry
+	if evs, err := cl.Client.CoreV1().Events("default").List(context.Background(),
+		metav1.ListOptions{FieldSelector: "involvedObject.name=" + pod}); err == nil {
+		for _, e := range evs.Items {
+			at := e.LastTimestamp.Time
+			if at.IsZero() {
+				at = e.EventTime.Time
+			}
+			all = append(all, entry{at, fmt.Sprintf("event %s/%s (%s, ×%d): %s", e.Source.Component, e.ReportingController,
+				e.Reason, max(e.Count, 1), e.Message)})
+		}
+	}
+	if p, err := cl.Client.CoreV1().Pods("default").Get(context.Background(), pod, metav1.GetOptions{}); err == nil {
+		for _, c := range p.Status.Conditions {
+			all = append(all, entry{c.LastTransitionTime.Time, fmt.Sprintf("condition %s=%s %s %s", c.Type, c.Status, c.Reason, c.Message)})
+		}
+	}
+	sort.SliceStable(all, func(i, j int) bool { return all[i].at.Before(all[j].at) })
+	var b strings.Builder
+	for _, e := range all {
+		fmt.Fprintf(&b, "  +%v %s\n", e.at.Sub(start).Round(time.Second), e.what)
+	}
+	return b.String()
+}

@@ -57,7 +57,7 @@ func runDemo(t *testing.T, opts devhost.Options) (names []string, out []admitted
 		n.k.mu.Lock()
 		n.k.pods = nil
 		n.k.mu.Unlock()
-		n.k.dm.UpdateAllocatedDevices()
+		n.k.dm.UpdateAllocatedDevices(logger)
 	}
 	return names, out
 }

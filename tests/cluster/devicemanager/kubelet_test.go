@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	cadvisorapi "github.com/google/cadvisor/info/v1"
+	cadvisorapi "github.com/google/cadvisor/lib/model"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -59,11 +59,11 @@ var logger = klog.Background()
 func startKubelet(t *testing.T, active ...*v1.Pod) *kubelet {
 	t.Helper()
 	topo := []cadvisorapi.Node{{Id: 0}, {Id: 1}}
-	tm, err := topologymanager.NewManager(topo, "none", "container", nil)
+	tm, err := topologymanager.NewManager(logger, topo, "none", "container", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	dm, err := devicemanager.NewManagerImpl(topo, tm)
+	dm, err := devicemanager.NewManagerImpl(logger, topo, tm)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,9 +86,10 @@ func (k *kubelet) activePods() []*v1.Pod {
 
 // admit runs the kubelet's admission for the pod's devices: the topology manager's Admit,
 // which calls the device manager's Allocate per container (GetPreferredAllocation, then
-// Allocate on the plugin).
+// Allocate on the plugin). The operation is "add", as the kubelet's for a new pod: from 1.37 the
+// device manager allocates for nothing else (resize included).
 func (k *kubelet) admit(pod *v1.Pod) lifecycle.PodAdmitResult {
-	res := k.tm.Admit(&lifecycle.PodAdmitAttributes{Pod: pod, OtherPods: k.activePods()})
+	res := k.tm.Admit(context.Background(), &lifecycle.PodAdmitAttributes{Pod: pod, OtherPods: k.activePods(), Operation: lifecycle.AddOperation})
 	if res.Admit {
 		k.mu.Lock()
 		k.pods = append(k.pods, pod)
@@ -99,7 +100,7 @@ func (k *kubelet) admit(pod *v1.Pod) lifecycle.PodAdmitResult {
 
 // capacity returns capacity and allocatable counts per resource, as the Node would show them.
 func (k *kubelet) capacity() (map[string]int64, map[string]int64) {
-	c, a, _ := k.dm.GetCapacity()
+	c, a, _ := k.dm.GetCapacity(logger)
 	cm, am := map[string]int64{}, map[string]int64{}
 	for n, q := range c {
 		cm[string(n)] = q.Value()

@@ -14,7 +14,7 @@ import (
 // (devhost shows it nowhere else: not in /status, not in `devhost list`).
 //
 // The plugin watcher dials the registration socket by its bare path, with no
-// grpc.WithAuthority("localhost") (k8s.io/kubernetes v1.36.3,
+// grpc.WithAuthority("localhost") (k8s.io/kubernetes v1.34.4 to v1.37.2,
 // pkg/kubelet/pluginmanager/operationexecutor/operation_generator.go, func dial), so grpc-go
 // sends the socket path as :authority, which h2 under tonic refuses unless devhost mends it
 // (host/src/fronts/dra/authority.rs); without the mender the kubelet logs `failed to get plugin

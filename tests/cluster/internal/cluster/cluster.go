@@ -61,7 +61,10 @@ type Options struct {
 // Cluster is a running etcd, kube-apiserver, fakecri and kubelet (and, with
 // Options.ControlPlane, kube-scheduler and kube-controller-manager).
 type Cluster struct {
-	Bin, Dir        string
+	Bin, Dir string
+	// KubeletBin is the folder whose kubelet runs: $DEVHOST_KUBELET_BIN (the version-skew runs'
+	// older kubelet, tests/cluster/build --skew) when set, else Bin.
+	KubeletBin      string
 	Client          *kubernetes.Clientset
 	AdminKubeconfig string
 	// DevhostKubeconfig (with Options.RBAC) is a kubeconfig for devhost: a token of DevhostUser
@@ -169,7 +172,11 @@ func Start(bin, dir string) (c *Cluster, err error) { return StartWith(bin, dir,
 func StartWith(bin, dir string, opts Options) (_ *Cluster, err error) {
 	// Not the named result: every `return nil, err` below would make it nil before the cleanup
 	// runs, which then could neither print the components' logs nor stop them.
-	c := &Cluster{Bin: bin, Dir: dir, RecordDir: filepath.Join(dir, "containers"), StaticPodDir: filepath.Join(dir, "static-pods")}
+	kubeletBin := os.Getenv("DEVHOST_KUBELET_BIN")
+	if kubeletBin == "" {
+		kubeletBin = bin
+	}
+	c := &Cluster{Bin: bin, KubeletBin: kubeletBin, Dir: dir, RecordDir: filepath.Join(dir, "containers"), StaticPodDir: filepath.Join(dir, "static-pods")}
 	defer func() {
 		if err != nil {
 			err = fmt.Errorf("%w\n%s", err, c.Logs(30))
@@ -288,6 +295,12 @@ nodeStatusUpdateFrequency: 1s
 resolvConf: ""
 staticPodPath: %[4]s
 fileCheckFrequency: 1s
+# The tests share the machine's disk with whatever else runs there: no eviction for disk space
+# (the defaults evict every pod once less than 10–15 %% of the disk is free: "The node had
+# condition: [DiskPressure]") and no image GC (the test images are imported once). "0%%"
+# switches a signal off; memory.available keeps its default.
+evictionHard: {memory.available: 100Mi, nodefs.available: "0%%", nodefs.inodesFree: "0%%", imagefs.available: "0%%", imagefs.inodesFree: "0%%"}
+imageGCHighThresholdPercent: 100
 `, criSock, kubeletPort, healthzPort, c.StaticPodDir)); err != nil {
 		return nil, err
 	}
@@ -312,7 +325,7 @@ fileCheckFrequency: 1s
 
 // StartKubelet starts the kubelet (again).
 func (c *Cluster) StartKubelet() error {
-	p, err := c.start("kubelet", "--config", filepath.Join(c.Dir, "kubelet.yaml"),
+	p, err := c.startFrom(c.KubeletBin, "kubelet", nil, "--config", filepath.Join(c.Dir, "kubelet.yaml"),
 		"--kubeconfig", filepath.Join(c.Dir, "kubeconfig-node"),
 		"--root-dir", RootDir, "--hostname-override", NodeName,
 		// The flags of the reference note: no QoS cgroups, no node allocatable enforcement, swap allowed.

@@ -71,6 +71,12 @@ func Main(m *testing.M, pkg string, opts Options, ready func(c *Cluster, skipRea
 		components += "; Node,RBAC"
 	}
 	fmt.Printf("one-node cluster (%s) Ready in %v\n", components, time.Since(start).Round(time.Millisecond))
+	// Which versions met: the version-skew runs start an older kubelet ($DEVHOST_KUBELET_BIN).
+	if v, err := c.Client.Discovery().ServerVersion(); err == nil {
+		if n, err := c.Client.CoreV1().Nodes().Get(context.Background(), NodeName, metav1.GetOptions{}); err == nil {
+			fmt.Printf("kube-apiserver %s, kubelet %s\n", v.GitVersion, n.Status.NodeInfo.KubeletVersion)
+		}
+	}
 	// Pods need their service account to exist (no serviceaccount controller runs).
 	if _, err := c.Client.CoreV1().ServiceAccounts("default").Create(context.Background(),
 		&v1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil {

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -54,6 +55,10 @@ type Options struct {
 	// ExampleDevDir is the example_c driver's dev_dir: a folder of real device nodes
 	// example0..example3, the devices' host nodes ("" = /dev/null for every device).
 	ExampleDevDir string
+	// SimDevfs replaces the demo's simulated devfs roots of the FPGA and TPU drivers
+	// (config/sim/{fpga,tpu}/dev, whose nodes are plain files) with SimDevfs/fpga and
+	// SimDevfs/tpu: the same trees as real character devices (MakeSimDevfs).
+	SimDevfs string
 }
 
 // WriteDemoConfig writes config/demo.toml, changed by opts, into dir and returns its path.
@@ -85,6 +90,15 @@ func WriteDemoConfig(t testing.TB, dir string, opts Options) string {
 			t.Fatalf("config/demo.toml no longer contains %s: update tests/cluster/internal/devhost", r[0])
 		}
 		text = strings.Replace(text, r[0], r[1], 1)
+	}
+	if opts.SimDevfs != "" {
+		for _, drv := range []string{"fpga", "tpu"} {
+			from := fmt.Sprintf("devfs_root = %q", "config/sim/"+drv+"/dev")
+			if !strings.Contains(text, from) {
+				t.Fatalf("config/demo.toml no longer contains %s: update tests/cluster/internal/devhost", from)
+			}
+			text = strings.Replace(text, from, fmt.Sprintf("devfs_root = %q", filepath.Join(opts.SimDevfs, drv)), 1)
+		}
 	}
 	if opts.ReleaseDelayMs > 0 {
 		// The hook's delay must stay under the instance's call deadline (10 s by default).
@@ -268,4 +282,58 @@ func TestFiles(t *testing.T, dir string) (health, release string) {
 		t.Fatal(err)
 	}
 	return health, release
+}
+
+// SimNode is one node of MakeSimDevfs's trees: its path below /dev and its major:minor.
+type SimNode struct {
+	Path         string
+	Major, Minor uint32
+}
+
+// SimMajor is the character major of MakeSimDevfs's nodes: one no driver registers here (the
+// kernel's range 240–254 is for local use, and this machine's drivers take theirs from 254
+// down), so opening such a node reaches the kernel's lookup of its driver and fails with ENXIO
+// ("No such device or address") when the device cgroup allows it, and with EPERM
+// ("Operation not permitted") when the cgroup refuses it.
+const SimMajor = 240
+
+// MakeSimDevfs makes dir/fpga and dir/tpu: the demo's simulated devfs trees
+// (config/sim/{fpga,tpu}/dev) with each plain file there made a character device of major
+// SimMajor and minors 0, 1, … in the trees' order. It returns the nodes of each driver.
+func MakeSimDevfs(t testing.TB, dir string) map[string][]SimNode {
+	t.Helper()
+	nodes := map[string][]SimNode{}
+	minor := uint32(0)
+	for _, drv := range []string{"fpga", "tpu"} {
+		src := filepath.Join(Root(), "config", "sim", drv, "dev")
+		err := filepath.WalkDir(src, func(path string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return err
+			}
+			rel, err := filepath.Rel(src, path)
+			if err != nil {
+				return err
+			}
+			dst := filepath.Join(dir, drv, rel)
+			if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+				return err
+			}
+			_ = os.Remove(dst)
+			if err := syscall.Mknod(dst, syscall.S_IFCHR|0o666, Mkdev(SimMajor, minor)); err != nil {
+				return fmt.Errorf("mknod %s: %w", dst, err)
+			}
+			nodes[drv] = append(nodes[drv], SimNode{Path: "/dev/" + rel, Major: SimMajor, Minor: minor})
+			minor++
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return nodes
+}
+
+// Mkdev is the kernel's new_encode_dev: a device number as mknod(2) takes it.
+func Mkdev(major, minor uint32) int {
+	return int((minor & 0xff) | (major << 8) | ((minor &^ 0xff) << 12))
 }
