@@ -220,6 +220,8 @@ fn start_control_plane(bin: &Path, dir: &Path) -> Result<ControlPlane> {
     cp.procs.push(Proc::spawn(tied(etcd), &dir.join("etcd.log"))?);
     let mut api = Command::new(bin.join("kube-apiserver"));
     api.args(["--etcd-servers", &etcd_url, "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1"])
+        // From 1.37 the default endpoint reconciler refuses a loopback advertise address.
+        .args(["--endpoint-reconciler-type", "none"])
         .args(["--secure-port", &api_port.to_string(), "--cert-dir", &p("certs")])
         .args(["--service-account-issuer", "https://kubernetes.default.svc"])
         .args(["--service-account-key-file", &p("sa.pub"), "--service-account-signing-key-file", &p("sa.key")])

@@ -329,7 +329,7 @@ async fn a_slow_server_and_a_second_writer_churning_the_slices_do_not_lose_an_up
 /// that is over its share: a priority level that executes nothing and rejects instead of queueing
 /// (`Reject`), and a flow schema that sends every request of devhost's user there, ahead of the
 /// built-in `system-node-high` (400) and `system-nodes` (500). `nominalConcurrencyShares: 0`
-/// makes the level's limit 0 seats, but kube-apiserver v1.36 still dispatches a request to a
+/// makes the level's limit 0 seats, but kube-apiserver (v1.36 and v1.37) still dispatches a request to a
 /// level with nothing executing (its queue set lets a request wider than the limit run alone),
 /// so a limit of 0 alone rejects nothing. The second flow schema (matched first) sends a LIST of
 /// the namespaces by the same user to the same level: the test's [`hold_the_seat`] keeps one

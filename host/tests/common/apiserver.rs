@@ -136,13 +136,17 @@ impl ApiServerHarness {
         let certs = dir.join("certs");
         let tokens = dir.join("tokens.csv");
         let port = api_port.to_string();
-        let args: [&str; 22] = [
+        let args: [&str; 24] = [
             "--etcd-servers",
             &etcd_url,
             "--bind-address",
             "127.0.0.1",
             "--advertise-address",
             "127.0.0.1",
+            // No `kubernetes` Service endpoints (nothing here reads them); from 1.37 the default
+            // reconciler refuses a loopback advertise address ("may not be in the loopback range").
+            "--endpoint-reconciler-type",
+            "none",
             "--secure-port",
             &port,
             "--cert-dir",
