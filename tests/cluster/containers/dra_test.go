@@ -3,7 +3,6 @@ package containers_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"sort"
 	"strings"
 	"testing"
@@ -64,11 +63,8 @@ func startDRADevhost(t *testing.T, nodes string) {
 	// accel.example.com is not registered") and is retried only after the kubelet's back-off
 	// (75 s in one full run).
 	devhost.Eventually(t, 60*time.Second, "the kubelet registers DRA driver "+devhost.AccelDriver, func() string {
-		data, _ := os.ReadFile(dh.Log)
-		for _, l := range strings.Split(string(data), "\n") {
-			if strings.Contains(l, "the kubelet registered the DRA driver") && strings.Contains(l, "dra_driver="+devhost.AccelDriver) {
-				return ""
-			}
+		if len(cluster.LinesWith(dh.Log, devhost.DRARegisteredLine, "dra_driver="+devhost.AccelDriver)) > 0 {
+			return ""
 		}
 		return "devhost has not logged the kubelet's registration of " + devhost.AccelDriver
 	})

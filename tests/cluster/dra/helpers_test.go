@@ -84,19 +84,15 @@ func (n *node) logTail(lines int) string {
 	return strings.Join(l, "\n")
 }
 
-// registeredLine is what devhost logs when the kubelet's NotifyRegistrationStatus accepts a
-// DRA driver (host/src/fronts/dra/registration.rs).
-const registeredLine = "the kubelet registered the DRA driver"
-
 // waitRegistered waits until this devhost has logged the kubelet's acceptance of driver at
 // least `times` times, and the kubelet has logged a connection to the driver's plugin socket.
 func (n *node) waitRegistered(t *testing.T, driver string, times int, timeout time.Duration) time.Duration {
 	t.Helper()
 	return devhost.Eventually(t, timeout, "the kubelet registers DRA driver "+driver, func() string {
-		got := n.logLines(registeredLine, "dra_driver="+driver)
+		got := n.logLines(devhost.DRARegisteredLine, "dra_driver="+driver)
 		if len(got) < times {
 			return fmt.Sprintf("devhost logged %q for %s %d time(s), want %d; devhost log tail:\n%s\nkubelet log (DRA lines):\n%s",
-				registeredLine, driver, len(got), times, n.logTail(15), strings.Join(kubeletDRALines(driver), "\n"))
+				devhost.DRARegisteredLine, driver, len(got), times, n.logTail(15), strings.Join(kubeletDRALines(driver), "\n"))
 		}
 		return ""
 	})

@@ -146,3 +146,7 @@ func DRADeviceName(id string) string {
 	}
 	return fmt.Sprintf("%s-%08x", s, h)
 }
+
+// DRARegisteredLine is what devhost logs when the kubelet's NotifyRegistrationStatus accepts a
+// DRA driver (host/src/fronts/dra/registration.rs), with the field dra_driver=<driver>.
+const DRARegisteredLine = "the kubelet registered the DRA driver"
