@@ -90,6 +90,7 @@ func releaseCalls(record string) (calls int, perDevice map[string]int) {
 // Node shows them Unhealthy meanwhile is logged, not asserted: see docs/testing.md, "A release
 // at start holds back every resource's registration".)
 func TestDevicesLetGoOfWhileDevhostWasKilledAreReleasedOnceAtTheNextStart(t *testing.T) {
+	r := devhost.NewRecap(t)
 	const res = "example.com/accel"
 	// The hook takes this long, so that a freed device served as allocatable while its hook
 	// runs would show on the Node (one status update a second).
@@ -106,13 +107,13 @@ func TestDevicesLetGoOfWhileDevhostWasKilledAreReleasedOnceAtTheNextStart(t *tes
 	waitPodPhase(t, "holds-on", v1.PodRunning, 60*time.Second)
 	freed, kept := podDevices(t, "let-go")[res], podDevices(t, "holds-on")[res]
 	if len(freed) != 2 || len(kept) != 1 {
-		t.Fatalf("PodResources shows let-go with %v and holds-on with %v", freed, kept)
+		r.Fatalf("PodResources shows let-go with %v and holds-on with %v", freed, kept)
 	}
 
 	// devhost keeps both pods as holders in its state file before it is killed.
 	// docs/features.md: release-<kubelet_dir with / as _, the leading one dropped>.json
 	statePath := filepath.Join(stateDir, "release-var_lib_kubelet_device-plugins.json")
-	devhost.Eventually(t, 30*time.Second, "the release state file names both pods' devices", func() string {
+	r.Eventually(30*time.Second, "the release state file names both pods' devices", func() string {
 		s, err := readKeptState(statePath)
 		if err != nil {
 			return err.Error()
@@ -129,27 +130,29 @@ func TestDevicesLetGoOfWhileDevhostWasKilledAreReleasedOnceAtTheNextStart(t *tes
 		return ""
 	})
 
+	r.Step("kill devhost")
 	n.dh.Kill(t)
-	devhost.Eventually(t, 60*time.Second, "the Node shows the killed devhost's devices gone", func() string {
+	r.Eventually(60*time.Second, "the Node shows the killed devhost's devices gone", func() string {
 		if _, a := nodeCounts(t); a[res] != 0 {
 			return fmt.Sprintf("allocatable %d", a[res])
 		}
 		return ""
 	})
 	deletePod(t, "let-go")
-	devhost.Eventually(t, 60*time.Second, "PodResources no longer lists let-go", func() string {
+	r.Eventually(60*time.Second, "PodResources no longer lists let-go", func() string {
 		if d := podDevices(t, "let-go"); len(d) != 0 {
 			return fmt.Sprintf("let-go still holds %v", d)
 		}
 		return ""
 	})
 	if d := podDevices(t, "holds-on")[res]; strings.Join(d, ",") != strings.Join(kept, ",") {
-		t.Fatalf("PodResources shows holds-on with %v, before the kill %v", d, kept)
+		r.Fatalf("PodResources shows holds-on with %v, before the kill %v", d, kept)
 	}
 	if rec := readFile(t, n.release); rec != "" {
-		t.Fatalf("the release hook ran while devhost was down: %q", rec)
+		r.Fatalf("the release hook ran while devhost was down: %q", rec)
 	}
 
+	r.Step("start devhost again")
 	start := time.Now()
 	n.dh = devhost.Start(t, n.config)
 	// Sampled until every device of res is allocatable again: a freed device must not be
@@ -160,7 +163,7 @@ func TestDevicesLetGoOfWhileDevhostWasKilledAreReleasedOnceAtTheNextStart(t *tes
 	registered, gpuBack, unhealthySeen, released := time.Duration(-1), time.Duration(-1), time.Duration(-1), time.Duration(-1)
 	var timeline []string // each change of what the Node shows, for the log
 	last := ""
-	devhost.Eventually(t, 90*time.Second, "the Node shows every device of "+res+" allocatable again", func() string {
+	r.Eventually(90*time.Second, "the Node shows every device of "+res+" allocatable again", func() string {
 		c, a := nodeCounts(t)
 		at := time.Since(start)
 		_, per := releaseCalls(readFile(t, n.release))
@@ -177,7 +180,7 @@ func TestDevicesLetGoOfWhileDevhostWasKilledAreReleasedOnceAtTheNextStart(t *tes
 			last = now
 		}
 		if !done && a[res] > total-int64(len(freed)) {
-			t.Fatalf("%v after the start the Node shows %d of %d %s allocatable; the release hook has not run yet for %v",
+			r.Fatalf("%v after the start the Node shows %d of %d %s allocatable; the release hook has not run yet for %v",
 				at, a[res], total, res, freed)
 		}
 		if registered < 0 && c[res] == total && a[res] > 0 {
@@ -197,7 +200,7 @@ func TestDevicesLetGoOfWhileDevhostWasKilledAreReleasedOnceAtTheNextStart(t *tes
 	healthySeen := time.Since(start)
 	t.Logf("the Node (allocatable/capacity) after devhost started again:\n  %s", strings.Join(timeline, "\n  "))
 
-	devhost.Eventually(t, 30*time.Second, "/status shows let-go's devices released and Healthy", func() string {
+	r.Eventually(30*time.Second, "/status shows let-go's devices released and Healthy", func() string {
 		st, err := devhost.GetStatus(addr)
 		if err != nil {
 			return err.Error()
@@ -213,9 +216,10 @@ func TestDevicesLetGoOfWhileDevhostWasKilledAreReleasedOnceAtTheNextStart(t *tes
 		}
 		return ""
 	})
+	r.Step("the /status history and devhost log checks")
 	st, err := devhost.GetStatus(addr)
 	if err != nil {
-		t.Fatal(err)
+		r.Fatalf("%v", err)
 	}
 	// devhost's own view: Healthy only once the hook was done (its log line's time).
 	log := readFile(t, n.dh.Log)
@@ -228,7 +232,7 @@ func TestDevicesLetGoOfWhileDevhostWasKilledAreReleasedOnceAtTheNextStart(t *tes
 		}
 	}
 	if hookDone.IsZero() {
-		t.Errorf("devhost's log has no \"released ... after default/let-go/main\" line")
+		r.Errorf("devhost's log has no \"released ... after default/let-go/main\" line")
 	}
 	// (When the driver's first scan comes before the release begins, the history starts with
 	// Absent -> Healthy a few ms before it turns Unhealthy; the kubelet does not get that list,
@@ -239,48 +243,49 @@ func TestDevicesLetGoOfWhileDevhostWasKilledAreReleasedOnceAtTheNextStart(t *tes
 		for _, h := range d.History {
 			at, err := time.Parse(time.RFC3339Nano, h.At)
 			if err != nil {
-				t.Errorf("%s: history time %q: %v", id, h.At, err)
+				r.Errorf("%s: history time %q: %v", id, h.At, err)
 				continue
 			}
 			releasing = releasing || (h.To == "Unhealthy" && strings.Contains(h.Reason, "being released after default/let-go/main let go of it"))
 			if h.To == "Healthy" && releasing && at.Before(hookDone.Truncate(time.Millisecond)) {
-				t.Errorf("%s turned Healthy at %s, before its release hook was done (%s): history %+v", id, h.At, hookDone.Format(time.RFC3339Nano), d.History)
+				r.Errorf("%s turned Healthy at %s, before its release hook was done (%s): history %+v", id, h.At, hookDone.Format(time.RFC3339Nano), d.History)
 			}
 		}
 	}
 	d := st.Device(res, kept[0])
 	if d == nil || d.Health != "Healthy" || !holdsOn(d.HeldBy, "holds-on") {
-		t.Errorf("/status: holds-on's %s is %+v", kept[0], d)
+		r.Errorf("/status: holds-on's %s is %+v", kept[0], d)
 	} else {
 		for _, h := range d.History {
 			if h.To != "Healthy" {
-				t.Errorf("%s, still held by holds-on, went %s: %q", kept[0], h.To, h.Reason)
+				r.Errorf("%s, still held by holds-on, went %s: %q", kept[0], h.To, h.Reason)
 			}
 		}
 	}
 	if !strings.Contains(log, "default/let-go/main let go of") || !strings.Contains(log, "while devhost was restarting or reloading") {
-		t.Errorf("devhost's log lacks the release of let-go's devices at start")
+		r.Errorf("devhost's log lacks the release of let-go's devices at start")
 	}
 
 	// Once: a few more pod-resources rounds (every 500 ms here) call the hook no more, and
 	// never for the device holds-on still holds.
+	r.Step("more pod-resources rounds")
 	time.Sleep(3 * time.Second)
 	rec := readFile(t, n.release)
 	calls, per := releaseCalls(rec)
 	for _, id := range freed {
 		if per[id] != 1 {
-			t.Errorf("the release hook ran %d times for %s: %q", per[id], id, rec)
+			r.Errorf("the release hook ran %d times for %s: %q", per[id], id, rec)
 		}
 	}
 	if per[kept[0]] != 0 {
-		t.Errorf("the release hook ran for %s, still held by holds-on: %q", kept[0], rec)
+		r.Errorf("the release hook ran for %s, still held by holds-on: %q", kept[0], rec)
 	}
 	s, err := readKeptState(statePath)
 	if err != nil {
-		t.Fatal(err)
+		r.Fatalf("%v", err)
 	}
-	if r := s.Resources[res]; len(r.Pending) != 0 || !holdsOn(r.Held[kept[0]], "holds-on") {
-		t.Errorf("kept state after the release: pending %+v, held %+v", r.Pending, r.Held)
+	if kr := s.Resources[res]; len(kr.Pending) != 0 || !holdsOn(kr.Held[kept[0]], "holds-on") {
+		r.Errorf("kept state after the release: pending %+v, held %+v", kr.Pending, kr.Held)
 	}
 	ids := append([]string(nil), freed...)
 	sort.Strings(ids)
@@ -290,4 +295,5 @@ func TestDevicesLetGoOfWhileDevhostWasKilledAreReleasedOnceAtTheNextStart(t *tes
 		res, registered.Round(time.Millisecond), gpuBack.Round(time.Millisecond), ids, total, total-int64(len(ids)),
 		seenAt(unhealthySeen), hookDelay, calls, released.Round(time.Millisecond),
 		healthySeen.Round(time.Millisecond), kept[0])
+	r.Step("the end (clean-up: devhost stopped with SIGTERM)")
 }

@@ -337,3 +337,61 @@ func MakeSimDevfs(t testing.TB, dir string) map[string][]SimNode {
 func Mkdev(major, minor uint32) int {
 	return int((minor & 0xff) | (major << 8) | ((minor &^ 0xff) << 12))
 }
+
+// Recap makes a failing test say last, after every other clean-up (the log tails Start
+// prints), which step it was at and what it found wrong: CI shows the lines just before
+// "--- FAIL", and a long log tail pushes the test's own messages out of them. Call it
+// first in the test, so that its clean-up runs last.
+type Recap struct {
+	t     testing.TB
+	step  string
+	found []string
+}
+
+func NewRecap(t testing.TB) *Recap {
+	r := &Recap{t: t, step: "start"}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("RECAP: failed at step %q; found: %s", r.step, strings.Join(r.found, " | "))
+		}
+	})
+	return r
+}
+
+// Step names what the test does next.
+func (r *Recap) Step(step string) { r.step = step }
+
+// Errorf is t.Errorf, kept for the recap.
+func (r *Recap) Errorf(format string, args ...any) {
+	r.t.Helper()
+	msg := fmt.Sprintf(format, args...)
+	r.found = append(r.found, msg)
+	r.t.Errorf("%s", msg)
+}
+
+// Fatalf is t.Fatalf, kept for the recap.
+func (r *Recap) Fatalf(format string, args ...any) {
+	r.t.Helper()
+	msg := fmt.Sprintf(format, args...)
+	r.found = append(r.found, msg)
+	r.t.Fatalf("%s", msg)
+}
+
+// Eventually is Eventually as a step of the recap.
+func (r *Recap) Eventually(timeout time.Duration, what string, cond func() string) time.Duration {
+	r.t.Helper()
+	r.step = what
+	return Eventually(recapTB{r.t, r}, timeout, what, cond)
+}
+
+// recapTB keeps an Eventually's failure for the recap.
+type recapTB struct {
+	testing.TB
+	r *Recap
+}
+
+func (t recapTB) Fatalf(format string, args ...any) {
+	t.TB.Helper()
+	t.r.found = append(t.r.found, fmt.Sprintf(format, args...))
+	t.TB.Fatalf(format, args...)
+}
