@@ -590,3 +590,141 @@ fn a_circle_is_found_and_named_file_by_file() {
     cut[4].2 = "use crate::driver::call::CallError;".to_string();
     assert!(circles(&area_graph(&cut)).is_empty());
 }
+
+/// Longest a function in host/src may be, in lines from its `fn` to its closing brace.
+const MAX_FUNCTION_LINES: usize = 80;
+
+/// (file under host/src, function): functions allowed over [`MAX_FUNCTION_LINES`], at most 3,
+/// each with its reason in a comment here. None now.
+const LONG_FUNCTIONS: &[(&str, &str)] = &[];
+
+/// `text` with comments and the insides of string and char literals blanked (newlines kept), so
+/// braces in them are not counted.
+fn blank_literals(text: &str) -> String {
+    let c: Vec<char> = text.chars().collect();
+    let mut out = String::with_capacity(text.len());
+    let mut i = 0;
+    while i < c.len() {
+        let blank = |out: &mut String, ch: char| out.push(if ch == '\n' { '\n' } else { ' ' });
+        if c[i] == '/' && c.get(i + 1) == Some(&'/') {
+            while i < c.len() && c[i] != '\n' {
+                i += 1;
+                out.push(' ');
+            }
+        } else if c[i] == 'r' && matches!(c.get(i + 1), Some('"' | '#')) && (i == 0 || !is_ident(c[i - 1])) {
+            // A raw string: r"…", r#"…"#.
+            let hashes = c[i + 1..].iter().take_while(|&&h| h == '#').count();
+            let close: String = std::iter::once('"').chain(std::iter::repeat_n('#', hashes)).collect();
+            let start = i + 2 + hashes;
+            let rest: String = c[start.min(c.len())..].iter().collect();
+            let end = rest.find(&close).map_or(c.len(), |e| start + rest[..e].chars().count() + close.len());
+            for &ch in &c[i..end] {
+                blank(&mut out, ch);
+            }
+            i = end;
+        } else if c[i] == '"' {
+            out.push(' ');
+            i += 1;
+            while i < c.len() && c[i] != '"' {
+                let skip = if c[i] == '\\' { 2 } else { 1 };
+                for &ch in &c[i..(i + skip).min(c.len())] {
+                    blank(&mut out, ch);
+                }
+                i += skip;
+            }
+            out.push(' ');
+            i += 1;
+        } else if c[i] == '\'' && (c.get(i + 2) == Some(&'\'') || c.get(i + 1) == Some(&'\\')) {
+            // A char literal ('{', '\n', '\''); a lifetime has no closing quote.
+            let end = c[i + 2..].iter().position(|&q| q == '\'').map_or(c.len(), |p| i + 3 + p);
+            for &ch in &c[i..end] {
+                blank(&mut out, ch);
+            }
+            i = end;
+        } else {
+            out.push(c[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// The functions of one file's code (its `#[cfg(test)] mod tests { … }` left out) that are
+/// over [`MAX_FUNCTION_LINES`], as (function, first line, lines).
+fn long_functions(text: &str) -> Vec<(String, usize, usize)> {
+    let code = blank_literals(text);
+    let code = code.find("#[cfg(test)]\nmod tests {").map_or(code.as_str(), |i| &code[..i]);
+    let lines: Vec<&str> = code.lines().collect();
+    let mut found = Vec::new();
+    for (start, line) in lines.iter().enumerate() {
+        let Some(at) =
+            line.match_indices("fn ").map(|(i, _)| i).find(|&i| i == 0 || !is_ident(line.as_bytes()[i - 1] as char))
+        else {
+            continue;
+        };
+        let name: String = line[at + 3..].chars().take_while(|&ch| is_ident(ch)).collect();
+        if name.is_empty() {
+            continue;
+        }
+        let (mut depth, mut opened) = (0i32, false);
+        for (end, l) in lines.iter().enumerate().skip(start) {
+            let from = if end == start { at } else { 0 };
+            for ch in l[from..].chars() {
+                match ch {
+                    '{' => (depth, opened) = (depth + 1, true),
+                    '}' => depth -= 1,
+                    ';' if !opened => depth = i32::MIN,
+                    _ => {}
+                }
+            }
+            if depth == i32::MIN || (opened && depth <= 0) {
+                let len = end - start + 1;
+                if opened && len > MAX_FUNCTION_LINES {
+                    found.push((name.clone(), start + 1, len));
+                }
+                break;
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn no_function_is_longer_than_a_screen_but_the_listed_ones() {
+    assert!(LONG_FUNCTIONS.len() <= 3, "at most 3 long functions, each with its reason");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rs_files(&src, &mut files);
+    let mut long = Vec::new();
+    for file in files {
+        let name = file.strip_prefix(&src).unwrap().to_string_lossy().into_owned();
+        if name.ends_with("tests.rs") {
+            continue;
+        }
+        for (function, line, len) in long_functions(&std::fs::read_to_string(&file).unwrap()) {
+            if !LONG_FUNCTIONS.contains(&(name.as_str(), function.as_str())) {
+                long.push(format!("{name}:{line} fn {function}: {len} lines"));
+            }
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "functions over {MAX_FUNCTION_LINES} lines (split them, or list them in LONG_FUNCTIONS with the reason):\n{}",
+        long.join("\n")
+    );
+}
+
+#[test]
+fn long_functions_are_measured_past_braces_in_strings_chars_and_comments() {
+    let body = |n: usize| (0..n).map(|i| format!("    let x{i} = 1;\n")).collect::<String>();
+    let text = format!(
+        "fn short() {{\n{}}}\n// fn commented() {{\npub async fn long(a: &str) -> u8 {{\n    let s = \"}}}}\";\n    \
+         let c = '}}';\n    let r = r#\"}}\"#; // }}\n{}    0\n}}\ntrait T {{\n    fn declared(&self);\n}}\n",
+        body(10),
+        body(MAX_FUNCTION_LINES)
+    );
+    let found = long_functions(&text);
+    assert_eq!(found, vec![("long".to_string(), 14, MAX_FUNCTION_LINES + 6)], "{text}");
+    let tests = format!("fn kept() {{}}\n#[cfg(test)]\nmod tests {{\nfn long_test() {{\n{}}}\n}}\n", body(100));
+    assert!(long_functions(&tests).is_empty());
+}

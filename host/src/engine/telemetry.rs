@@ -9,6 +9,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::Metric;
 use prometheus_client::registry::{Registry, Unit};
 use std::time::Duration;
 
@@ -87,129 +88,109 @@ impl Default for Metrics {
     }
 }
 
+/// A metric of type `M`, created empty and registered under `name` with `help`.
+fn registered<M: Metric + Clone + Default>(registry: &mut Registry, name: &str, help: &str) -> M {
+    let metric = M::default();
+    registry.register(name, help, metric.clone());
+    metric
+}
+
+/// The Allocate latency histograms, per resource, in seconds.
+fn allocate_duration(registry: &mut Registry) -> Family<ResourceLabels, Histogram> {
+    let family = Family::<ResourceLabels, Histogram>::new_with_constructor(
+        (|| Histogram::new(ALLOCATE_BUCKETS)) as fn() -> Histogram,
+    );
+    registry.register_with_unit(
+        "allocate_duration",
+        "Time to answer one Allocate call, per resource",
+        Unit::Seconds,
+        family.clone(),
+    );
+    family
+}
+
+/// The build's version and git commit (host/build.rs; none in a build without git), as the
+/// `devhost_build_info` metric.
+fn register_build_info(registry: &mut Registry) {
+    let mut labels = vec![("version".to_string(), env!("CARGO_PKG_VERSION").to_string())];
+    if !env!("DEVHOST_COMMIT").is_empty() {
+        labels.push(("commit".to_string(), env!("DEVHOST_COMMIT").to_string()));
+    }
+    registry.register("build", "The devhost build", Info::new(labels));
+}
+
 impl Metrics {
+    /// Every metric, registered in the order a scrape lists them. Counter names get their
+    /// `_total` and histograms their unit from the encoder.
     pub fn new() -> Metrics {
         let mut registry = Registry::with_prefix("devhost");
-        let devices = Family::<DeviceLabels, Gauge>::default();
-        let unhealthy_devices = Family::<ResourceLabels, Gauge>::default();
-        let cdi_unresolvable_devices = Family::<ResourceLabels, Gauge>::default();
-        let allocations = Family::<AllocationLabels, Counter>::default();
-        let allocate_duration = Family::<ResourceLabels, Histogram>::new_with_constructor(
-            (|| Histogram::new(ALLOCATE_BUCKETS)) as fn() -> Histogram,
-        );
-        let registrations = Family::<ResourceLabels, Counter>::default();
-        let registered = Family::<ResourceLabels, Gauge>::default();
-        let kubelet_restarts = Counter::default();
-        let driver_calls = Family::<CallLabels, Counter>::default();
-        let module_load_failures = Family::<DriverLabels, Counter>::default();
-        let create_retrying = Family::<DriverLabels, Gauge>::default();
-        let create_failed_attempts = Family::<DriverLabels, Gauge>::default();
-        let dra_slice_publishes = Family::<AllocationLabels, Counter>::default();
-        let dra_published_devices = Family::<ResourceLabels, Gauge>::default();
-        let dra_claim_calls = Family::<ClaimCallLabels, Counter>::default();
-        let dra_prepared_claims = Family::<ResourceLabels, Gauge>::default();
-        let runtime_tasks = Gauge::default();
-        registry.register(
-            "runtime_tasks",
-            "Async tasks alive in the daemon's runtime, read at each scrape (flat over time on a node at rest)",
-            runtime_tasks.clone(),
-        );
-        // Counter names get their `_total` and histograms their unit from the encoder.
-        registry.register("devices", "Devices advertised per resource and health", devices.clone());
-        registry.register(
-            "unhealthy_devices",
-            "Physical devices of the resource that are Unhealthy now (replicas not counted; why: /status)",
-            unhealthy_devices.clone(),
-        );
-        registry.register(
-            "cdi_unresolvable_devices",
-            "Devices of the resource with a CDI name the runtime's CDI folders do not resolve (missing or defined twice; why: the log)",
-            cdi_unresolvable_devices.clone(),
-        );
-        registry.register("allocations", "Allocate container requests per resource and outcome", allocations.clone());
-        registry.register_with_unit(
-            "allocate_duration",
-            "Time to answer one Allocate call, per resource",
-            Unit::Seconds,
-            allocate_duration.clone(),
-        );
-        registry.register("registrations", "Successful registrations with the kubelet", registrations.clone());
-        registry.register(
-            "resource_registered",
-            "1 while the resource is registered with the current kubelet",
-            registered.clone(),
-        );
-        registry.register(
-            "kubelet_restarts",
-            "Kubelet restarts seen (its socket was recreated)",
-            kubelet_restarts.clone(),
-        );
-        registry.register(
-            "driver_calls",
-            "Calls into driver modules per driver, call and outcome",
-            driver_calls.clone(),
-        );
-        registry.register(
-            "module_load_failures",
-            "Driver modules that could not be loaded or instantiated",
-            module_load_failures.clone(),
-        );
-        registry.register(
-            "driver_create_retrying",
-            "1 while the driver's create has failed and is retried with backoff",
-            create_retrying.clone(),
-        );
-        registry.register(
-            "driver_create_failed_attempts",
-            "Failed create attempts of the driver since it last started (0 once create succeeded)",
-            create_failed_attempts.clone(),
-        );
-        registry.register(
-            "dra_slice_publishes",
-            "Passes that wrote a DRA resource's ResourceSlices to the API server, per outcome",
-            dra_slice_publishes.clone(),
-        );
-        registry.register(
-            "dra_published_devices",
-            "Devices of the DRA resource in its ResourceSlices as last published",
-            dra_published_devices.clone(),
-        );
-        registry.register(
-            "dra_claim_calls",
-            "Claims the kubelet asked a DRA resource to prepare or unprepare, per call and outcome",
-            dra_claim_calls.clone(),
-        );
-        registry.register(
-            "dra_prepared_claims",
-            "Claims a DRA resource holds prepared (its checkpoint)",
-            dra_prepared_claims.clone(),
-        );
-        let mut build_labels = vec![("version".to_string(), env!("CARGO_PKG_VERSION").to_string())];
-        // The git commit of the build (host/build.rs); none in a build without git.
-        if !env!("DEVHOST_COMMIT").is_empty() {
-            build_labels.push(("commit".to_string(), env!("DEVHOST_COMMIT").to_string()));
-        }
-        let build = Info::new(build_labels);
-        registry.register("build", "The devhost build", build);
+        let r = &mut registry;
         Metrics {
-            registry,
-            devices,
-            unhealthy_devices,
-            cdi_unresolvable_devices,
-            allocations,
-            allocate_duration,
-            registrations,
-            registered,
-            kubelet_restarts,
-            driver_calls,
-            module_load_failures,
-            create_retrying,
-            create_failed_attempts,
-            dra_slice_publishes,
-            dra_published_devices,
-            dra_claim_calls,
-            dra_prepared_claims,
-            runtime_tasks,
+            runtime_tasks: registered(
+                r,
+                "runtime_tasks",
+                "Async tasks alive in the daemon's runtime, read at each scrape (flat over time on a node at rest)",
+            ),
+            devices: registered(r, "devices", "Devices advertised per resource and health"),
+            unhealthy_devices: registered(
+                r,
+                "unhealthy_devices",
+                "Physical devices of the resource that are Unhealthy now (replicas not counted; why: /status)",
+            ),
+            cdi_unresolvable_devices: registered(
+                r,
+                "cdi_unresolvable_devices",
+                "Devices of the resource with a CDI name the runtime's CDI folders do not resolve (missing or defined twice; why: the log)",
+            ),
+            allocations: registered(r, "allocations", "Allocate container requests per resource and outcome"),
+            allocate_duration: allocate_duration(r),
+            registrations: registered(r, "registrations", "Successful registrations with the kubelet"),
+            registered: registered(
+                r,
+                "resource_registered",
+                "1 while the resource is registered with the current kubelet",
+            ),
+            kubelet_restarts: registered(r, "kubelet_restarts", "Kubelet restarts seen (its socket was recreated)"),
+            driver_calls: registered(r, "driver_calls", "Calls into driver modules per driver, call and outcome"),
+            module_load_failures: registered(
+                r,
+                "module_load_failures",
+                "Driver modules that could not be loaded or instantiated",
+            ),
+            create_retrying: registered(
+                r,
+                "driver_create_retrying",
+                "1 while the driver's create has failed and is retried with backoff",
+            ),
+            create_failed_attempts: registered(
+                r,
+                "driver_create_failed_attempts",
+                "Failed create attempts of the driver since it last started (0 once create succeeded)",
+            ),
+            dra_slice_publishes: registered(
+                r,
+                "dra_slice_publishes",
+                "Passes that wrote a DRA resource's ResourceSlices to the API server, per outcome",
+            ),
+            dra_published_devices: registered(
+                r,
+                "dra_published_devices",
+                "Devices of the DRA resource in its ResourceSlices as last published",
+            ),
+            dra_claim_calls: registered(
+                r,
+                "dra_claim_calls",
+                "Claims the kubelet asked a DRA resource to prepare or unprepare, per call and outcome",
+            ),
+            dra_prepared_claims: registered(
+                r,
+                "dra_prepared_claims",
+                "Claims a DRA resource holds prepared (its checkpoint)",
+            ),
+            registry: {
+                register_build_info(r);
+                registry
+            },
         }
     }
 

@@ -7,8 +7,9 @@ pub mod census;
 pub mod intake;
 
 use crate::driver::device::{Edits, quoted};
+use crate::driver::instance::Instance;
 use crate::engine::preferred::{self, Candidate};
-use crate::engine::registry::{Resource, Services, compose};
+use crate::engine::registry::{Resource, Services, View, compose};
 use crate::engine::sharing;
 use crate::engine::telemetry;
 use crate::fronts::device_plugin::list;
@@ -133,93 +134,9 @@ impl DevicePlugin for Endpoint {
             return Err(Status::invalid_argument("preferred allocation request has no container requests"));
         }
         let view = self.resource.snapshot();
-        let cfg = &self.resource.config;
         let mut responses = Vec::with_capacity(req.container_requests.len());
         for c in req.container_requests {
-            let size = preferred::validate(&c.available_device_i_ds, &c.must_include_device_i_ds, c.allocation_size)
-                .map_err(|e| Status::invalid_argument(format!("resource {}: {e}", self.name())))?;
-            if let Some(unknown) = c.available_device_i_ds.iter().find(|id| view.get(id).is_none()) {
-                return Err(Status::invalid_argument(format!(
-                    "resource {}: unknown device ID {}",
-                    self.name(),
-                    quoted(unknown)
-                )));
-            }
-            // Candidates are advertised IDs (replicas when shared); NUMA and
-            // links come from the physical device behind each.
-            let n = view.devices.len();
-            let mut owned: Vec<(String, Option<i64>, usize)> = Vec::with_capacity(c.available_device_i_ds.len());
-            let mut by_physical: HashMap<&str, Vec<usize>> = HashMap::new();
-            for id in &c.available_device_i_ds {
-                let Some(d) = view.get(id) else { continue };
-                let k = sharing::parse_replica(id).map(|(_, k)| k as usize).filter(|_| view.replicas > 1).unwrap_or(0);
-                by_physical.entry(d.id.as_str()).or_default().push(owned.len());
-                owned.push((id.clone(), d.numa_node, k * n + view.index.get(&d.id).copied().unwrap_or(0)));
-            }
-            let mut edges = Vec::new();
-            for (i, (id, _, _)) in owned.iter().enumerate() {
-                let Some(d) = view.get(id) else { continue };
-                for (other, score) in &d.links {
-                    for &j in by_physical.get(other.as_str()).into_iter().flatten() {
-                        edges.push((i, j, *score));
-                    }
-                }
-            }
-            let must = c.must_include_device_i_ds.clone();
-            let pick = move || {
-                let cands =
-                    owned.iter().map(|(id, numa, order)| Candidate { id, numa: *numa, order: *order }).collect();
-                preferred::choose(cands, &must, size, &edges)
-            };
-            // Large searches run off the async threads.
-            let mut default = if c.available_device_i_ds.len() > 256 {
-                tokio::task::spawn_blocking(pick)
-                    .await
-                    .map_err(|e| Status::internal(format!("preferred allocation failed: {e}")))?
-            } else {
-                pick()
-            };
-            if cfg.one_replica_per_container {
-                default = sharing::prefer_distinct(&default, &c.available_device_i_ds, &c.must_include_device_i_ds);
-            }
-            let ids = match &self.resource.driver {
-                // Drivers know physical IDs only: a shared resource uses the host's answer.
-                Some(drv) if drv.module.preferred_allocation && view.replicas <= 1 => {
-                    let size32 = u32::try_from(size).unwrap_or(u32::MAX);
-                    let result = drv
-                        .preferred(c.available_device_i_ds.clone(), c.must_include_device_i_ds.clone(), size32)
-                        .await;
-                    self.services.metrics.driver_call(
-                        &drv.name,
-                        "preferred_allocation",
-                        telemetry::call_outcome(&result),
-                    );
-                    match result {
-                        Ok(Some(proposal)) => {
-                            let fixed = preferred::repair(
-                                &proposal,
-                                &c.available_device_i_ds,
-                                &c.must_include_device_i_ds,
-                                size,
-                                &default,
-                            );
-                            if fixed != proposal {
-                                tracing::warn!(resource = self.name(), ?proposal, repaired = ?fixed, "driver proposed an invalid preferred allocation; repaired");
-                            }
-                            fixed
-                        }
-                        Ok(None) => default,
-                        Err(e) => {
-                            tracing::warn!(
-                                resource = self.name(),
-                                "preferred_allocation hook failed, using the host default: {e}"
-                            );
-                            default
-                        }
-                    }
-                }
-                _ => default,
-            };
+            let ids = self.prefer_one(&view, c).await?;
             responses.push(pb::ContainerPreferredAllocationResponse { device_i_ds: ids });
         }
         Ok(Response::new(pb::PreferredAllocationResponse { container_responses: responses }))
@@ -268,6 +185,100 @@ impl DevicePlugin for Endpoint {
 }
 
 impl Endpoint {
+    /// The preferred devices for one container: the host's choice (NUMA, links, order), or the
+    /// driver's proposal where it has the hook, repaired against the request.
+    async fn prefer_one(&self, view: &View, c: pb::ContainerPreferredAllocationRequest) -> Result<Vec<String>, Status> {
+        let size = preferred::validate(&c.available_device_i_ds, &c.must_include_device_i_ds, c.allocation_size)
+            .map_err(|e| Status::invalid_argument(format!("resource {}: {e}", self.name())))?;
+        if let Some(unknown) = c.available_device_i_ds.iter().find(|id| view.get(id).is_none()) {
+            return Err(Status::invalid_argument(format!(
+                "resource {}: unknown device ID {}",
+                self.name(),
+                quoted(unknown)
+            )));
+        }
+        let (owned, edges) = candidates(view, &c.available_device_i_ds);
+        let must = c.must_include_device_i_ds.clone();
+        let pick = move || {
+            let cands = owned.iter().map(|(id, numa, order)| Candidate { id, numa: *numa, order: *order }).collect();
+            preferred::choose(cands, &must, size, &edges)
+        };
+        // Large searches run off the async threads.
+        let mut default = if c.available_device_i_ds.len() > 256 {
+            tokio::task::spawn_blocking(pick)
+                .await
+                .map_err(|e| Status::internal(format!("preferred allocation failed: {e}")))?
+        } else {
+            pick()
+        };
+        if self.resource.config.one_replica_per_container {
+            default = sharing::prefer_distinct(&default, &c.available_device_i_ds, &c.must_include_device_i_ds);
+        }
+        Ok(match &self.resource.driver {
+            // Drivers know physical IDs only: a shared resource uses the host's answer.
+            Some(drv) if drv.module.preferred_allocation && view.replicas <= 1 => {
+                self.driver_preference(drv, &c, size, default).await
+            }
+            _ => default,
+        })
+    }
+
+    /// The driver's preferred_allocation hook's proposal, repaired into a valid answer; the
+    /// host's `default` when the hook declines or fails.
+    async fn driver_preference(
+        &self,
+        drv: &Instance,
+        c: &pb::ContainerPreferredAllocationRequest,
+        size: usize,
+        default: Vec<String>,
+    ) -> Vec<String> {
+        let size32 = u32::try_from(size).unwrap_or(u32::MAX);
+        let result = drv.preferred(c.available_device_i_ds.clone(), c.must_include_device_i_ds.clone(), size32).await;
+        self.services.metrics.driver_call(&drv.name, "preferred_allocation", telemetry::call_outcome(&result));
+        match result {
+            Ok(Some(proposal)) => {
+                let fixed =
+                    preferred::repair(&proposal, &c.available_device_i_ds, &c.must_include_device_i_ds, size, &default);
+                if fixed != proposal {
+                    tracing::warn!(resource = self.name(), ?proposal, repaired = ?fixed, "driver proposed an invalid preferred allocation; repaired");
+                }
+                fixed
+            }
+            Ok(None) => default,
+            Err(e) => {
+                tracing::warn!(resource = self.name(), "preferred_allocation hook failed, using the host default: {e}");
+                default
+            }
+        }
+    }
+}
+
+/// The candidates for a preferred allocation: each available advertised ID (a replica when
+/// shared) with the NUMA node of the physical device behind it and its place in the device
+/// order, and the link scores between them.
+fn candidates(view: &View, available: &[String]) -> (Vec<(String, Option<i64>, usize)>, Vec<(usize, usize, u32)>) {
+    let n = view.devices.len();
+    let mut owned = Vec::with_capacity(available.len());
+    let mut by_physical: HashMap<&str, Vec<usize>> = HashMap::new();
+    for id in available {
+        let Some(d) = view.get(id) else { continue };
+        let k = sharing::parse_replica(id).map(|(_, k)| k as usize).filter(|_| view.replicas > 1).unwrap_or(0);
+        by_physical.entry(d.id.as_str()).or_default().push(owned.len());
+        owned.push((id.clone(), d.numa_node, k * n + view.index.get(&d.id).copied().unwrap_or(0)));
+    }
+    let mut edges = Vec::new();
+    for (i, (id, _, _)) in owned.iter().enumerate() {
+        let Some(d) = view.get(id) else { continue };
+        for (other, score) in &d.links {
+            for &j in by_physical.get(other.as_str()).into_iter().flatten() {
+                edges.push((i, j, *score));
+            }
+        }
+    }
+    (owned, edges)
+}
+
+impl Endpoint {
     async fn allocate_inner(&self, req: pb::AllocateRequest, started: Instant) -> Result<pb::AllocateResponse, Status> {
         let name = self.name();
         let cfg = &self.resource.config;
@@ -282,6 +293,49 @@ impl Endpoint {
         };
         let view = self.resource.snapshot();
         // Validate everything first: nothing is allocated unless all of it is valid.
+        let physical = self.physical_ids(&view, &req, started)?;
+        // A driver with a release hook must know what was handed out even if devhost dies right after
+        // answering: the driver IDs go to disk before the answer leaves (nothing to do without a hook).
+        let release = self.resource.release.as_ref().filter(|r| r.tracks_allocations());
+        let handed: Vec<String> = match release {
+            Some(_) => physical.iter().flatten().cloned().collect(),
+            None => Vec::new(),
+        };
+        let mut responses = Vec::with_capacity(req.container_requests.len());
+        for (i, (c, phys)) in req.container_requests.into_iter().zip(physical).enumerate() {
+            let cdi_names = cfg.device_list_strategy == DeviceListStrategy::Cdi;
+            let composed = compose::compose(name, &view, &phys, cdi_names, true, driver, &self.services.metrics).await;
+            let edits = match composed {
+                Ok(edits) => edits,
+                Err(e) => {
+                    tracing::warn!(resource = name, "allocate failed: {e}");
+                    status.allocation(i, &c.devices_ids, Err(e.to_string()), started.elapsed());
+                    return Err(Status::from(e));
+                }
+            };
+            status.allocation(i, &c.devices_ids, Ok(()), started.elapsed());
+            responses.push(to_response(edits));
+        }
+        if let Some(release) = release {
+            release.allocated(handed).await;
+        }
+        // The kubelet lists the new holder shortly: look soon, not at the next poll.
+        if let Some(follower) = &self.services.follower {
+            follower.poke();
+        }
+        Ok(pb::AllocateResponse { container_responses: responses })
+    }
+
+    /// Checks every container request of an Allocate (known IDs, each named once) and returns
+    /// the physical device IDs behind each (replicas mapped to their devices).
+    fn physical_ids(
+        &self,
+        view: &View,
+        req: &pb::AllocateRequest,
+        started: Instant,
+    ) -> Result<Vec<Vec<String>>, Status> {
+        let name = self.name();
+        let status = &self.resource.status;
         let mut physical = Vec::with_capacity(req.container_requests.len());
         // Which container request named each ID first: an advertised ID goes to one container
         // per call (with replicas, distinct replicas of one device may go to several).
@@ -313,43 +367,14 @@ impl Endpoint {
                 }
             }
             let phys = if view.replicas > 1 {
-                sharing::physical_ids(&c.devices_ids, view.replicas, cfg.one_replica_per_container)
+                sharing::physical_ids(&c.devices_ids, view.replicas, self.resource.config.one_replica_per_container)
                     .map_err(|e| refuse(format!("resource {name}: {e}")))?
             } else {
                 c.devices_ids.clone()
             };
             physical.push(phys);
         }
-        // A driver with a release hook must know what was handed out even if devhost dies right after
-        // answering: the driver IDs go to disk before the answer leaves (nothing to do without a hook).
-        let release = self.resource.release.as_ref().filter(|r| r.tracks_allocations());
-        let handed: Vec<String> = match release {
-            Some(_) => physical.iter().flatten().cloned().collect(),
-            None => Vec::new(),
-        };
-        let mut responses = Vec::with_capacity(req.container_requests.len());
-        for (i, (c, phys)) in req.container_requests.into_iter().zip(physical).enumerate() {
-            let cdi_names = cfg.device_list_strategy == DeviceListStrategy::Cdi;
-            let composed = compose::compose(name, &view, &phys, cdi_names, true, driver, &self.services.metrics).await;
-            let edits = match composed {
-                Ok(edits) => edits,
-                Err(e) => {
-                    tracing::warn!(resource = name, "allocate failed: {e}");
-                    status.allocation(i, &c.devices_ids, Err(e.to_string()), started.elapsed());
-                    return Err(Status::from(e));
-                }
-            };
-            status.allocation(i, &c.devices_ids, Ok(()), started.elapsed());
-            responses.push(to_response(edits));
-        }
-        if let Some(release) = release {
-            release.allocated(handed).await;
-        }
-        // The kubelet lists the new holder shortly: look soon, not at the next poll.
-        if let Some(follower) = &self.services.follower {
-            follower.poke();
-        }
-        Ok(pb::AllocateResponse { container_responses: responses })
+        Ok(physical)
     }
 }
 

@@ -20,7 +20,7 @@ use super::api::ApiServer;
 use super::checkpoint::{self, Checkpoint, PreparedClaim, PreparedDevice};
 use super::claim_spec;
 use super::prepare::{self, AllocationResult};
-use crate::engine::registry::{Resource, compose};
+use crate::engine::registry::{Resource, View, compose};
 use crate::engine::release::hook::{self as release_hook, Outcome, Releaser};
 use crate::engine::telemetry::Metrics;
 
@@ -122,6 +122,8 @@ impl Claims {
         Ok(answers)
     }
 
+    /// Prepares one claim: the devices the scheduler allocated, checked against what this
+    /// driver holds prepared, their CDI spec written and the claim kept in the checkpoint.
     async fn prepare_one(
         &self,
         checkpoint: &mut Checkpoint,
@@ -129,35 +131,35 @@ impl Claims {
         got: Result<Vec<AllocationResult>, String>,
     ) -> Prepared {
         if let Some(known) = checkpoint.claims.get(&claim.uid) {
-            // Prepared before: the same answer, without calling the driver again.
-            if let (Some(path), Some(content)) = (&known.cdi_spec, &known.cdi_spec_content)
-                && !path.exists()
-            {
-                claim_spec::write(path, content).map_err(|e| e.to_string())?;
-                tracing::info!(dra_driver = %self.driver, claim = %claim.shown(), path = %path.display(),
-                    "DRA: wrote the CDI spec of an already prepared claim again (it was gone)");
-            }
-            return Ok(known.devices.clone());
+            return self.answer_again(known, claim);
         }
         let results = got?;
         let view = self.resource.snapshot();
         let planned = prepare::plan(&self.driver, &self.api.node, &view.devices, &results)?;
-        // Admin access shares the device with whoever holds it (the scheduler allowed it).
-        for p in planned.iter().filter(|p| !p.admin_access) {
-            if let Some((uid, other)) = checkpoint.holder_of(&p.id, &claim.uid) {
-                return Err(format!(
-                    "device {} (ID {}) is prepared for claim {}/{} (uid {uid}), which has not been unprepared",
-                    p.device, p.id, other.namespace, other.name
-                ));
-            }
+        check_room(checkpoint, &planned, claim)?;
+        let mut prepared = self.new_claim(claim, &planned);
+        if !planned.is_empty() {
+            self.add_cdi(&mut prepared, &planned, &view, claim).await?;
         }
-        if checkpoint.claims.len() >= checkpoint::MAX_CLAIMS {
-            return Err(format!(
-                "{} claims are prepared already, the most one driver keeps; unprepare some first",
-                checkpoint::MAX_CLAIMS
-            ));
+        self.keep(checkpoint, claim, prepared)
+    }
+
+    /// A claim prepared before: the same answer without calling the driver again, its CDI spec
+    /// written again if it is gone.
+    fn answer_again(&self, known: &PreparedClaim, claim: &ClaimRef) -> Prepared {
+        if let (Some(path), Some(content)) = (&known.cdi_spec, &known.cdi_spec_content)
+            && !path.exists()
+        {
+            claim_spec::write(path, content).map_err(|e| e.to_string())?;
+            tracing::info!(dra_driver = %self.driver, claim = %claim.shown(), path = %path.display(),
+                "DRA: wrote the CDI spec of an already prepared claim again (it was gone)");
         }
-        let mut prepared = PreparedClaim {
+        Ok(known.devices.clone())
+    }
+
+    /// The claim as the checkpoint keeps it, before its CDI names are known.
+    fn new_claim(&self, claim: &ClaimRef, planned: &[prepare::Planned]) -> PreparedClaim {
+        PreparedClaim {
             namespace: claim.namespace.clone(),
             name: claim.name.clone(),
             devices: planned
@@ -173,52 +175,63 @@ impl Claims {
                 .collect(),
             cdi_spec: None,
             cdi_spec_content: None,
+        }
+    }
+
+    /// Composes the devices' container edits (the driver's allocate hook included), writes the
+    /// claim's CDI spec and names its devices in `prepared`.
+    async fn add_cdi(
+        &self,
+        prepared: &mut PreparedClaim,
+        planned: &[prepare::Planned],
+        view: &View,
+        claim: &ClaimRef,
+    ) -> Result<(), String> {
+        let Some(driver) = &self.resource.driver else {
+            return Err(format!("the driver of resource {} is not loaded", self.resource.config.name));
         };
-        if !planned.is_empty() {
-            let Some(driver) = &self.resource.driver else {
-                return Err(format!("the driver of resource {} is not loaded", self.resource.config.name));
-            };
-            let ids: Vec<String> = planned.iter().map(|p| p.id.clone()).collect();
-            let total = compose::compose(&self.resource.config.name, &view, &ids, false, false, driver, &self.metrics)
-                .await
-                .map_err(|e| e.to_string())?;
-            let own: Vec<(String, &crate::driver::device::Edits)> = planned
-                .iter()
-                .filter_map(|p| {
-                    let device = view.physical(&p.id)?;
-                    Some((claim_spec::claim_device_name(&claim.uid, &p.device), &device.edits))
-                })
-                .collect();
-            let entries = claim_spec::split(&own, &total);
-            if let Some(content) = claim_spec::render(&self.driver, &entries) {
-                let path = claim_spec::path(&self.cdi_dir, &self.driver, &claim.uid);
-                claim_spec::write(&path, &content).map_err(|e| e.to_string())?;
-                for (device, (_, edits)) in prepared.devices.iter_mut().zip(&entries) {
-                    let empty = edits.device_nodes.is_empty() && edits.mounts.is_empty() && edits.envs.is_empty();
-                    if !empty {
-                        device.cdi_device_ids.push(claim_spec::qualified_name(
-                            &self.driver,
-                            &claim.uid,
-                            &device.device,
-                        ));
-                    }
-                }
-                prepared.cdi_spec = Some(path);
-                prepared.cdi_spec_content = Some(content);
-            }
-            // CDI names the driver declared itself (a spec of its own) go to the first device.
-            if let Some(first) = prepared.devices.first_mut() {
-                for name in total.cdi_devices {
-                    if !first.cdi_device_ids.contains(&name) {
-                        first.cdi_device_ids.push(name);
-                    }
+        let ids: Vec<String> = planned.iter().map(|p| p.id.clone()).collect();
+        let total = compose::compose(&self.resource.config.name, view, &ids, false, false, driver, &self.metrics)
+            .await
+            .map_err(|e| e.to_string())?;
+        let own: Vec<(String, &crate::driver::device::Edits)> = planned
+            .iter()
+            .filter_map(|p| {
+                let device = view.physical(&p.id)?;
+                Some((claim_spec::claim_device_name(&claim.uid, &p.device), &device.edits))
+            })
+            .collect();
+        let entries = claim_spec::split(&own, &total);
+        if let Some(content) = claim_spec::render(&self.driver, &entries) {
+            let path = claim_spec::path(&self.cdi_dir, &self.driver, &claim.uid);
+            claim_spec::write(&path, &content).map_err(|e| e.to_string())?;
+            for (device, (_, edits)) in prepared.devices.iter_mut().zip(&entries) {
+                let empty = edits.device_nodes.is_empty() && edits.mounts.is_empty() && edits.envs.is_empty();
+                if !empty {
+                    device.cdi_device_ids.push(claim_spec::qualified_name(&self.driver, &claim.uid, &device.device));
                 }
             }
-            if !total.annotations.is_empty() {
-                tracing::debug!(dra_driver = %self.driver, claim = %claim.shown(),
-                    "DRA: container annotations of the devices or the allocate hook are not delivered (CDI has no annotation edit)");
+            prepared.cdi_spec = Some(path);
+            prepared.cdi_spec_content = Some(content);
+        }
+        // CDI names the driver declared itself (a spec of its own) go to the first device.
+        if let Some(first) = prepared.devices.first_mut() {
+            for name in total.cdi_devices {
+                if !first.cdi_device_ids.contains(&name) {
+                    first.cdi_device_ids.push(name);
+                }
             }
         }
+        if !total.annotations.is_empty() {
+            tracing::debug!(dra_driver = %self.driver, claim = %claim.shown(),
+                "DRA: container annotations of the devices or the allocate hook are not delivered (CDI has no annotation edit)");
+        }
+        Ok(())
+    }
+
+    /// Keeps `prepared` in the checkpoint, on disk before the answer goes out; if it cannot be
+    /// saved, the claim is not prepared and its CDI spec is removed again.
+    fn keep(&self, checkpoint: &mut Checkpoint, claim: &ClaimRef, prepared: PreparedClaim) -> Prepared {
         let devices = prepared.devices.clone();
         let spec = prepared.cdi_spec.clone();
         checkpoint.claims.insert(claim.uid.clone(), prepared);
@@ -331,4 +344,24 @@ async fn get(client: kube::Client, driver: &str, claim: &ClaimRef) -> Read {
             admin_access: r.admin_access.unwrap_or(false),
         })
         .collect()))
+}
+
+/// Whether the planned devices are free for `claim` (admin access shares a device with
+/// whoever holds it: the scheduler allowed it) and the checkpoint has room for one more claim.
+fn check_room(checkpoint: &Checkpoint, planned: &[prepare::Planned], claim: &ClaimRef) -> Result<(), String> {
+    for p in planned.iter().filter(|p| !p.admin_access) {
+        if let Some((uid, other)) = checkpoint.holder_of(&p.id, &claim.uid) {
+            return Err(format!(
+                "device {} (ID {}) is prepared for claim {}/{} (uid {uid}), which has not been unprepared",
+                p.device, p.id, other.namespace, other.name
+            ));
+        }
+    }
+    if checkpoint.claims.len() >= checkpoint::MAX_CLAIMS {
+        return Err(format!(
+            "{} claims are prepared already, the most one driver keeps; unprepare some first",
+            checkpoint::MAX_CLAIMS
+        ));
+    }
+    Ok(())
 }

@@ -233,22 +233,7 @@ impl Publisher {
         let (generation, write): (i64, Vec<usize>) =
             if in_place { (generation, changed) } else { (generation + 1, (0..count).collect()) };
         let owner = self.owner().await?;
-        for slice in obsolete {
-            let name = slice.metadata.name.clone().unwrap_or_default();
-            let params = DeleteParams {
-                preconditions: Some(Preconditions {
-                    uid: slice.metadata.uid.clone(),
-                    resource_version: slice.metadata.resource_version.clone(),
-                }),
-                ..Default::default()
-            };
-            match self.slices.delete(&name, &params).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.is_not_found() => {}
-                Err(e) => return Err(format!("cannot delete ResourceSlice {name} of DRA driver {d} on node {n}: {e}")),
-            }
-            self.stored.remove(&name);
-        }
+        self.delete(&obsolete).await?;
         for i in write {
             let name = &names[i];
             let spec = self.spec(&wanted[i], generation, count);
@@ -278,5 +263,28 @@ impl Publisher {
             self.check_stored(name, &spec, &stored.spec);
         }
         Ok(Some(Published { devices: wanted.iter().map(Vec::len).sum(), slices: count, generation }))
+    }
+
+    /// Deletes the `obsolete` slices, each only as it was read (its uid and resourceVersion as
+    /// preconditions); one already gone is fine.
+    async fn delete(&mut self, obsolete: &[&ResourceSlice]) -> Result<(), String> {
+        let (d, n) = (&self.driver, &self.node);
+        for slice in obsolete {
+            let name = slice.metadata.name.clone().unwrap_or_default();
+            let params = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: slice.metadata.uid.clone(),
+                    resource_version: slice.metadata.resource_version.clone(),
+                }),
+                ..Default::default()
+            };
+            match self.slices.delete(&name, &params).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.is_not_found() => {}
+                Err(e) => return Err(format!("cannot delete ResourceSlice {name} of DRA driver {d} on node {n}: {e}")),
+            }
+            self.stored.remove(&name);
+        }
+        Ok(())
     }
 }
