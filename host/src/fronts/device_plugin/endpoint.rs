@@ -55,7 +55,7 @@ pub async fn serve(
     let name = endpoint.name().to_string();
     let (resource, services) = (endpoint.resource.clone(), endpoint.services.clone());
     let svc = pb::device_plugin_server::DevicePluginServer::new(endpoint)
-        .max_decoding_message_size(intake::MAX_MESSAGE)
+        .max_decoding_message_size(census::MAX_MESSAGE)
         .max_encoding_message_size(intake::MAX_REPLY);
     let svc = intake::Guard::new(svc, resource, services);
     tonic::transport::Server::builder()

@@ -5,7 +5,9 @@
 //!
 //! [`intake`]: super::intake
 
-use super::intake::MAX_MESSAGE;
+/// The largest request message accepted: the kubelet's own gRPC receive limit. Our device list
+/// reaches the kubelet only under it, so no request naming those devices is larger.
+pub const MAX_MESSAGE: usize = 4 << 20;
 
 /// Container requests accepted in one Allocate or GetPreferredAllocation (the kubelet sends one).
 pub const MAX_CONTAINERS: usize = 256;

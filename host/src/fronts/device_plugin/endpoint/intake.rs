@@ -26,9 +26,6 @@ use tonic::server::NamedService;
 use tonic::transport::server::Connected;
 use tower::ServiceExt;
 
-/// The largest request message accepted: the kubelet's own gRPC receive limit. Our device list
-/// reaches the kubelet only under it, so no request naming those devices is larger.
-pub const MAX_MESSAGE: usize = 4 << 20;
 /// The largest reply: ListAndWatch of 100,000 devices with long IDs stays under it. Replies are
 /// built from the registry's own data; the kubelet refuses any over 4 MiB on its side.
 pub const MAX_REPLY: usize = 64 << 20;
@@ -158,7 +155,7 @@ where
 }
 
 impl<S> Guard<S> {
-    /// Reads the one message of a unary request (under [`MAX_MESSAGE`], counted when large) and
+    /// Reads the one message of a unary request (under [`MAX_MESSAGE`](super::census::MAX_MESSAGE), counted when large) and
     /// gives it back as a body for tonic to decode, with the large-message slot it holds. A
     /// refusal comes with the number of device IDs counted (0 when not counted).
     async fn read(&self, call: Call, body: Body) -> Result<(Body, Option<SemaphorePermit<'static>>), (Status, usize)> {
