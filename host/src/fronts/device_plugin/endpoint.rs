@@ -253,10 +253,14 @@ impl Endpoint {
     }
 }
 
-/// The candidates for a preferred allocation: each available advertised ID (a replica when
-/// shared) with the NUMA node of the physical device behind it and its place in the device
-/// order, and the link scores between them.
-fn candidates(view: &View, available: &[String]) -> (Vec<(String, Option<i64>, usize)>, Vec<(usize, usize, u32)>) {
+/// An available advertised ID (a replica when shared), the NUMA node of the physical device
+/// behind it, and its place in the device order.
+type Owned = (String, Option<i64>, usize);
+/// A link score between two candidates, by their index.
+type Edge = (usize, usize, u32);
+
+/// The candidates for a preferred allocation, and the link scores between them.
+fn candidates(view: &View, available: &[String]) -> (Vec<Owned>, Vec<Edge>) {
     let n = view.devices.len();
     let mut owned = Vec::with_capacity(available.len());
     let mut by_physical: HashMap<&str, Vec<usize>> = HashMap::new();
