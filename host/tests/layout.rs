@@ -23,10 +23,6 @@ const EXCEPTIONS: &[(&str, &str)] = &[];
 const CIRCLE_EXCEPTIONS: &[(&str, &str)] = &[
     // The engine: the holder follower, the release runners and the runtime client.
     ("engine/podresources.rs", "engine/release/mod.rs"),
-    // The Device Plugin front: the kubelet folder's watch, the endpoint's life and the
-    // registration, binding and backoff they share.
-    ("fronts/device_plugin/kubelet/folder.rs", "fronts/device_plugin/kubelet.rs"),
-    ("fronts/device_plugin/kubelet/life.rs", "fronts/device_plugin/kubelet.rs"),
     // DRA: files that use what the front's `mod.rs` declares, which uses them.
     ("fronts/dra/checkpoint.rs", "fronts/dra/mod.rs"),
     ("fronts/dra/front.rs", "fronts/dra/mod.rs"),

@@ -4,7 +4,7 @@
 //! it. Also says once, in words an operator can act on, why we cannot create
 //! our sockets there.
 
-use super::{Signals, inode};
+use super::shared::{Signals, inode};
 use crate::fs_events::{self, Events};
 use inotify::{EventMask, WatchDescriptor, WatchMask};
 use std::ffi::OsStr;
@@ -203,36 +203,4 @@ pub(super) async fn recheck(dir: PathBuf, signals: Arc<Signals>) {
         }
         signals.rearm.notify_one();
     }
-}
-
-/// Why our socket cannot be created in `dir`, and what to check, for an
-/// error the operator must fix (permissions, a read-only mount).
-pub(super) fn denied_hint(dir: &Path, e: &std::io::Error) -> String {
-    // SAFETY: geteuid and getegid have no preconditions and cannot fail.
-    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
-    let folder = match std::fs::metadata(dir) {
-        Ok(m) => format!("the folder is owned by uid {} gid {} with mode {:04o}", m.uid(), m.gid(), m.mode() & 0o7777),
-        Err(e) => format!("the folder cannot be inspected ({e})"),
-    };
-    let kubelet = match std::fs::symlink_metadata(dir.join(devhost_proto::KUBELET_SOCKET)) {
-        Ok(_) => "",
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            "; there is no kubelet.sock in it, so it may not be the kubelet's folder"
-        }
-        Err(_) => "",
-    };
-    let fix = if e.kind() == std::io::ErrorKind::ReadOnlyFilesystem {
-        "it is mounted read-only: mount it read-write into devhost's container".to_string()
-    } else {
-        "devhost must be able to create files there: run it as root (the DaemonSet does) or as the folder's owner"
-            .to_string()
-    };
-    format!(
-        "cannot create sockets in {} ({e}): devhost runs as uid {uid} gid {gid}, {folder}{kubelet}. {fix}, and check \
-         that kubelet_dir (or --kubelet-dir) names the kubelet's device-plugins folder (normally {}). Retrying \
-         every {:?} at most; further attempts are logged at debug level only",
-        dir.display(),
-        crate::manifest::DEFAULT_KUBELET_DIR,
-        super::BACKOFF_MAX,
-    )
 }

@@ -3,7 +3,9 @@
 //! to start over, [`retire`](Life::retire) the server; again until told to stop, then remove
 //! the socket.
 
-use super::{BACKOFF_MAX, BACKOFF_START, QUIET, Signals, SocketId, bind, describe, inode, register, remove_own_socket};
+use super::shared::{
+    BACKOFF_MAX, BACKOFF_START, QUIET, Signals, SocketId, bind, describe, inode, register, remove_own_socket,
+};
 use crate::engine::registry::{Resource, Services};
 use crate::fronts::device_plugin::endpoint::{self, Endpoint};
 use std::path::PathBuf;
