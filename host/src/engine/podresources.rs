@@ -94,7 +94,7 @@ impl Snapshot {
         let Some(holders) = self.resources.as_ref().and_then(|all| all.get(resource)) else { return Vec::new() };
         let mut out: Vec<&Holder> = holders
             .iter()
-            .filter(|(kubelet_id, _)| crate::engine::release::driver_id(kubelet_id) == id)
+            .filter(|(kubelet_id, _)| crate::engine::sharing::driver_id(kubelet_id) == id)
             .map(|(_, holder)| holder)
             .collect();
         out.sort();

@@ -15,6 +15,12 @@ pub fn replica_id(id: &str, k: u32) -> String {
     format!("{id}{SEPARATOR}{k}")
 }
 
+/// The driver's device ID for an ID the kubelet knows: shared replicas are advertised as
+/// `<id>::<k>` (the ABI reserves `::` for it), every other ID is the driver's own.
+pub fn driver_id(kubelet_id: &str) -> &str {
+    parse_replica(kubelet_id).map_or(kubelet_id, |(id, _)| id)
+}
+
 /// Splits a replica ID into the physical ID and the index. The index must be written the way
 /// [`replica_id`] writes it (decimal, no sign, no leading zero), so that every replica has exactly
 /// one ID.
@@ -96,7 +102,7 @@ pub fn physical_ids(requested: &[String], replicas: u32, one_per_container: bool
 /// swapped out. When too few distinct devices are available the answer keeps its duplicates: the
 /// kubelet then allocates what it can and Allocate explains the refusal.
 pub fn prefer_distinct(chosen: &[String], available: &[String], must: &[String]) -> Vec<String> {
-    let physical = |id: &str| parse_replica(id).map_or(id.to_string(), |(p, _)| p.to_string());
+    let physical = |id: &str| driver_id(id).to_string();
     let mut used: HashSet<String> = HashSet::new();
     let mut out: Vec<Option<String>> = Vec::with_capacity(chosen.len());
     // Must-include IDs claim their devices first, so a swap never collides with them.

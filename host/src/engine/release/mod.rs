@@ -37,7 +37,7 @@ mod tests;
 
 pub use state::{Saved, SavedBatch};
 pub use store::{Allocation, Store};
-pub use tracker::{ALLOCATE_GRACE, Backoff, Batch, Finished, Observed, Outcome, Phase, Tracker, driver_id};
+pub use tracker::{ALLOCATE_GRACE, Backoff, Batch, Finished, Observed, Outcome, Phase, Tracker};
 
 use crate::driver::instance::CallError;
 use crate::engine::containers::Runtime;

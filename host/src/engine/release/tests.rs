@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::engine::podresources::{Holder, HolderMap, Holders};
+use crate::engine::sharing::driver_id;
 use devhost_abi as abi;
 use std::collections::VecDeque;
 use std::future::Future;

@@ -53,13 +53,8 @@ impl Backoff {
     }
 }
 
-/// The driver's device ID for an ID the kubelet knows: shared replicas are
-/// advertised as `<id>::<k>` (the ABI reserves `::` for it).
-pub fn driver_id(kubelet_id: &str) -> &str {
-    crate::engine::sharing::parse_replica(kubelet_id).map_or(kubelet_id, |(id, _)| id)
-}
-
 pub use super::hook::Outcome;
+use crate::engine::sharing::driver_id;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Phase {
