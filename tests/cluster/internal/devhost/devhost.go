@@ -339,7 +339,8 @@ func Mkdev(major, minor uint32) int {
 }
 
 // Recap makes a failing test say last, after every other clean-up (the log tails Start
-// prints), which step it was at and what it found wrong: CI shows the lines just before
+// prints), which step it was at and what it found wrong through the Recap (failures of
+// helpers that take t are in the log above, at that step): CI shows the lines just before
 // "--- FAIL", and a long log tail pushes the test's own messages out of them. Call it
 // first in the test, so that its clean-up runs last.
 type Recap struct {
@@ -361,20 +362,23 @@ func NewRecap(t testing.TB) *Recap {
 // Step names what the test does next.
 func (r *Recap) Step(step string) { r.step = step }
 
+// keep formats a failure and keeps it for the recap.
+func (r *Recap) keep(format string, args ...any) string {
+	msg := fmt.Sprintf(format, args...)
+	r.found = append(r.found, msg)
+	return msg
+}
+
 // Errorf is t.Errorf, kept for the recap.
 func (r *Recap) Errorf(format string, args ...any) {
 	r.t.Helper()
-	msg := fmt.Sprintf(format, args...)
-	r.found = append(r.found, msg)
-	r.t.Errorf("%s", msg)
+	r.t.Errorf("%s", r.keep(format, args...))
 }
 
 // Fatalf is t.Fatalf, kept for the recap.
 func (r *Recap) Fatalf(format string, args ...any) {
 	r.t.Helper()
-	msg := fmt.Sprintf(format, args...)
-	r.found = append(r.found, msg)
-	r.t.Fatalf("%s", msg)
+	r.t.Fatalf("%s", r.keep(format, args...))
 }
 
 // Eventually is Eventually as a step of the recap.
@@ -392,6 +396,5 @@ type recapTB struct {
 
 func (t recapTB) Fatalf(format string, args ...any) {
 	t.TB.Helper()
-	t.r.found = append(t.r.found, fmt.Sprintf(format, args...))
-	t.TB.Fatalf(format, args...)
+	t.TB.Fatalf("%s", t.r.keep(format, args...))
 }

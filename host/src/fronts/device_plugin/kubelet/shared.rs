@@ -38,12 +38,12 @@ pub struct Signals {
     pub(super) socket_lost: Mutex<HashMap<PathBuf, Arc<Notify>>>,
     pub(super) services: Arc<Services>,
     /// Inode of the kubelet.sock last seen, to count each restart once.
-    pub(super) last_kubelet: Mutex<Option<SocketId>>,
+    last_kubelet: Mutex<Option<SocketId>>,
     /// Asks the folder watch to check what it watches.
     pub(super) rearm: Notify,
     /// The kind of the last bind error logged at warning level, so that
     /// every endpoint failing the same way is said once.
-    pub(super) bind_said: Mutex<Option<std::io::ErrorKind>>,
+    bind_said: Mutex<Option<std::io::ErrorKind>>,
 }
 
 impl Signals {
@@ -140,7 +140,7 @@ impl Signals {
 
 /// Why our socket cannot be created in `dir`, and what to check, for an
 /// error the operator must fix (permissions, a read-only mount).
-pub(super) fn denied_hint(dir: &Path, e: &std::io::Error) -> String {
+fn denied_hint(dir: &Path, e: &std::io::Error) -> String {
     // SAFETY: geteuid and getegid have no preconditions and cannot fail.
     let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
     let folder = match std::fs::metadata(dir) {
