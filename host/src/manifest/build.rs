@@ -10,17 +10,17 @@ use serde::de::IgnoredAny;
 use toml::Spanned;
 use toml::de::{DeTable, DeValue};
 
-use super::DeviceListStrategy;
 use super::features;
+use super::model::DeviceListStrategy;
 use super::names::{check_driver_name, check_resource_name, socket_name};
 use super::pod_resources;
 use super::source::{Diagnostics, deserialize_section};
 use super::values::{DurationSetting, flatten_options};
 use crate::manifest::capabilities::capability_number;
 
-use super::{
+use super::model::{
     DEFAULT_CALL_TIMEOUT, DEFAULT_DRIVER_DIR, DEFAULT_KUBELET_DIR, DEFAULT_LOCK_DIR, DEFAULT_POD_RESOURCES_INTERVAL,
-    DEFAULT_STATE_DIR, DriverConfig, Isolation, MAX_SOCKET_PATH, Manifest, ManifestErrors, ResourceConfig,
+    DEFAULT_STATE_DIR, Diagnostic, DriverConfig, Isolation, MAX_SOCKET_PATH, Manifest, ManifestErrors, ResourceConfig,
 };
 
 #[derive(Default, Deserialize)]
@@ -77,7 +77,27 @@ struct RawResource {
     dra_driver: Option<Spanned<String>>,
 }
 
-pub(super) fn parse(text: &str, path: &Path, kubelet_dir_override: Option<&Path>) -> Result<Manifest, ManifestErrors> {
+impl Manifest {
+    /// Reads and parses the manifest at `path`. `kubelet_dir_override` (from the command line)
+    /// replaces the manifest's `kubelet_dir` before socket paths are checked.
+    pub fn load(path: &Path, kubelet_dir_override: Option<&Path>) -> Result<Manifest, ManifestErrors> {
+        let text = std::fs::read_to_string(path).map_err(|error| {
+            ManifestErrors(vec![Diagnostic {
+                location: path.display().to_string(),
+                field: "manifest".to_owned(),
+                message: format!("cannot read the manifest file: {error}"),
+            }])
+        })?;
+        Self::parse(&text, path, kubelet_dir_override)
+    }
+
+    /// Parses manifest text; `path` names the file in diagnostics and anchors relative paths.
+    pub fn parse(text: &str, path: &Path, kubelet_dir_override: Option<&Path>) -> Result<Manifest, ManifestErrors> {
+        parse(text, path, kubelet_dir_override)
+    }
+}
+
+fn parse(text: &str, path: &Path, kubelet_dir_override: Option<&Path>) -> Result<Manifest, ManifestErrors> {
     let mut diags = Diagnostics::new(path, text);
     let (document, syntax_errors) = DeTable::parse_recoverable(text);
     if !syntax_errors.is_empty() {
@@ -91,8 +111,13 @@ pub(super) fn parse(text: &str, path: &Path, kubelet_dir_override: Option<&Path>
         None => resolve_dir(&top.kubelet_dir, "kubelet_dir", DEFAULT_KUBELET_DIR, base, &mut diags),
     };
     let driver_dir = resolve_dir(&top.driver_dir, "driver_dir", DEFAULT_DRIVER_DIR, base, &mut diags);
-    let kubelet_root_dir =
-        resolve_dir(&top.kubelet_root_dir, "kubelet_root_dir", super::DEFAULT_KUBELET_ROOT_DIR, base, &mut diags);
+    let kubelet_root_dir = resolve_dir(
+        &top.kubelet_root_dir,
+        "kubelet_root_dir",
+        super::model::DEFAULT_KUBELET_ROOT_DIR,
+        base,
+        &mut diags,
+    );
     let kubeconfig = top.kubeconfig.as_ref().map(|_| resolve_dir(&top.kubeconfig, "kubeconfig", "", base, &mut diags));
     let node_name = super::dra::node_name(&top.node_name, &mut diags);
     let default_timeout = top.call_timeout.map_or(DEFAULT_CALL_TIMEOUT, |t| t.0);
@@ -211,7 +236,7 @@ struct Builder<'a> {
     /// Byte offset of each `[driver.X]` header, for the unused-driver warning.
     declared_at: BTreeMap<String, usize>,
     option_locations: BTreeMap<String, Vec<(String, String)>>,
-    driver_hints: BTreeMap<String, super::DriverHint>,
+    driver_hints: BTreeMap<String, super::model::DriverHint>,
     resources: Vec<ResourceConfig>,
     /// Whether the manifest sets `cdi_dir` (resources may then use the `cdi` strategy).
     cdi_dir_set: bool,
@@ -442,7 +467,7 @@ impl Builder<'_> {
                 if let Some((similar, &offset)) =
                     super::notes::similar(&driver, declared).and_then(|s| self.declared_at.get_key_value(s))
                 {
-                    let hint = super::DriverHint {
+                    let hint = super::model::DriverHint {
                         at: self.diags.location(raw_driver.span().start),
                         similar: similar.clone(),
                         similar_at: self.diags.location(offset),
@@ -492,7 +517,7 @@ impl Builder<'_> {
             path: path.to_path_buf(),
             kubelet_dir: self.kubelet_dir,
             driver_dir: self.driver_dir,
-            kubelet_root_dir: PathBuf::from(super::DEFAULT_KUBELET_ROOT_DIR),
+            kubelet_root_dir: PathBuf::from(super::model::DEFAULT_KUBELET_ROOT_DIR),
             kubeconfig: None,
             node_name: None,
             drivers: self.drivers,
@@ -500,12 +525,12 @@ impl Builder<'_> {
             warnings,
             allow_untrusted_modules: false,
             cdi_dir: None,
-            cdi_spec_dirs: super::DEFAULT_CDI_SPEC_DIRS.iter().map(PathBuf::from).collect(),
+            cdi_spec_dirs: super::model::DEFAULT_CDI_SPEC_DIRS.iter().map(PathBuf::from).collect(),
             nfd_features_dir: None,
             metrics_addr: None,
-            pod_resources_socket: PathBuf::from(super::DEFAULT_POD_RESOURCES_SOCKET),
+            pod_resources_socket: PathBuf::from(super::model::DEFAULT_POD_RESOURCES_SOCKET),
             pod_resources_interval: DEFAULT_POD_RESOURCES_INTERVAL,
-            runtime_socket: PathBuf::from(super::DEFAULT_RUNTIME_SOCKET),
+            runtime_socket: PathBuf::from(super::model::DEFAULT_RUNTIME_SOCKET),
             lock_dir: PathBuf::from(DEFAULT_LOCK_DIR),
             state_dir: PathBuf::from(DEFAULT_STATE_DIR),
             option_locations: self.option_locations,

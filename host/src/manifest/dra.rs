@@ -6,39 +6,11 @@ use std::collections::BTreeMap;
 
 use toml::Spanned;
 
-use super::ResourceConfig;
+use super::model::{ResourceApi, ResourceConfig};
 use super::source::Diagnostics;
 
 /// Longest DRA driver name the API server accepts (`DriverNameMaxLength`).
 pub const MAX_DRA_DRIVER_NAME: usize = 63;
-
-/// The kubelet API a resource is served through (`api` in `[[resource]]`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub enum ResourceApi {
-    /// An extended resource behind a device-plugin socket (`"device-plugin"`, the default).
-    #[default]
-    DevicePlugin,
-    /// A DRA driver of this name with one pool per node (`"dra"`).
-    Dra { driver_name: String },
-}
-
-impl ResourceApi {
-    /// The manifest spelling.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            ResourceApi::DevicePlugin => "device-plugin",
-            ResourceApi::Dra { .. } => "dra",
-        }
-    }
-
-    /// The DRA driver name, for a DRA resource.
-    pub fn dra_driver(&self) -> Option<&str> {
-        match self {
-            ResourceApi::DevicePlugin => None,
-            ResourceApi::Dra { driver_name } => Some(driver_name),
-        }
-    }
-}
 
 /// The DRA driver name derived from a (valid) extended resource name `<domain>/<name>`: the
 /// name part lower-cased, every character other than a letter, digit, `-` or `.` turned into `-`,

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use toml::Spanned;
 
-use super::DeviceListStrategy;
+use super::model::DeviceListStrategy;
 use super::source::Diagnostics;
 
 /// The most IDs one device may be advertised as: a typo such as `replicas = 100000` would
@@ -33,7 +33,7 @@ pub(super) fn cdi_spec_dirs(
     base: &Path,
     diags: &mut Diagnostics<'_>,
 ) -> Vec<PathBuf> {
-    let Some(dirs) = value else { return super::DEFAULT_CDI_SPEC_DIRS.iter().map(PathBuf::from).collect() };
+    let Some(dirs) = value else { return super::model::DEFAULT_CDI_SPEC_DIRS.iter().map(PathBuf::from).collect() };
     if dirs.get_ref().is_empty() {
         let message = "the list is empty; leave cdi_spec_dirs out for the runtime's defaults (/etc/cdi, /var/run/cdi)";
         diags.error(dirs.span(), "cdi_spec_dirs", message);
@@ -117,7 +117,7 @@ pub(super) fn strategy(
 
 /// With `cdi_dir` set, the resource name is also the CDI kind of its spec file.
 pub(super) fn cdi_kind(name: &Spanned<String>, section: &str, diags: &mut Diagnostics<'_>) {
-    if let Err(why) = crate::manifest::check_kind(name.get_ref()) {
+    if let Err(why) = super::names::check_kind(name.get_ref()) {
         let message = format!("{why} (with cdi_dir set, the resource name is the kind of its CDI spec)");
         diags.error(name.span(), &format!("{section}.name"), message);
     }

@@ -8,18 +8,8 @@ use std::borrow::Cow;
 use toml::Spanned;
 use toml::de::DeValue;
 
-use super::Manifest;
+use super::model::Manifest;
 use super::source::Diagnostics;
-
-/// A resource whose `driver` may be a typo of a declared driver.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DriverHint {
-    /// `file:line:col` of the resource's `driver` value.
-    pub at: String,
-    /// The declared driver with the nearest name, and where its table is.
-    pub similar: String,
-    pub similar_at: String,
-}
 
 /// Every flattened option key of a `[driver.X]` table (as [`super::values::flatten_options`]
 /// names them) with the location of its key.

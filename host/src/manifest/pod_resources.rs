@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 
 use toml::Spanned;
 
+use super::model::{DEFAULT_POD_RESOURCES_SOCKET, DEFAULT_RUNTIME_SOCKET, MAX_SOCKET_PATH};
 use super::source::Diagnostics;
-use super::{DEFAULT_POD_RESOURCES_SOCKET, DEFAULT_RUNTIME_SOCKET, MAX_SOCKET_PATH};
 
 /// `pod_resources_socket`, resolved against the manifest's folder like the
 /// other paths. A missing socket is not an error here: it is the normal case

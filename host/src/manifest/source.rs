@@ -11,7 +11,7 @@ use serde::de::DeserializeOwned;
 use toml::Spanned;
 use toml::de::{DeValue, ValueDeserializer};
 
-use super::Diagnostic;
+use super::model::Diagnostic;
 
 /// Bounds the retry loop of one section, which costs a clone of the section per retry.
 const MAX_ERRORS_PER_SECTION: usize = 64;

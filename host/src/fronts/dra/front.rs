@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::api::ApiServer;
-use super::{DEFAULT_CDI_DIR, ServedDriver, Settings};
+use super::claims::Settings;
+use super::served::{DEFAULT_CDI_DIR, ServedDriver};
 use crate::engine::registry::Resource;
 use crate::engine::telemetry::Metrics;
 use crate::manifest::Manifest;

@@ -2,12 +2,14 @@
 //! `plugins_registry`: it asks what the plugin is (GetInfo), then reports whether it registered it.
 
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 use devhost_proto::pluginregistration::registration_server::Registration as RegistrationService;
 use devhost_proto::pluginregistration::{InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse};
 use tonic::{Request, Response, Status};
 
-use super::RegistrationVerdict;
+/// The last registration verdict the kubelet sent: (registered, error).
+pub type RegistrationVerdict = Arc<Mutex<Option<(bool, String)>>>;
 
 /// The services offered on the plugin socket, most preferred first (the kubelet takes the first
 /// it knows): v1 first, v1beta1 for 1.32 and 1.33 kubelets.

@@ -3,8 +3,8 @@
 //! create/destroy cycles that must not leak.
 
 use super::probe::{self, Probe};
+use super::report::{Report, Verdict};
 use super::subject::Subject;
-use super::{Report, Verdict};
 use crate::driver::callbacks::check_device_id;
 use crate::driver::device::{Device, compose};
 use crate::driver::loader;
@@ -52,7 +52,7 @@ fn trust(r: &mut Report, path: &Path) {
 /// `dlopen`, the entry point and the descriptor: in a probe process, where
 /// a module that crashes while loading takes only the probe down.
 pub(super) fn handshake(r: &mut Report, path: &Path) {
-    super::probe::calling("load");
+    super::channel::calling("load");
     let m = match loader::load(path) {
         Ok(m) => m,
         Err(e) => return r.add("handshake and descriptor", Verdict::Fail, e.to_string()),

@@ -3,8 +3,8 @@
 //! in the module's worker process, within the call deadline. A hook that
 //! crashes or hangs fails its own check and the next one gets a new worker.
 
+use super::report::{Report, Verdict};
 use super::subject::Subject;
-use super::{Report, Verdict};
 use crate::driver::device::Device;
 use crate::driver::instance::{CallError, Instance};
 use std::time::Instant;

@@ -3,7 +3,7 @@
 //! The kubelet must see every device, and an Allocate with an unknown or a
 //! repeated ID must be refused before it reaches the driver.
 
-use super::{Report, Verdict};
+use super::report::{Report, Verdict};
 use crate::driver::device::Device;
 use crate::engine::registry::Mode;
 use crate::manifest::Manifest;

@@ -9,15 +9,14 @@
 //! The probe writes lines on its protocol descriptor (its standard output
 //! at start; the driver's own standard output goes to standard error):
 //! `call\tNAME` before each call into the module, and
-//! `check\tVERDICT\tCHECK\tDETAIL` for each outcome.
+//! `check\tVERDICT\tCHECK\tDETAIL` for each outcome. This file is the battery's side, which
+//! starts and watches the probe; [`super::child`] is the probe's, [`super::channel`] its lines.
 
-use super::{DEADLINE, Report, Verdict};
-use std::io::{BufRead, BufReader, Write};
-use std::os::fd::FromRawFd;
+use super::report::{DEADLINE, Report, Verdict};
+use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, ExitCode, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
-use std::sync::{Mutex, OnceLock};
 
 /// The hidden first argument that turns `devhost` into a conformance probe.
 pub const PROBE_ARG: &str = "__conformance-probe";
@@ -31,7 +30,7 @@ pub(super) enum Probe {
 }
 
 impl Probe {
-    fn arg(self) -> &'static str {
+    pub(super) fn arg(self) -> &'static str {
         match self {
             Probe::Handshake => "handshake",
             Probe::Concurrent => "concurrent",
@@ -48,7 +47,7 @@ impl Probe {
         }
     }
 
-    fn from_arg(arg: &str) -> Option<Probe> {
+    pub(super) fn from_arg(arg: &str) -> Option<Probe> {
         [Probe::Handshake, Probe::Concurrent, Probe::Cycles].into_iter().find(|p| p.arg() == arg)
     }
 }
@@ -95,7 +94,7 @@ fn supervise(probe: Probe, module: &Path, options: &[(String, String)]) -> (Verd
             Ok(line) => match line.split('\t').collect::<Vec<_>>()[..] {
                 ["call", name] => last = name.to_string(),
                 ["check", verdict, check, detail] if check == probe.check() => {
-                    outcome = verdict_of(verdict).map(|v| (v, detail.to_string()));
+                    outcome = Verdict::of_label(verdict).map(|v| (v, detail.to_string()));
                 }
                 _ => {}
             },
@@ -123,75 +122,4 @@ fn supervise(probe: Probe, module: &Path, options: &[(String, String)]) -> (Verd
         }
         (Err(e), _) => (Verdict::Fail, format!("the probe process's status is unknown: {e}")),
     }
-}
-
-fn verdict_of(label: &str) -> Option<Verdict> {
-    [Verdict::Pass, Verdict::Warn, Verdict::Fail, Verdict::Skip].into_iter().find(|v| v.label() == label)
-}
-
-/// The probe's protocol channel: its standard output as it started.
-static CHANNEL: OnceLock<Mutex<std::fs::File>> = OnceLock::new();
-
-fn send(line: &str) {
-    if let Some(out) = CHANNEL.get() {
-        let mut out = out.lock().unwrap_or_else(|p| p.into_inner());
-        // The parent is gone when this fails: nobody is left to tell.
-        let _ = out.write_all(line.as_bytes()).and_then(|()| out.flush());
-    }
-}
-
-/// Tells the battery which call into the module starts now.
-pub(super) fn calling(call: &str) {
-    send(&format!("call\t{call}\n"));
-}
-
-/// Moves the protocol off standard output, which becomes standard error:
-/// a driver that prints cannot garble it.
-fn take_stdout() -> Result<(), String> {
-    // SAFETY: dup/dup2 take and return descriptor numbers; no memory is touched.
-    let fd = unsafe { libc::fcntl(1, libc::F_DUPFD_CLOEXEC, 3) };
-    if fd < 0 || unsafe { libc::dup2(2, 1) } < 0 {
-        return Err(format!("cannot move standard output: {}", std::io::Error::last_os_error()));
-    }
-    // SAFETY: `fd` was just returned to us and nothing else owns it.
-    let file = unsafe { std::fs::File::from_raw_fd(fd) };
-    let _ = CHANNEL.set(Mutex::new(file));
-    Ok(())
-}
-
-/// Runs the probe mode when this process was started as one; `None` for
-/// every other command line. Call it first thing in `main`.
-pub fn entry() -> Option<ExitCode> {
-    let mut args = std::env::args().skip(1);
-    if args.next()? != PROBE_ARG {
-        return None;
-    }
-    let (Some(probe), Some(module)) = (args.next().as_deref().and_then(Probe::from_arg), args.next()) else {
-        eprintln!("devhost {PROBE_ARG}: expected a probe and a module; this mode is started by `devhost conformance`");
-        return Some(ExitCode::from(2));
-    };
-    let words: Vec<String> = args.collect();
-    let options = match super::parse_options(&words) {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("devhost {PROBE_ARG}: {e}");
-            return Some(ExitCode::from(2));
-        }
-    };
-    if let Err(e) = take_stdout() {
-        eprintln!("devhost {PROBE_ARG}: {e}");
-        return Some(ExitCode::from(2));
-    }
-    let module = Path::new(&module);
-    let mut r = Report { module: module.display().to_string(), outcomes: Vec::new() };
-    match probe {
-        Probe::Handshake => super::checks::handshake(&mut r, module),
-        Probe::Concurrent => super::raw::concurrent(&mut r, module, &options),
-        Probe::Cycles => super::raw::cycles(&mut r, module, &options),
-    }
-    for o in &r.outcomes {
-        let detail = o.detail.replace(['\t', '\n'], " ");
-        send(&format!("check\t{}\t{}\t{detail}\n", o.verdict.label(), o.check));
-    }
-    Some(ExitCode::SUCCESS)
 }

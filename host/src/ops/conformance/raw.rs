@@ -6,8 +6,8 @@
 //! (through the daemon's in-process instance) that must not leak. Each call is announced first, so that a crash or a
 //! hang is reported against it.
 
-use super::probe::calling;
-use super::{DEADLINE, Report, Verdict};
+use super::channel::calling;
+use super::report::{DEADLINE, Report, Verdict};
 use crate::driver::callbacks::{self, HostCtx};
 use crate::driver::instance::Instance;
 use crate::driver::invoke::{Hook, invoke};

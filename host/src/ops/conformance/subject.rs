@@ -4,7 +4,7 @@
 //! that worker, never the battery: the failure names the call and the signal
 //! or the deadline, and the next check gets a new worker.
 
-use super::DEADLINE;
+use super::report::DEADLINE;
 use crate::driver::instance::{CallError, Instance};
 use crate::driver::isolation::supervisor::Ended;
 use crate::manifest::{DriverConfig, Isolation};
