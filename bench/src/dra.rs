@@ -202,7 +202,7 @@ fn tied(mut cmd: Command) -> Command {
     cmd
 }
 
-/// Starts etcd and kube-apiserver (as `host/tests/common/apiserver.rs` does: token auth,
+/// Starts etcd and kube-apiserver (as `host/tests/integration/common/apiserver.rs` does: token auth,
 /// AlwaysAllow, the server's self-signed certificate) and writes an admin kubeconfig.
 fn start_control_plane(bin: &Path, dir: &Path) -> Result<ControlPlane> {
     let p = |name: &str| dir.join(name).to_string_lossy().into_owned();

@@ -291,7 +291,7 @@ every worker's parent (its death would take them all down) or each worker would 
 **Cut on 2026-12-02:** each module was read, checked and loaded (isolated: read and checked for its worker) \
 on a thread of the runtime's blocking pool, which started a thread for each driver starting at once; now it \
 runs on the thread each driver has anyway (`drv-<driver>` in process, `sup-<driver>` isolated), and \
-`host/tests/startup.rs` counts the runtime's threads after a start of three drivers: 5 before, 2 now. \
+`host/tests/integration/daemon/startup.rs` counts the runtime's threads after a start of three drivers: 5 before, 2 now. \
 Alternating A/B, five runs of this bench each way (a build without LTO, both binaries beside one null \
 plugin; medians of the five): CPU of the host process up to the last registration (devhost's threads and its \
 driver threads), C example in process 6.90 → 6.53 ms, demo node in process 16.1 → 15.4 ms, isolated (host \
@@ -300,7 +300,7 @@ example in process 6.56 → 6.41 ms, demo node 12.9 → 12.2 ms).
 
 **Cut on 2026-12-02, second:** the two file watches (the manifest's folder, the device-plugins folder) each \
 ran a thread of the `notify` crate; they are now inotify instances that the runtime's reactor polls \
-(`host/src/fs_events.rs`), and `host/tests/startup.rs` checks that an isolated host has no thread but \
+(`host/src/fs_events.rs`), and `host/tests/integration/daemon/startup.rs` checks that an isolated host has no thread but \
 `main`, the runtime's two workers and one supervisor per driver. Alternating A/B on the LTO build, three \
 runs of this bench each way (each run beside its own null plugin; the C example node, ratios to the null \
 plugin of the same run): in process 1.61, 1.63, 1.63× before, 1.54, 1.48, 1.59× after; isolated 2.01, 2.05, \

@@ -687,6 +687,37 @@ fn no_function_is_longer_than_a_screen_but_the_listed_ones() {
     );
 }
 
+/// Longest a file in host/src may be, in lines before its `#[cfg(test)] mod tests { … }`.
+const MAX_FILE_LINES: usize = 600;
+
+/// Lines of a file's code before its inline `#[cfg(test)] mod tests`.
+fn lines_before_tests(text: &str) -> usize {
+    let code = text.find("#[cfg(test)]\nmod tests {").map_or(text, |i| &text[..i]);
+    code.lines().count()
+}
+
+#[test]
+fn no_file_is_longer_than_a_sitting_but_its_tests() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rs_files(&src, &mut files);
+    let mut long = Vec::new();
+    for file in files {
+        let name = file.strip_prefix(&src).unwrap().to_string_lossy().into_owned();
+        let lines = lines_before_tests(&std::fs::read_to_string(&file).unwrap());
+        if !name.ends_with("tests.rs") && lines > MAX_FILE_LINES {
+            long.push(format!("{name}: {lines} lines"));
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "files over {MAX_FILE_LINES} lines besides their tests (split them by job):\n{}",
+        long.join("\n")
+    );
+    let text = format!("{}#[cfg(test)]\nmod tests {{\n{}}}\n", "fn a() {}\n".repeat(3), "    fn t() {}\n".repeat(900));
+    assert_eq!(lines_before_tests(&text), 3, "the tests module is left out");
+}
+
 #[test]
 fn long_functions_are_measured_past_braces_in_strings_chars_and_comments() {
     let body = |n: usize| (0..n).map(|i| format!("    let x{i} = 1;\n")).collect::<String>();

@@ -1,7 +1,7 @@
 //! The C in docs/driver-guide.md is code, not prose: every ```c block is
 //! extracted and compiled with the flags of the guide's own build command,
 //! and the complete driver of §1.1 is built with that command, loaded by the
-//! host's real loader, created and scanned (host/tests/conformance.rs runs
+//! host's real loader, created and scanned (host/tests/integration/conformance/battery.rs runs
 //! the conformance battery on it). A snippet that stops compiling, or a
 //! driver that stops working, fails here before a vendor finds it.
 

@@ -312,29 +312,59 @@ impl Edits {
     }
 }
 
+/// Devices for unit tests, built in one place: [`Device::test`] is a healthy device with nothing
+/// else, and each method sets one thing on it.
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn dev(id: &str, node: (&str, &str), env: (&str, &str)) -> Device {
+impl Device {
+    pub(crate) fn test(id: &str) -> Device {
         Device {
             id: id.into(),
             healthy: true,
             health_reason: None,
             numa_node: None,
             attributes: BTreeMap::new(),
-            edits: Edits {
-                device_nodes: vec![DeviceNode {
-                    host_path: node.0.into(),
-                    container_path: node.1.into(),
-                    permissions: "rw".into(),
-                }],
-                envs: vec![(env.0.into(), env.1.into())],
-                cdi_devices: vec!["v.com/c=all".into()],
-                ..Edits::default()
-            },
-            links: vec![],
+            edits: Edits::default(),
+            links: Vec::new(),
         }
+    }
+
+    pub(crate) fn health(mut self, healthy: bool) -> Device {
+        self.healthy = healthy;
+        self
+    }
+
+    pub(crate) fn numa(mut self, node: Option<i64>) -> Device {
+        self.numa_node = node;
+        self
+    }
+
+    pub(crate) fn attr(mut self, key: &str, value: &str) -> Device {
+        self.attributes.insert(key.into(), value.into());
+        self
+    }
+
+    /// Adds a device node `host` → `container`, read-write.
+    pub(crate) fn node(mut self, host: &str, container: &str) -> Device {
+        let node = DeviceNode { host_path: host.into(), container_path: container.into(), permissions: "rw".into() };
+        self.edits.device_nodes.push(node);
+        self
+    }
+
+    pub(crate) fn links(mut self, links: &[(&str, u32)]) -> Device {
+        self.links = links.iter().map(|(peer, score)| (peer.to_string(), *score)).collect();
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dev(id: &str, node: (&str, &str), env: (&str, &str)) -> Device {
+        let mut d = Device::test(id).node(node.0, node.1);
+        d.edits.envs = vec![(env.0.into(), env.1.into())];
+        d.edits.cdi_devices = vec!["v.com/c=all".into()];
+        d
     }
 
     #[test]

@@ -139,26 +139,10 @@ pub fn prefer_distinct(chosen: &[String], available: &[String], must: &[String])
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::driver::device::{DeviceNode, Edits};
-    use std::collections::BTreeMap;
 
     fn dev(id: &str, healthy: bool, links: &[(&str, u32)]) -> Device {
-        Device {
-            id: id.into(),
-            healthy,
-            health_reason: None,
-            numa_node: Some(1),
-            attributes: BTreeMap::from([("model".to_string(), "X".to_string())]),
-            edits: Edits {
-                device_nodes: vec![DeviceNode {
-                    host_path: format!("/dev/{id}"),
-                    container_path: format!("/dev/{id}"),
-                    permissions: "rw".into(),
-                }],
-                ..Edits::default()
-            },
-            links: links.iter().map(|(p, s)| (p.to_string(), *s)).collect(),
-        }
+        let node = format!("/dev/{id}");
+        Device::test(id).health(healthy).numa(Some(1)).attr("model", "X").node(&node, &node).links(links)
     }
 
     fn ids(list: &[&str]) -> Vec<String> {

@@ -191,14 +191,9 @@ mod tests {
     use std::time::UNIX_EPOCH;
 
     fn device(id: &str, model: Option<&str>) -> Device {
-        Device {
-            id: id.into(),
-            healthy: true,
-            health_reason: None,
-            numa_node: None,
-            attributes: model.map(|m| ("model".to_string(), m.to_string())).into_iter().collect(),
-            edits: Default::default(),
-            links: Vec::new(),
+        match model {
+            Some(m) => Device::test(id).attr("model", m),
+            None => Device::test(id),
         }
     }
 

@@ -50,7 +50,7 @@ type Jobs = Arc<JobQueue>;
 /// `std::sync::mpsc`, it blocked 1.5 to 2 times per call: woken, it often
 /// waited for a lock its waker still held, to be woken a second time. Each
 /// cross-CPU wake-up costs tens of microseconds on a virtual machine;
-/// `tests/handoff.rs` counts them.)
+/// `host/tests/integration/isolation/handoff.rs` counts them.)
 pub(super) struct JobQueue {
     state: Mutex<QueueState>,
     /// The driver thread, once it runs.

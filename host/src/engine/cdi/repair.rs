@@ -133,23 +133,10 @@ fn log(path: &Path, outcome: &io::Result<Option<Damage>>, before: u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::driver::device::{Device, DeviceNode, Edits};
+    use crate::driver::device::Device;
 
     fn dev(id: &str) -> Device {
-        let node = DeviceNode {
-            container_path: format!("/dev/{id}"),
-            host_path: "/dev/null".into(),
-            permissions: "rw".into(),
-        };
-        Device {
-            id: id.into(),
-            healthy: true,
-            health_reason: None,
-            numa_node: None,
-            attributes: Default::default(),
-            edits: Edits { device_nodes: vec![node], ..Edits::default() },
-            links: Vec::new(),
-        }
+        Device::test(id).node("/dev/null", &format!("/dev/{id}"))
     }
 
     #[test]

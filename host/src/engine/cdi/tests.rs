@@ -1,7 +1,7 @@
 //! The spec files checked against the CDI specification's rules, and the writer's file handling.
 
 use super::*;
-use crate::driver::device::{DeviceNode, Mount};
+use crate::driver::device::Mount;
 use serde_json::{Value, json};
 use std::os::unix::fs::MetadataExt;
 
@@ -93,27 +93,14 @@ fn check_spec(spec: &Value) -> Result<(), String> {
 }
 
 fn dev(id: &str, n: usize, env: &[(&str, &str)]) -> Device {
-    Device {
-        id: id.into(),
-        healthy: true,
-        health_reason: None,
-        numa_node: None,
-        attributes: BTreeMap::new(),
-        edits: Edits {
-            device_nodes: vec![DeviceNode {
-                host_path: format!("/dev/accel{n}"),
-                container_path: format!("/dev/accel{n}"),
-                permissions: "rw".into(),
-            }],
-            mounts: vec![
-                Mount { host_path: "/opt/lib".into(), container_path: "/usr/lib/x".into(), read_only: true },
-                Mount { host_path: format!("/run/x{n}"), container_path: format!("/run/x{n}"), read_only: false },
-            ],
-            envs: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
-            ..Edits::default()
-        },
-        links: vec![],
-    }
+    let accel = format!("/dev/accel{n}");
+    let mut d = Device::test(id).node(&accel, &accel);
+    d.edits.mounts = vec![
+        Mount { host_path: "/opt/lib".into(), container_path: "/usr/lib/x".into(), read_only: true },
+        Mount { host_path: format!("/run/x{n}"), container_path: format!("/run/x{n}"), read_only: false },
+    ];
+    d.edits.envs = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    d
 }
 
 fn spec_of(resource: &str, devices: &[Device]) -> Value {

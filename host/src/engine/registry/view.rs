@@ -120,18 +120,9 @@ pub enum Mode {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::driver::device::Edits;
 
     fn dev(id: &str, healthy: bool, numa_node: Option<i64>) -> Device {
-        Device {
-            id: id.into(),
-            healthy,
-            health_reason: None,
-            numa_node,
-            attributes: Default::default(),
-            edits: Edits::default(),
-            links: vec![],
-        }
+        Device::test(id).health(healthy).numa(numa_node)
     }
 
     #[test]

@@ -1,19 +1,10 @@
 use super::model::{ResourceStatus, StatusDocument};
 use super::*;
-use crate::driver::device::Edits;
 use crate::engine::sharing;
 use serde_json::{Value, json};
 
 fn dev(id: &str, healthy: bool) -> Device {
-    Device {
-        id: id.into(),
-        healthy,
-        health_reason: None,
-        numa_node: Some(0),
-        attributes: BTreeMap::new(),
-        edits: Edits::default(),
-        links: vec![],
-    }
+    Device::test(id).health(healthy).numa(Some(0))
 }
 
 /// A resource's status as `/status` and `list --json` write it.

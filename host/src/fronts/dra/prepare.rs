@@ -126,15 +126,7 @@ mod tests {
     use super::*;
 
     fn device(id: &str, healthy: bool) -> Device {
-        Device {
-            id: id.into(),
-            healthy,
-            health_reason: None,
-            numa_node: None,
-            attributes: Default::default(),
-            edits: Default::default(),
-            links: Vec::new(),
-        }
+        Device::test(id).health(healthy)
     }
 
     fn result(request: &str, driver: &str, pool: &str, device: &str) -> AllocationResult {

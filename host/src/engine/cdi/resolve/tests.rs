@@ -102,15 +102,8 @@ fn planned_files_stand_in_for_devhosts_own_files_on_disk() {
 fn a_problem_names_resource_device_name_folders_and_an_unread_cdi_dir() {
     let n = node();
     let defined = Defined::scan(&n.dirs(), None);
-    let d = Device {
-        id: "GPU-a".into(),
-        healthy: true,
-        health_reason: None,
-        numa_node: None,
-        attributes: Default::default(),
-        edits: crate::driver::device::Edits { cdi_devices: vec!["nvidia.com/gpu=GPU-a".into()], ..Default::default() },
-        links: vec![],
-    };
+    let mut d = Device::test("GPU-a");
+    d.edits.cdi_devices = vec!["nvidia.com/gpu=GPU-a".into()];
     let names = handed_out("nvidia.com/gpu", false, &[d]);
     assert_eq!(names, [("GPU-a".to_string(), "nvidia.com/gpu=GPU-a".to_string())]);
     let other = Path::new("/elsewhere/cdi");

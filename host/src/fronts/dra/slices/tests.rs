@@ -2,19 +2,10 @@ use super::super::prepare::dra_device_name;
 use super::*;
 use crate::driver::device::Device;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use std::collections::BTreeMap;
 use std::path::Path;
 
 fn device(id: &str, healthy: bool, attrs: &[(&str, &str)]) -> Device {
-    Device {
-        id: id.into(),
-        healthy,
-        health_reason: None,
-        numa_node: Some(1),
-        attributes: attrs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>(),
-        edits: Default::default(),
-        links: Vec::new(),
-    }
+    attrs.iter().fold(Device::test(id).health(healthy).numa(Some(1)), |d, (k, v)| d.attr(k, v))
 }
 
 #[test]

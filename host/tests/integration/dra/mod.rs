@@ -1,0 +1,6 @@
+//! The DRA front: the served driver and its claims, ResourceSlices on a real API server, and API
+//! server outages.
+
+mod front;
+mod outage;
+mod slices;
