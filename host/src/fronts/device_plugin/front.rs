@@ -3,7 +3,7 @@
 //! reload. How each endpoint is served, registered and served again is [`kubelet`]'s.
 
 use crate::engine::registry::{Resource, Services};
-use crate::fronts::device_plugin::kubelet::{self, Served, Signals};
+use crate::fronts::device_plugin::kubelet::{self, FolderEvents, Served};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 pub struct DevicePluginFront {
     dir: PathBuf,
     services: Arc<Services>,
-    signals: Arc<Signals>,
+    signals: Arc<FolderEvents>,
     served: Mutex<Vec<Served>>,
     watch: Option<tokio::task::JoinHandle<()>>,
     checker: tokio::task::JoinHandle<()>,
@@ -21,7 +21,7 @@ pub struct DevicePluginFront {
 impl DevicePluginFront {
     /// Starts watching `dir` (inotify plus a periodic stat check).
     pub fn start(dir: PathBuf, services: Arc<Services>) -> DevicePluginFront {
-        let signals = Signals::new(&dir, services.clone());
+        let signals = FolderEvents::new(&dir, services.clone());
         let (watch, checker) = kubelet::watch_folder(&dir, &signals);
         DevicePluginFront { dir, services, signals, served: Mutex::new(Vec::new()), watch, checker }
     }

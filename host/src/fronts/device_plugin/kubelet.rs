@@ -11,7 +11,7 @@ mod folder;
 mod life;
 mod shared;
 use life::serve_resource;
-pub(super) use shared::Signals;
+pub(super) use shared::FolderEvents;
 use shared::remove_own_socket;
 
 use crate::engine::registry::{Resource, Services};
@@ -28,7 +28,7 @@ const STOP_DEADLINE: Duration = Duration::from_secs(3);
 /// when the watch could be set, and the checker's.
 pub(super) fn watch_folder(
     dir: &Path,
-    signals: &Arc<Signals>,
+    signals: &Arc<FolderEvents>,
 ) -> (Option<tokio::task::JoinHandle<()>>, tokio::task::JoinHandle<()>) {
     // Absolute, so that the watch can climb to the parents.
     let watched = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
@@ -50,7 +50,7 @@ impl Served {
     pub(super) fn start(
         resource: &Arc<Resource>,
         services: &Arc<Services>,
-        signals: &Arc<Signals>,
+        signals: &Arc<FolderEvents>,
         dir: &Path,
     ) -> Served {
         let path = dir.join(&resource.config.socket_name);

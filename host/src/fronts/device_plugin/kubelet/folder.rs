@@ -4,7 +4,7 @@
 //! it. Also says once, in words an operator can act on, why we cannot create
 //! our sockets there.
 
-use super::shared::{Signals, inode};
+use super::shared::{FolderEvents, inode};
 use crate::fs_events::{self, Events};
 use inotify::{EventMask, WatchDescriptor, WatchMask};
 use std::ffi::OsStr;
@@ -38,7 +38,7 @@ pub(super) struct FolderWatch {
     dir: PathBuf,
     /// The same folder as the endpoints name it (their sockets' paths).
     given: PathBuf,
-    signals: Arc<Signals>,
+    signals: Arc<FolderEvents>,
     /// Our own inotify instance, with one watch at a time.
     events: Events,
     /// The watched path, the folder it was when the watch was set, and the watch.
@@ -52,7 +52,7 @@ impl FolderWatch {
     /// the endpoints name it); `None` (logged) when inotify is unavailable,
     /// which leaves the stat check. Needs the runtime: its reactor reads
     /// the events.
-    pub(super) fn new(dir: &Path, given: &Path, signals: Arc<Signals>) -> Option<FolderWatch> {
+    pub(super) fn new(dir: &Path, given: &Path, signals: Arc<FolderEvents>) -> Option<FolderWatch> {
         match fs_events::stream() {
             Ok(events) => Some(FolderWatch {
                 dir: dir.to_path_buf(),
@@ -190,7 +190,7 @@ impl FolderWatch {
 
 /// The stat-based safety net: catches a replaced kubelet.sock, a lost
 /// socket or a folder moved away even when inotify missed it.
-pub(super) async fn recheck(dir: PathBuf, signals: Arc<Signals>) {
+pub(super) async fn recheck(dir: PathBuf, signals: Arc<FolderEvents>) {
     let kubelet = dir.join(devhost_proto::KUBELET_SOCKET);
     loop {
         tokio::time::sleep(RECHECK).await;

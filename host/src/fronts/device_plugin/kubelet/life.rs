@@ -4,7 +4,7 @@
 //! the socket.
 
 use super::shared::{
-    BACKOFF_MAX, BACKOFF_START, QUIET, Signals, SocketId, bind, describe, inode, register, remove_own_socket,
+    BACKOFF_MAX, BACKOFF_START, FolderEvents, QUIET, SocketId, bind, describe, inode, register, remove_own_socket,
 };
 use crate::engine::registry::{Resource, Services};
 use crate::fronts::device_plugin::endpoint::{self, Endpoint};
@@ -22,7 +22,7 @@ const RETIRE_WAIT: Duration = Duration::from_secs(1);
 pub(super) async fn serve_resource(
     res: Arc<Resource>,
     services: Arc<Services>,
-    signals: Arc<Signals>,
+    signals: Arc<FolderEvents>,
     dir: PathBuf,
     lost: Arc<Notify>,
     kubelet_gen: watch::Receiver<u64>,
@@ -113,7 +113,7 @@ struct Bound {
 struct Life {
     res: Arc<Resource>,
     services: Arc<Services>,
-    signals: Arc<Signals>,
+    signals: Arc<FolderEvents>,
     dir: PathBuf,
     path: PathBuf,
     kubelet_sock: PathBuf,

@@ -1,5 +1,5 @@
 //! What the kubelet folder's watch (`folder`) and an endpoint's life (`life`) share: the
-//! [`Signals`] the watch gives the endpoints, a socket's identity, binding and removing our
+//! [`FolderEvents`] the watch gives the endpoints, a socket's identity, binding and removing our
 //! sockets, registering with the kubelet, and the backoff. A leaf: it uses neither of them.
 
 use crate::engine::registry::{Resource, Services};
@@ -31,7 +31,7 @@ pub(super) fn describe(e: &anyhow::Error) -> String {
 }
 
 /// What the folder watcher tells the endpoints.
-pub struct Signals {
+pub struct FolderEvents {
     /// Bumped whenever a new kubelet.sock appears, or the folder does.
     pub(super) kubelet_gen: watch::Sender<u64>,
     /// Per socket path of ours: notified when the file is removed.
@@ -46,7 +46,7 @@ pub struct Signals {
     bind_said: Mutex<Option<std::io::ErrorKind>>,
 }
 
-impl Signals {
+impl FolderEvents {
     /// A new kubelet.sock: every endpoint re-registers. inotify and the stat
     /// check may both see one restart, so the metric counts distinct
     /// sockets, and the kubelet's first appearance is not a restart.
@@ -62,7 +62,7 @@ impl Signals {
     }
 }
 
-impl Signals {
+impl FolderEvents {
     /// The folder is (again) there and watched: catch up on what happened
     /// before the watch was set, and wake endpoints waiting to bind.
     pub(super) fn folder_ready(&self, dir: &Path) {
@@ -124,10 +124,10 @@ pub(super) fn inode(path: &Path) -> Option<SocketId> {
         .map(|m| (m.ino(), m.ctime(), m.ctime_nsec()))
 }
 
-impl Signals {
+impl FolderEvents {
     /// The signals of the folder `dir`, with the kubelet.sock there now taken as already seen.
-    pub fn new(dir: &Path, services: Arc<Services>) -> Arc<Signals> {
-        Arc::new(Signals {
+    pub fn new(dir: &Path, services: Arc<Services>) -> Arc<FolderEvents> {
+        Arc::new(FolderEvents {
             kubelet_gen: watch::channel(0).0,
             socket_lost: Mutex::new(HashMap::new()),
             services,
