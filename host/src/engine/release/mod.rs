@@ -6,7 +6,7 @@
 //!
 //! One [`ReleaseRunner`] per resource reads the pod-resources follower's
 //! snapshots, keeps a [`Tracker`] (the state machine, in `tracker.rs`), runs
-//! the due release calls (each on the instance's worker thread, with its
+//! the due release calls (each on the instance's driver thread, with its
 //! deadline) and publishes the devices to report Unhealthy, with the reason,
 //! through a latest-value channel the registry consults when it publishes.
 //! With a [`Store`] (the daemon), the tracker's state is kept in a file
@@ -56,7 +56,7 @@ pub type Overlay = BTreeMap<String, String>;
 pub use hook::{Releaser, outcome};
 
 /// The release runner of one resource. Dropping it stops it (a call in
-/// flight still finishes on the driver's worker thread).
+/// flight still finishes on the driver's thread).
 pub struct ReleaseRunner {
     tracker: Arc<Mutex<Tracker>>,
     overlay: watch::Receiver<Arc<Overlay>>,
