@@ -75,6 +75,7 @@ struct RawResource {
     device_list_strategy: Option<Spanned<DeviceListStrategy>>,
     api: Option<Spanned<String>>,
     dra_driver: Option<Spanned<String>>,
+    dra_taint_effect: Option<Spanned<String>>,
 }
 
 impl Manifest {
@@ -440,6 +441,7 @@ impl Builder<'_> {
             replicas,
             one_replica_per_container: raw.one_replica_per_container.unwrap_or(false),
             device_list_strategy: strategy,
+            dra_taint_effect: super::dra::taint_effect(raw.dra_taint_effect.as_ref(), &api, section, &mut self.diags),
             api,
         });
     }

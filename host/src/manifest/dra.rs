@@ -6,11 +6,36 @@ use std::collections::BTreeMap;
 
 use toml::Spanned;
 
-use super::model::{ResourceApi, ResourceConfig};
+use super::model::{ResourceApi, ResourceConfig, TaintEffect};
 use super::source::Diagnostics;
 
 /// Longest DRA driver name the API server accepts (`DriverNameMaxLength`).
 pub const MAX_DRA_DRIVER_NAME: usize = 63;
+
+/// `dra_taint_effect` of a resource: only with `api = "dra"`, `"NoSchedule"` (the default) or
+/// `"NoExecute"`.
+pub(super) fn taint_effect(
+    value: Option<&Spanned<String>>,
+    api: &ResourceApi,
+    section: &str,
+    diags: &mut Diagnostics<'_>,
+) -> TaintEffect {
+    let Some(value) = value else { return TaintEffect::default() };
+    let field = format!("{section}.dra_taint_effect");
+    if api.dra_driver().is_none() {
+        diags.error(value.span(), &field, "only applies with api = \"dra\"");
+        return TaintEffect::default();
+    }
+    match value.get_ref().as_str() {
+        "NoSchedule" => TaintEffect::NoSchedule,
+        "NoExecute" => TaintEffect::NoExecute,
+        other => {
+            let message = format!("unknown taint effect {other:?}; expected \"NoSchedule\" or \"NoExecute\"");
+            diags.error(value.span(), &field, message);
+            TaintEffect::default()
+        }
+    }
+}
 
 /// The DRA driver name derived from a (valid) extended resource name `<domain>/<name>`: the
 /// name part lower-cased, every character other than a letter, digit, `-` or `.` turned into `-`,

@@ -152,6 +152,30 @@ pub struct ResourceConfig {
     pub device_list_strategy: DeviceListStrategy,
     /// The kubelet API that serves this resource (`api`, with `dra_driver`).
     pub api: ResourceApi,
+    /// The effect of the taint an unhealthy device of a DRA resource carries in its slice
+    /// (`dra_taint_effect`).
+    pub dra_taint_effect: TaintEffect,
+}
+
+/// `dra_taint_effect` of a DRA resource: what the taint of an unhealthy device does to claims
+/// that do not tolerate it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum TaintEffect {
+    /// New claims are not allocated the device; pods running with it stay (the default).
+    #[default]
+    NoSchedule,
+    /// As NoSchedule, and the scheduler's eviction controller deletes the pods using it.
+    NoExecute,
+}
+
+impl TaintEffect {
+    /// The API's (and the manifest's) spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaintEffect::NoSchedule => "NoSchedule",
+            TaintEffect::NoExecute => "NoExecute",
+        }
+    }
 }
 
 /// `device_list_strategy` of a resource.

@@ -11,6 +11,7 @@ use arbitrary::{Arbitrary, Unstructured};
 use devhost::driver::callbacks::check_device_id;
 use devhost::driver::device::Device;
 use devhost::fronts::dra::prepare::{AllocationResult, dra_device_name, plan};
+use devhost::manifest::TaintEffect;
 use libfuzzer_sys::fuzz_target;
 use std::collections::BTreeMap;
 
@@ -90,10 +91,11 @@ fuzz_target!(|data: &[u8]| {
                 _ => r.name,
             },
             admin_access: r.admin_access,
+            tolerations: Vec::new(),
         })
         .collect();
-    let answer = plan(DRIVER, POOL, &devices, &results);
-    assert_eq!(answer, plan(DRIVER, POOL, &devices, &results), "plan is not deterministic");
+    let answer = plan(DRIVER, POOL, TaintEffect::NoSchedule, &devices, &results);
+    assert_eq!(answer, plan(DRIVER, POOL, TaintEffect::NoSchedule, &devices, &results), "plan is not deterministic");
     let ours: Vec<&AllocationResult> = results.iter().filter(|r| r.driver == DRIVER).collect();
     let by_name = |name: &str| devices.iter().find(|d| dra_device_name(&d.id) == name);
     let refusable = ours.iter().any(|r| r.pool != POOL || by_name(&r.device).is_none_or(|d| !d.healthy));

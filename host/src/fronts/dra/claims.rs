@@ -20,6 +20,7 @@ use super::api::ApiServer;
 use super::checkpoint::{self, Checkpoint, PreparedClaim, PreparedDevice};
 use super::claim_spec;
 use super::prepare::{self, AllocationResult};
+use super::taint::Toleration;
 use crate::engine::registry::{Resource, View, compose};
 use crate::engine::release::hook::{self as release_hook, Outcome, Releaser};
 use crate::engine::telemetry::Metrics;
@@ -135,7 +136,13 @@ impl Claims {
         }
         let results = got?;
         let view = self.resource.snapshot();
-        let planned = prepare::plan(&self.driver, &self.api.node, &view.devices, &results)?;
+        let planned = prepare::plan(
+            &self.driver,
+            &self.api.node,
+            self.resource.config.dra_taint_effect,
+            &view.devices,
+            &results,
+        )?;
         check_room(checkpoint, &planned, claim)?;
         let mut prepared = self.new_claim(claim, &planned);
         if !planned.is_empty() {
@@ -342,6 +349,7 @@ async fn get(client: kube::Client, driver: &str, claim: &ClaimRef) -> Read {
             pool: r.pool,
             device: r.device,
             admin_access: r.admin_access.unwrap_or(false),
+            tolerations: r.tolerations.iter().flatten().map(Toleration::from).collect(),
         })
         .collect()))
 }

@@ -21,6 +21,7 @@ pub mod prepare;
 pub mod registration;
 mod served;
 pub mod slices;
+pub mod taint;
 
 pub use claims::Settings;
 pub use front::DraFront;

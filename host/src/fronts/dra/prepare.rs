@@ -11,7 +11,9 @@
 //! across restarts and two IDs share a name only on a 32-bit hash collision (without the
 //! exception, ID `x-264d58fb` would take the name of ID `}}}}}}`).
 
+use super::taint::{Toleration, health_taint, tolerates};
 use crate::driver::device::Device;
+use crate::manifest::TaintEffect;
 use crate::names::{fnv1a, has_hash_suffix};
 
 /// Longest DRA device name (a DNS label).
@@ -29,6 +31,9 @@ pub struct AllocationResult {
     pub device: String,
     /// Admin access (monitoring, diagnostics): the device may be in use by other claims too.
     pub admin_access: bool,
+    /// The tolerations of the request: an unhealthy device is prepared only if they tolerate
+    /// its taint.
+    pub tolerations: Vec<Toleration>,
 }
 
 fn is_label_char(c: char) -> bool {
@@ -72,13 +77,15 @@ pub struct Planned {
 }
 
 /// The devices NodePrepareResources prepares for one claim of DRA driver `driver`, whose devices
-/// (its one pool `pool`) are `devices`. Results for other drivers are not ours and are skipped,
+/// (its one pool `pool`) are `devices`; an unhealthy one only for a request that tolerates its
+/// taint (of `effect`). Results for other drivers are not ours and are skipped,
 /// as the kubelet sends each driver the whole claim. A device named by several results is
 /// planned once, with every request. An error names the claim's device that cannot be prepared
 /// and why.
 pub fn plan(
     driver: &str,
     pool: &str,
+    effect: TaintEffect,
     devices: &[Device],
     results: &[AllocationResult],
 ) -> Result<Vec<Planned>, String> {
@@ -97,10 +104,15 @@ pub fn plan(
             ));
         };
         if !device.healthy {
-            return Err(format!(
-                "device {} (ID {}) of request {} is unhealthy",
-                result.device, device.id, result.request
-            ));
+            let taint = health_taint(driver, device, effect);
+            if !tolerates(&result.tolerations, &taint) {
+                let value = taint.value.map(|v| format!("={v}")).unwrap_or_default();
+                return Err(format!(
+                    "device {} (ID {}) of request {} is unhealthy, and the request does not tolerate its taint \
+                     {}{value}:{}",
+                    result.device, device.id, result.request, taint.key, taint.effect
+                ));
+            }
         }
         let request = result.request.split_once('/').map_or(result.request.as_str(), |(r, _)| r).to_owned();
         match planned.iter_mut().find(|p| p.id == device.id) {
@@ -124,6 +136,7 @@ pub fn plan(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fronts::dra::taint::Toleration;
 
     fn device(id: &str, healthy: bool) -> Device {
         Device::test(id).health(healthy)
@@ -136,6 +149,7 @@ mod tests {
             pool: pool.into(),
             device: device.into(),
             admin_access: false,
+            tolerations: Vec::new(),
         }
     }
 
@@ -173,7 +187,7 @@ mod tests {
             result("one", "gpu.example.com", "node-1", "gpu-1"),
             result("two", "gpu.example.com", "node-1", "gpu-1"),
         ];
-        let planned = plan("gpu.example.com", "node-1", &devices, &results).unwrap();
+        let planned = plan("gpu.example.com", "node-1", TaintEffect::NoSchedule, &devices, &results).unwrap();
         assert_eq!(planned.len(), 2, "the other driver's result is skipped, a device is planned once");
         assert_eq!((planned[0].id.as_str(), planned[0].device.as_str()), ("GPU-A", dra_device_name("GPU-A").as_str()));
         assert_eq!(planned[0].requests, ["gpus"], "the subrequest suffix is dropped");
@@ -184,12 +198,38 @@ mod tests {
     #[test]
     fn plan_refuses_unknown_foreign_pool_and_unhealthy_devices_by_name() {
         let devices = [device("gpu-0", true), device("gpu-1", false)];
-        let plan = |r: AllocationResult| plan("d.example.com", "n", &devices, &[r]).unwrap_err();
+        let plan =
+            |r: AllocationResult| plan("d.example.com", "n", TaintEffect::NoSchedule, &devices, &[r]).unwrap_err();
         assert!(plan(result("r", "d.example.com", "n", "gpu-9")).contains("gpu-9 of request r is not a device"));
         assert!(plan(result("r", "d.example.com", "other", "gpu-0")).contains("in pool other"));
-        assert!(
-            plan(result("r", "d.example.com", "n", "gpu-1")).contains("gpu-1 (ID gpu-1) of request r is unhealthy")
-        );
+        assert!(plan(result("r", "d.example.com", "n", "gpu-1")).contains(
+            "gpu-1 (ID gpu-1) of request r is unhealthy, and the request does not tolerate its taint \
+             d.example.com/unhealthy:NoSchedule"
+        ));
+    }
+
+    #[test]
+    fn an_unhealthy_device_is_planned_for_a_request_that_tolerates_its_taint() {
+        let mut sick = device("gpu-1", false);
+        sick.health_reason = Some("Xid 79".into());
+        let devices = [sick];
+        let with =
+            |t: Toleration| AllocationResult { tolerations: vec![t], ..result("r", "d.example.com", "n", "gpu-1") };
+        let plan = |r: AllocationResult, effect| plan("d.example.com", "n", effect, &devices, &[r]);
+        let key = "d.example.com/unhealthy".to_string();
+        let exists = Toleration { key: key.clone(), exists: true, ..Toleration::default() };
+        assert_eq!(plan(with(exists.clone()), TaintEffect::NoSchedule).unwrap()[0].id, "gpu-1");
+        let any = Toleration { exists: true, ..Toleration::default() };
+        assert!(plan(with(any), TaintEffect::NoExecute).is_ok(), "an empty key with Exists tolerates every taint");
+        let equal = Toleration { key: key.clone(), value: "Xid-79".into(), ..Toleration::default() };
+        assert!(plan(with(equal.clone()), TaintEffect::NoSchedule).is_ok());
+        let other_value = Toleration { value: "Xid-48".into(), ..equal };
+        let err = plan(with(other_value), TaintEffect::NoSchedule).unwrap_err();
+        assert!(err.contains("taint d.example.com/unhealthy=Xid-79:NoSchedule"), "{err}");
+        let no_schedule_only = Toleration { effect: "NoSchedule".into(), ..exists };
+        assert!(plan(with(no_schedule_only), TaintEffect::NoExecute).is_err(), "the effect must match");
+        let other_key = Toleration { key: "x.example.com/unhealthy".into(), exists: true, ..Toleration::default() };
+        assert!(plan(with(other_key), TaintEffect::NoSchedule).is_err());
     }
 
     #[test]
@@ -200,6 +240,7 @@ mod tests {
         let planned = plan(
             "d",
             "n",
+            TaintEffect::NoSchedule,
             &devices,
             &[admin("watch", "gpu-0"), admin("watch", "gpu-1"), result("use", "d", "n", "gpu-1")],
         )

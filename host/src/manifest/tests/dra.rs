@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::{PATH, errors, only_error, parse};
-use crate::manifest::{ResourceApi, api_conflicts, check_dra_driver_name, derive_dra_driver_name};
+use crate::manifest::{ResourceApi, TaintEffect, api_conflicts, check_dra_driver_name, derive_dra_driver_name};
 
 const RESOURCE: &str = "[[resource]]\nname = \"example.com/gpu\"\ndriver = \"x\"\n";
 
@@ -50,6 +50,28 @@ fn unknown_api_is_an_error_at_its_value() {
 fn dra_driver_without_dra_is_an_error() {
     let error = only_error(&format!("{RESOURCE}dra_driver = \"gpu.example.com\"\n"));
     assert!(error.starts_with(&format!("{PATH}:4:14: resource[0].dra_driver: only applies with api")), "{error}");
+}
+
+#[test]
+fn an_unhealthy_devices_taint_is_no_schedule_unless_set_to_no_execute() {
+    let manifest = parse(&format!("{RESOURCE}api = \"dra\"\n")).unwrap();
+    assert_eq!(manifest.resources[0].dra_taint_effect, TaintEffect::NoSchedule);
+    let manifest = parse(&format!("{RESOURCE}api = \"dra\"\ndra_taint_effect = \"NoExecute\"\n")).unwrap();
+    assert_eq!(manifest.resources[0].dra_taint_effect, TaintEffect::NoExecute);
+    assert_eq!(TaintEffect::NoExecute.as_str(), "NoExecute");
+}
+
+#[test]
+fn a_taint_effect_needs_dra_and_a_known_effect() {
+    let error = only_error(&format!("{RESOURCE}dra_taint_effect = \"NoExecute\"\n"));
+    assert!(error.starts_with(&format!("{PATH}:4:20: resource[0].dra_taint_effect: only applies with api")), "{error}");
+    let error = only_error(&format!("{RESOURCE}api = \"dra\"\ndra_taint_effect = \"PreferNoSchedule\"\n"));
+    assert!(
+        error.starts_with(&format!(
+            "{PATH}:5:20: resource[0].dra_taint_effect: unknown taint effect \"PreferNoSchedule\"; expected \"NoSchedule\" or \"NoExecute\""
+        )),
+        "{error}"
+    );
 }
 
 #[test]

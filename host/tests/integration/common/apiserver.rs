@@ -34,7 +34,8 @@ pub struct ApiServerHarness {
     kubeconfig: PathBuf,
     node_kubeconfig: PathBuf,
     procs: Vec<(&'static str, Child, PathBuf)>,
-    /// kube-apiserver's arguments, to start it again after [`ApiServerHarness::stop_api_server`].
+    /// kube-apiserver's arguments, to start it again after [`ApiServerHarness::stop_api_server`]
+    /// (before the launch: the extra ones the test asked for).
     api_args: Vec<String>,
 }
 
@@ -42,9 +43,15 @@ impl ApiServerHarness {
     /// Starts etcd and kube-apiserver and waits until /readyz answers through the admin
     /// kubeconfig. Panics, with the logs' tails, if they cannot start.
     pub fn start() -> ApiServerHarness {
+        ApiServerHarness::start_with(&[])
+    }
+
+    /// [`ApiServerHarness::start`], with `extra` arguments for kube-apiserver (a feature gate
+    /// off, say).
+    pub fn start_with(extra: &[&str]) -> ApiServerHarness {
         let dir = tempfile::Builder::new().prefix("dh-apiserver").tempdir().expect("temporary folder");
         let root = dir.path().to_path_buf();
-        ApiServerHarness::start_in(Some(dir), root)
+        ApiServerHarness::start_in(Some(dir), root, extra)
     }
 
     /// One harness per test binary, started on first use and shared by its tests (use distinct
@@ -58,11 +65,11 @@ impl ApiServerHarness {
             let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("apiserver-{name}"));
             let _ = std::fs::remove_dir_all(&root);
             std::fs::create_dir_all(&root).expect("shared harness folder");
-            ApiServerHarness::start_in(None, root)
+            ApiServerHarness::start_in(None, root, &[])
         })
     }
 
-    fn start_in(dir: Option<tempfile::TempDir>, root: PathBuf) -> ApiServerHarness {
+    fn start_in(dir: Option<tempfile::TempDir>, root: PathBuf, extra: &[&str]) -> ApiServerHarness {
         let bin = build_dir();
         let mut last = String::new();
         // A free port can be taken between our probe and the server's bind: try again then.
@@ -77,7 +84,7 @@ impl ApiServerHarness {
                 kubeconfig: run.join("kubeconfig-admin"),
                 node_kubeconfig: run.join("kubeconfig-node"),
                 procs: Vec::new(),
-                api_args: Vec::new(),
+                api_args: extra.iter().map(|a| a.to_string()).collect(),
             };
             match h.launch() {
                 Ok(()) => {
@@ -163,8 +170,10 @@ impl ApiServerHarness {
             "--authorization-mode",
             "AlwaysAllow",
         ];
-        self.api_args = args.map(str::to_owned).to_vec();
-        self.spawn("kube-apiserver", &args)?;
+        let extra = std::mem::take(&mut self.api_args);
+        self.api_args = args.iter().map(|a| a.to_string()).chain(extra).collect();
+        let all: Vec<String> = self.api_args.clone();
+        self.spawn("kube-apiserver", &all.iter().map(String::as_str).collect::<Vec<_>>())?;
         // The self-signed certificate is written before the server listens.
         let cert = certs.join("apiserver.crt");
         let deadline = Instant::now() + READY_WITHIN;

@@ -9,22 +9,27 @@ use crate::common::apiserver::ApiServerHarness;
 use crate::common::*;
 use devhost::fronts::dra::api::ApiServer;
 use k8s_openapi::api::core::v1::Node as NodeObject;
-use k8s_openapi::api::resource::v1::ResourceSlice;
+use k8s_openapi::api::resource::v1::{DeviceTaint, ResourceSlice};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 
 const DRIVER: &str = "accel.example.com";
 /// How long a change may take to reach the API server on a loaded machine.
 const PUBLISHED_WITHIN: Duration = Duration::from_secs(20);
 
-struct Setup {
-    harness: &'static ApiServerHarness,
+struct Setup<'a> {
+    harness: &'a ApiServerHarness,
     client: kube::Client,
     node_uid: String,
 }
 
 /// The shared API server, an admin client, and a Node object `node` (the slices' owner).
-async fn setup(node: &str) -> Setup {
+async fn setup(node: &str) -> Setup<'static> {
     let harness = tokio::task::spawn_blocking(ApiServerHarness::shared).await.expect("harness thread");
+    setup_on(harness, node).await
+}
+
+/// [`setup`] on `harness`.
+async fn setup_on<'a>(harness: &'a ApiServerHarness, node: &str) -> Setup<'a> {
     let api = ApiServer::connect(Some(harness.kubeconfig()), Some(node)).await.expect("admin client");
     let nodes: Api<NodeObject> = Api::all(api.client.clone());
     let object = NodeObject {
@@ -36,12 +41,12 @@ async fn setup(node: &str) -> Setup {
 }
 
 /// A devhost serving `count` example devices as DRA resource `example.com/accel` for `node`.
-fn start_devhost(node_dir: &Node, s: &Setup, node: &str, count: usize) -> Daemon {
+fn start_devhost(node_dir: &Node, s: &Setup<'_>, node: &str, count: usize) -> Daemon {
     start_devhost_with(node_dir, s, node, count, "", "")
 }
 
 /// `start_devhost`, with `top` (top-level manifest lines) and `tail` (more tables, at the end) added.
-fn start_devhost_with(node_dir: &Node, s: &Setup, node: &str, count: usize, top: &str, tail: &str) -> Daemon {
+fn start_devhost_with(node_dir: &Node, s: &Setup<'_>, node: &str, count: usize, top: &str, tail: &str) -> Daemon {
     let manifest = node_dir.write_manifest(&format!(
         r#"{top}
 kubelet_root_dir = "{root}"
@@ -73,6 +78,15 @@ async fn slices(client: &kube::Client, node: &str) -> Vec<ResourceSlice> {
     let mut items = api.list(&params).await.expect("list ResourceSlices").items;
     items.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     items
+}
+
+/// The health taint's key of [`DRIVER`].
+const UNHEALTHY: &str = "accel.example.com/unhealthy";
+
+/// Every (device, taint) of `slices`.
+fn tainted(slices: &[ResourceSlice]) -> Vec<(String, DeviceTaint)> {
+    let devices = slices.iter().flat_map(|s| s.spec.devices.iter().flatten());
+    devices.flat_map(|d| d.taints.iter().flatten().map(|t| (d.name.clone(), t.clone()))).collect()
 }
 
 fn device_names(slices: &[ResourceSlice]) -> Vec<String> {
@@ -144,16 +158,24 @@ async fn slices_carry_the_healthy_devices_with_typed_attributes_and_follow_healt
         assert_eq!(attrs["numaNode"].int, Some(i as i64 % 2));
     }
 
-    // A device turning unhealthy leaves the slice; coming back re-adds it.
+    assert!(devices.iter().all(|d| d.taints.is_none()), "a healthy device has no taint");
+
+    // A device turning unhealthy stays in the slice with the health taint (the C example gives
+    // no reason, so no value); recovery clears it.
     std::fs::write(dir.path().join("health"), "example-1\n").unwrap();
-    let (_, took) = wait_slices(&s.client, node, &d, "example-1 leaving", |x| {
-        device_names(x) == ["example-0", "example-2", "example-3"]
-    })
-    .await;
+    let (sick, took) = wait_slices(&s.client, node, &d, "example-1 tainted", |x| !tainted(x).is_empty()).await;
     eprintln!("device change to updated ResourceSlice: {} ms (unhealthy)", took.as_millis());
+    assert_eq!(device_names(&sick).len(), 4, "the unhealthy device stays published");
+    let taints = tainted(&sick);
+    assert_eq!(taints.len(), 1, "{taints:?}");
+    let (name, taint) = &taints[0];
+    assert_eq!(name, "example-1");
+    assert_eq!((taint.key.as_str(), taint.value.as_deref(), taint.effect.as_str()), (UNHEALTHY, None, "NoSchedule"));
+    assert!(taint.time_added.is_some(), "the server stamps the taint's time");
     std::fs::write(dir.path().join("health"), "").unwrap();
-    let (back, took) = wait_slices(&s.client, node, &d, "example-1 back", |x| device_names(x).len() == 4).await;
+    let (back, took) = wait_slices(&s.client, node, &d, "example-1 untainted", |x| tainted(x).is_empty()).await;
     eprintln!("device change to updated ResourceSlice: {} ms (healthy again)", took.as_millis());
+    assert_eq!(device_names(&back).len(), 4);
     assert_eq!(back.len(), 1, "one slice throughout: updated in place");
     let log = d.logs();
     assert!(log.contains("DRA: ResourceSlices published"), "{log}");
@@ -201,7 +223,7 @@ async fn slices_deleted_by_someone_are_published_again() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pool_over_128_devices_is_split_with_one_generation() {
+async fn a_pool_over_128_devices_is_split_with_one_generation_and_64_once_a_device_is_tainted() {
     let node = "node-big";
     let s = setup(node).await;
     let dir = Node::new();
@@ -228,16 +250,32 @@ async fn a_pool_over_128_devices_is_split_with_one_generation() {
     assert_eq!(unique.len(), 300, "every device once");
     let generation = got[0].spec.pool.generation;
 
-    // 60 devices unhealthy: 240 left, two slices; the third is deleted and the generation bumped.
+    // 60 devices unhealthy: all 300 stay, 60 tainted, and a slice with a tainted device holds at
+    // most 64, so the pool is split into 5 slices at a new generation.
     let sick: String = (0..60).map(|i| format!("example-{i}\n")).collect();
     std::fs::write(dir.path().join("health"), sick).unwrap();
-    let (got, took) = wait_slices(&s.client, node, &d, "240 devices in 2 slices", |x| {
-        consistent(x, 2) && device_names(x).len() == 240
+    let (got, took) = wait_slices(&s.client, node, &d, "300 devices in 5 slices, 60 tainted", |x| {
+        consistent(x, 5) && device_names(x).len() == 300 && tainted(x).len() == 60
     })
     .await;
-    eprintln!("device change to updated 2-slice pool: {} ms", took.as_millis());
-    assert!(got[0].spec.pool.generation > generation, "a change across slices bumps the generation");
-    assert!(!device_names(&got).contains(&"example-0".to_string()));
+    eprintln!("device change to updated 5-slice pool: {} ms", took.as_millis());
+    let sizes: Vec<usize> = got.iter().map(|s| s.spec.devices.as_ref().map_or(0, Vec::len)).collect();
+    assert_eq!(sizes, [64, 64, 64, 64, 44]);
+    let tainted_generation = got[0].spec.pool.generation;
+    assert!(tainted_generation > generation, "a change across slices bumps the generation");
+    assert!(
+        tainted(&got)
+            .iter()
+            .all(|(name, t)| t.key == UNHEALTHY && name["example-".len()..].parse::<u32>().unwrap() < 60)
+    );
+
+    // Recovered: 3 slices of 128 again, the other two deleted, at a newer generation.
+    std::fs::write(dir.path().join("health"), "").unwrap();
+    let (got, _) = wait_slices(&s.client, node, &d, "300 devices in 3 slices again", |x| {
+        consistent(x, 3) && device_names(x).len() == 300 && tainted(x).is_empty()
+    })
+    .await;
+    assert!(got[0].spec.pool.generation > tainted_generation);
 }
 
 /// The slice publisher compares what the API server stored with what it sent; capacities are
@@ -364,4 +402,83 @@ async fn a_driver_slow_to_create_does_not_hold_back_the_slices_of_another() {
         "the slices came {took:?} after start, after the other driver's 5 s create; {got:?}\nlog:\n{}",
         d.logs()
     );
+}
+
+/// A DRA resource of the Rust test driver, whose health file gives reasons, tainted NoExecute.
+fn start_reasons(node_dir: &Node, s: &Setup<'_>, node: &str) -> Daemon {
+    let manifest = node_dir.write_manifest(&format!(
+        r#"kubelet_root_dir = "{root}"
+kubeconfig = "{kubeconfig}"
+node_name = "{node}"
+
+[driver.rdrv]
+module = "{r}"
+poll_interval = "100ms"
+options = {{ count = 3, prefix = "r", health_file = "{health}" }}
+
+[[resource]]
+name = "example.com/accel"
+driver = "rdrv"
+api = "dra"
+dra_taint_effect = "NoExecute"
+"#,
+        root = node_dir.path().join("kubelet-root").display(),
+        kubeconfig = s.harness.kubeconfig().display(),
+        r = module("testdrv").display(),
+        health = node_dir.path().join("health").display(),
+    ));
+    Daemon::start(&manifest, &node_dir.kubelet_dir())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_taint_carries_the_drivers_reason_and_its_effect_and_keeps_its_time() {
+    let node = "node-reasons";
+    let s = setup(node).await;
+    let dir = Node::new();
+    let health = dir.path().join("health");
+    std::fs::write(&health, "r-1 temperature 97 C (limit 95)\n").unwrap();
+    let d = start_reasons(&dir, &s, node);
+    let (got, _) = wait_slices(&s.client, node, &d, "r-1 tainted", |x| tainted(x).len() == 1).await;
+    assert_eq!(device_names(&got), ["r-0", "r-1", "r-2"]);
+    let (name, first) = tainted(&got).remove(0);
+    assert_eq!(name, "r-1");
+    assert_eq!(first.key, UNHEALTHY);
+    assert_eq!(first.value.as_deref(), Some("temperature-97-C-limit-95"), "the reason as a label value");
+    assert_eq!(first.effect, "NoExecute", "dra_taint_effect");
+    // Another device turning unhealthy rewrites the slice: r-1's taint keeps its time (a
+    // NoExecute toleration's seconds count from it).
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    std::fs::write(&health, "r-1 temperature 97 C (limit 95)\nr-2\n").unwrap();
+    let (got, _) = wait_slices(&s.client, node, &d, "r-2 tainted too", |x| tainted(x).len() == 2).await;
+    let taints = tainted(&got);
+    assert_eq!(taints[0], (name, first), "r-1's taint is unchanged, its timeAdded included");
+    assert_eq!((taints[1].0.as_str(), taints[1].1.value.as_deref()), ("r-2", None), "no reason, no value");
+    let log = d.logs();
+    assert!(!log.contains("fields dropped or changed") && !log.contains("dropped the device taints"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_device_taints_on_the_server_an_unhealthy_device_leaves_its_slice() {
+    let harness = tokio::task::spawn_blocking(|| {
+        ApiServerHarness::start_with(&["--feature-gates=DRADeviceTaints=false,DRADeviceTaintRules=false"])
+    })
+    .await
+    .expect("harness thread");
+    let node = "node-no-taints";
+    let s = setup_on(&harness, node).await;
+    let dir = Node::new();
+    std::fs::write(dir.path().join("health"), "example-2\n").unwrap();
+    let mut d = start_devhost(&dir, &s, node, 3);
+    let (got, _) = wait_slices(&s.client, node, &d, "the slice without example-2", |x| {
+        device_names(x) == ["example-0", "example-1"]
+    })
+    .await;
+    assert!(tainted(&got).is_empty());
+    let log = d.wait_log("dropped the device taints", WAIT).await;
+    assert_eq!(log.matches("dropped the device taints").count(), 1, "said once: {log}");
+    assert!(!log.contains("fields dropped or changed"), "taints are not reported again as a dropped field: {log}");
+    // Recovery adds the device back, as before taints.
+    std::fs::write(dir.path().join("health"), "").unwrap();
+    wait_slices(&s.client, node, &d, "example-2 back", |x| device_names(x).len() == 3).await;
+    assert!(d.terminate(Duration::from_secs(20)).is_some());
 }

@@ -7,12 +7,19 @@
 //! What is published, per DRA resource and node:
 //! - one pool, named after the node, with `spec.nodeName` = the node and `spec.driver` = the
 //!   resource's DRA driver; every slice is owned by the Node object (garbage-collected with it);
-//! - the resource's **healthy physical devices** only (a device turning unhealthy leaves the
-//!   slice, coming back re-adds it; `replicas` does not apply to DRA, the manifest warns),
-//!   named by [`dra_device_name`](super::prepare::dra_device_name), in the order the driver reported them;
-//! - at most [`MAX_DEVICES_PER_SLICE`] devices per slice; a bigger pool is split into several
-//!   slices, all with the same generation and `resourceSliceCount`. A pool without a healthy
-//!   device keeps one empty slice, so that consumers know it is empty rather than missing.
+//! - the resource's **physical devices** (`replicas` does not apply to DRA, the manifest warns),
+//!   named by [`dra_device_name`](super::prepare::dra_device_name), in the order the driver
+//!   reported them. An **unhealthy device stays, with a taint**: key `<driver>/unhealthy`
+//!   ([`taint_key`](super::taint::taint_key)), value the driver's health reason as a label value ([`taint_value`](super::taint::taint_value)),
+//!   effect the resource's `dra_taint_effect` (NoSchedule unless NoExecute); recovery removes
+//!   it, and a taint's `timeAdded` is kept while the device stays unhealthy. The scheduler
+//!   allocates a tainted device only to a claim that tolerates the taint. An API server whose
+//!   DRADeviceTaints gate is off drops taints: the first slice stored without them turns the
+//!   publisher to leaving unhealthy devices out (logged once), as before taints;
+//! - at most [`MAX_DEVICES_PER_SLICE`] devices per slice ([`MAX_DEVICES_PER_TAINTED_SLICE`]
+//!   while a device of the pool is tainted); a bigger pool is split into several slices, all
+//!   with the same generation and `resourceSliceCount`. A pool without a device keeps one
+//!   empty slice, so that consumers know it is empty rather than missing.
 //!
 //! Slice names are deterministic: `<node>-<driver>-<index, 4 digits>` (for a name over 253
 //! characters, the `<node>-<driver>` part is cut and 8 hex digits of its hash appended). A
@@ -50,7 +57,9 @@ pub use attributes::{
     MAX_ATTRIBUTE_NAME, MAX_ENTRIES, MAX_VALUE, NUMA_NODE, PCI_BUS_ID, PCIE_ROOT, attribute_name, binary_quantity,
     dra_device, is_semver, pci_bus_id, pcie_root_of_link, typed,
 };
-pub use publisher::{MAX_DEVICES_PER_SLICE, Published, desired, selector, slice_name};
+pub use publisher::{
+    MAX_DEVICES_PER_SLICE, MAX_DEVICES_PER_TAINTED_SLICE, Published, Unhealthy, desired, selector, slice_name,
+};
 pub use task::{PASS_TIMEOUT, RESYNC, spawn};
 
 #[cfg(test)]

@@ -11,8 +11,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
 
 use super::super::api::ApiServer;
+use super::super::taint::health_taint;
 use super::attributes::{LoggedWarnings, dra_device};
 use crate::driver::device::Device;
+use crate::manifest::TaintEffect;
 use crate::names::fnv1a;
 
 /// The field selector of (driver, node)'s slices.
@@ -42,14 +44,38 @@ pub fn slice_name(node: &str, driver: &str, index: usize) -> String {
     format!("{short}-{:08x}-{index:04}", fnv1a(&stem))
 }
 
-/// The desired device lists, one per slice (at least one, maybe empty): the healthy devices of
-/// `devices` in order, split every [`MAX_DEVICES_PER_SLICE`]. Messages name what was left out.
-pub fn desired(devices: &[Device], sysfs: &Path) -> (Vec<Vec<DraDevice>>, Vec<String>) {
+/// Most devices in one ResourceSlice when one of them has a taint
+/// (`ResourceSliceMaxDevicesWithAdvancedFeatures`).
+pub const MAX_DEVICES_PER_TAINTED_SLICE: usize = 64;
+/// How a DRA resource's unhealthy devices appear in its slices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unhealthy {
+    /// Published with the health taint, of this effect.
+    Tainted(TaintEffect),
+    /// Left out: the API server drops device taints (its DRADeviceTaints gate is off).
+    LeftOut,
+}
+
+/// The desired device lists of DRA driver `driver`, one per slice (at least one, maybe empty):
+/// the devices of `devices` in order, the unhealthy ones tainted or left out as `unhealthy`
+/// says, split every [`MAX_DEVICES_PER_SLICE`] ([`MAX_DEVICES_PER_TAINTED_SLICE`] once a device
+/// is tainted). Messages name what was left out.
+pub fn desired(
+    devices: &[Device],
+    sysfs: &Path,
+    driver: &str,
+    unhealthy: Unhealthy,
+) -> (Vec<Vec<DraDevice>>, Vec<String>) {
     let mut notes = Vec::new();
     let mut seen: HashMap<String, &str> = HashMap::new();
     let mut all = Vec::new();
-    for d in devices.iter().filter(|d| d.healthy) {
-        let (dra, skipped) = dra_device(d, sysfs);
+    for d in devices {
+        let taint = match (d.healthy, unhealthy) {
+            (true, _) => None,
+            (false, Unhealthy::Tainted(effect)) => Some(health_taint(driver, d, effect)),
+            (false, Unhealthy::LeftOut) => continue,
+        };
+        let (mut dra, skipped) = dra_device(d, sysfs);
         notes.extend(skipped.into_iter().map(|s| format!("device {}: {s}", d.id)));
         if let Some(first) = seen.get(&dra.name) {
             notes.push(format!(
@@ -59,13 +85,40 @@ pub fn desired(devices: &[Device], sysfs: &Path) -> (Vec<Vec<DraDevice>>, Vec<St
             continue;
         }
         seen.insert(dra.name.clone(), &d.id);
+        dra.taints = taint.map(|t| vec![t]);
         all.push(dra);
     }
-    let mut slices: Vec<Vec<DraDevice>> = all.chunks(MAX_DEVICES_PER_SLICE).map(<[_]>::to_vec).collect();
+    let tainted = all.iter().any(|d| d.taints.is_some());
+    let size = if tainted { MAX_DEVICES_PER_TAINTED_SLICE } else { MAX_DEVICES_PER_SLICE };
+    let mut slices: Vec<Vec<DraDevice>> = all.chunks(size).map(<[_]>::to_vec).collect();
     if slices.is_empty() {
         slices.push(Vec::new());
     }
     (slices, notes)
+}
+
+/// Gives each taint of `wanted` the `timeAdded` the server stored for the same taint (key and
+/// effect) of the same device in `existing`, so a device unhealthy since then keeps its time
+/// (a NoExecute toleration's seconds count from it) and an unchanged slice compares equal.
+fn keep_taint_times(wanted: &mut [Vec<DraDevice>], existing: &HashMap<String, ResourceSlice>) {
+    let mut stored: HashMap<(&str, &str, &str), _> = HashMap::new();
+    for device in existing.values().flat_map(|s| s.spec.devices.iter().flatten()) {
+        for taint in device.taints.iter().flatten() {
+            if let Some(time) = &taint.time_added {
+                stored.insert((device.name.as_str(), taint.key.as_str(), taint.effect.as_str()), time.clone());
+            }
+        }
+    }
+    for device in wanted.iter_mut().flatten() {
+        for taint in device.taints.iter_mut().flatten() {
+            taint.time_added = stored.get(&(device.name.as_str(), taint.key.as_str(), taint.effect.as_str())).cloned();
+        }
+    }
+}
+
+/// How many taints the devices of `spec` carry.
+fn taints_in(spec: &ResourceSliceSpec) -> usize {
+    spec.devices.iter().flatten().map(|d| d.taints.as_ref().map_or(0, Vec::len)).sum()
 }
 
 /// Up to a few JSON paths where `sent` and `stored` differ (`spec.devices[0].capacity`).
@@ -116,6 +169,8 @@ pub(super) struct Publisher {
     /// Per slice name: the spec last sent and the spec the server stored for it, so a field
     /// the server drops (a feature gate off) does not make every pass write again.
     pub(super) stored: HashMap<String, (serde_json::Value, serde_json::Value)>,
+    /// How unhealthy devices are published: tainted until the server shows it drops taints.
+    pub(super) unhealthy: Unhealthy,
 }
 
 fn json<T: serde::Serialize>(value: &T) -> serde_json::Value {
@@ -123,7 +178,7 @@ fn json<T: serde::Serialize>(value: &T) -> serde_json::Value {
 }
 
 impl Publisher {
-    pub(super) fn new(driver: &str, resource: &str, api: &ApiServer) -> Publisher {
+    pub(super) fn new(driver: &str, resource: &str, effect: TaintEffect, api: &ApiServer) -> Publisher {
         Publisher {
             driver: driver.to_owned(),
             resource: resource.to_owned(),
@@ -134,6 +189,7 @@ impl Publisher {
             sysfs: PathBuf::from("/sys"),
             logged: LoggedWarnings::default(),
             stored: HashMap::new(),
+            unhealthy: Unhealthy::Tainted(effect),
         }
     }
 
@@ -155,12 +211,22 @@ impl Publisher {
         }
     }
 
-    /// Remembers what the server stored for `sent`, warning once per slice if it differs.
+    /// Remembers what the server stored for `sent`, warning once per slice if it differs. A
+    /// server that drops the devices' taints turns publishing to leaving unhealthy devices out.
     fn check_stored(&mut self, name: &str, sent: &ResourceSliceSpec, stored: &ResourceSliceSpec) {
+        if taints_in(sent) > 0 && taints_in(stored) == 0 && self.unhealthy != Unhealthy::LeftOut {
+            self.unhealthy = Unhealthy::LeftOut;
+            tracing::warn!(resource = %self.resource, dra_driver = %self.driver, node = %self.node,
+                "the API server dropped the device taints of ResourceSlice {name} (its DRADeviceTaints feature gate \
+                 is off): unhealthy devices of DRA driver {} are left out of its slices instead of tainted, until \
+                 devhost starts again", self.driver);
+        }
         let (sent, stored) = (json(sent), json(stored));
-        if sent != stored {
-            let mut paths = Vec::new();
-            differences(&sent, &stored, "spec", &mut paths);
+        let mut paths = Vec::new();
+        differences(&sent, &stored, "spec", &mut paths);
+        // The server stamps a new taint's time; dropped taints were handled above.
+        paths.retain(|p| !p.ends_with(".timeAdded (added)") && !p.contains(".taints"));
+        if !paths.is_empty() {
             let text = format!(
                 "the API server stored ResourceSlice {name} of DRA driver {} on node {} with fields dropped or \
                  changed ({}); a feature gate of the API server may be off",
@@ -195,9 +261,21 @@ impl Publisher {
         })
     }
 
-    /// One pass: makes the server's slices those of `devices`. `Ok(Some(_))` when it wrote.
+    /// Makes the server's slices those of `devices`. `Ok(Some(_))` when it wrote. A pass that
+    /// finds the server dropping taints is followed at once by one that leaves unhealthy
+    /// devices out.
     pub(super) async fn reconcile(&mut self, devices: &[Device]) -> Result<Option<Published>, String> {
-        let (wanted, notes) = desired(devices, &self.sysfs);
+        let before = self.unhealthy;
+        let wrote = self.pass(devices).await?;
+        if self.unhealthy == before {
+            return Ok(wrote);
+        }
+        self.pass(devices).await
+    }
+
+    /// One pass of [`Publisher::reconcile`].
+    async fn pass(&mut self, devices: &[Device]) -> Result<Option<Published>, String> {
+        let (mut wanted, notes) = desired(devices, &self.sysfs, &self.driver, self.unhealthy);
         for note in notes {
             if self.logged.is_new(&note) {
                 tracing::warn!(resource = %self.resource, dra_driver = %self.driver, "not published in full: {note}");
@@ -211,6 +289,7 @@ impl Publisher {
             .map_err(|e| format!("cannot list the ResourceSlices of DRA driver {d} on node {n}: {e}"))?;
         let existing: HashMap<String, ResourceSlice> =
             list.items.into_iter().filter_map(|s| Some((s.metadata.name.clone()?, s))).collect();
+        keep_taint_times(&mut wanted, &existing);
         let generation = existing.values().map(|s| s.spec.pool.generation).max().unwrap_or(0);
         let count = wanted.len();
         let names: Vec<String> = (0..count).map(|i| slice_name(n, d, i)).collect();

@@ -51,7 +51,7 @@ pub fn spawn(
     metrics: Arc<Metrics>,
     stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
-    let publisher = Publisher::new(driver, &resource.config.name, &api);
+    let publisher = Publisher::new(driver, &resource.config.name, resource.config.dra_taint_effect, &api);
     tokio::spawn(run(publisher, resource, metrics, stop))
 }
 

@@ -1,8 +1,13 @@
 use super::super::prepare::dra_device_name;
+use super::super::taint::taint_value;
 use super::*;
 use crate::driver::device::Device;
+use crate::manifest::TaintEffect;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use std::path::Path;
+
+const DRIVER: &str = "accel.example.com";
+const TAINTED: Unhealthy = Unhealthy::Tainted(TaintEffect::NoSchedule);
 
 fn device(id: &str, healthy: bool, attrs: &[(&str, &str)]) -> Device {
     attrs.iter().fold(Device::test(id).health(healthy).numa(Some(1)), |d, (k, v)| d.attr(k, v))
@@ -82,15 +87,55 @@ fn too_many_attributes_are_cut_at_32_entries_and_said() {
 }
 
 #[test]
-fn only_healthy_devices_are_split_into_slices_of_128() {
+fn healthy_devices_are_split_into_slices_of_128_and_a_tainted_pool_into_64() {
     let mut devices: Vec<Device> = (0..300).map(|i| device(&format!("dev-{i}"), true, &[])).collect();
-    devices[5].healthy = false;
-    let (slices, notes) = desired(&devices, Path::new("/nonexistent"));
+    let (slices, notes) = desired(&devices, Path::new("/nonexistent"), DRIVER, TAINTED);
     assert!(notes.is_empty());
-    assert_eq!(slices.iter().map(Vec::len).collect::<Vec<_>>(), [128, 128, 43]);
-    assert!(slices.iter().flatten().all(|d| d.name != "dev-5"));
-    let (empty, _) = desired(&[], Path::new("/nonexistent"));
+    assert_eq!(slices.iter().map(Vec::len).collect::<Vec<_>>(), [128, 128, 44]);
+    devices[5].healthy = false;
+    let (slices, _) = desired(&devices, Path::new("/nonexistent"), DRIVER, TAINTED);
+    assert_eq!(slices.iter().map(Vec::len).collect::<Vec<_>>(), [64, 64, 64, 64, 44]);
+    let (empty, _) = desired(&[], Path::new("/nonexistent"), DRIVER, TAINTED);
     assert_eq!(empty.len(), 1, "an empty pool keeps one empty slice");
+}
+
+#[test]
+fn an_unhealthy_device_is_tainted_with_its_reason_or_left_out() {
+    let mut devices = vec![device("dev-0", true, &[]), device("dev-1", false, &[])];
+    devices[1].health_reason = Some("Xid 79: GPU has fallen off the bus".into());
+    let (slices, _) = desired(&devices, Path::new("/nonexistent"), DRIVER, TAINTED);
+    assert_eq!(slices[0][0].taints, None, "a healthy device has no taint");
+    let taints = slices[0][1].taints.clone().expect("the unhealthy device is tainted");
+    assert_eq!(taints.len(), 1);
+    assert_eq!(taints[0].key, "accel.example.com/unhealthy");
+    assert_eq!(taints[0].value.as_deref(), Some("Xid-79-GPU-has-fallen-off-the-bus"));
+    assert_eq!(taints[0].effect, "NoSchedule");
+    assert_eq!(taints[0].time_added, None, "the server stamps a new taint's time");
+    let (slices, _) = desired(&devices, Path::new("/nonexistent"), DRIVER, Unhealthy::Tainted(TaintEffect::NoExecute));
+    assert_eq!(slices[0][1].taints.as_ref().unwrap()[0].effect, "NoExecute");
+    let (slices, _) = desired(&devices, Path::new("/nonexistent"), DRIVER, Unhealthy::LeftOut);
+    assert_eq!(slices[0].iter().map(|d| d.name.as_str()).collect::<Vec<_>>(), ["dev-0"]);
+}
+
+#[test]
+fn a_taint_value_is_a_label_value_of_the_reason() {
+    assert_eq!(taint_value(None), None);
+    assert_eq!(taint_value(Some("")), None);
+    assert_eq!(taint_value(Some(" :: ")), None);
+    assert_eq!(taint_value(Some("temperature 97 C (limit 95)")).as_deref(), Some("temperature-97-C-limit-95"));
+    assert_eq!(taint_value(Some("ecc_errors=3.5")).as_deref(), Some("ecc_errors-3.5"));
+    let long = taint_value(Some(&format!("{}-x", "a".repeat(62)))).unwrap();
+    assert_eq!(long, "a".repeat(62), "cut at 63 and never ending in a dash");
+    let label = regex_free_label_value(&taint_value(Some("é→ non-ASCII ✓ ok")).unwrap());
+    assert!(label, "a label value");
+}
+
+/// A label value: at most 63 characters, alphanumeric at both ends, `-`, `_`, `.` inside.
+fn regex_free_label_value(v: &str) -> bool {
+    v.len() <= 63
+        && v.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && v.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && v.ends_with(|c: char| c.is_ascii_alphanumeric())
 }
 
 #[test]
