@@ -135,6 +135,26 @@ func (n *node) waitSliceDevices(t *testing.T, driver string, want []string, time
 	})
 }
 
+// waitTaints waits until the node's pool of driver is complete and its devices' taints are
+// exactly want (device name → taint key), and returns how long it took.
+func (n *node) waitTaints(t *testing.T, driver string, want map[string]string, timeout time.Duration) time.Duration {
+	t.Helper()
+	return devhost.Eventually(t, timeout, fmt.Sprintf("ResourceSlices of %s with taints %v", driver, want), func() string {
+		p := readPool(t, driver)
+		got := map[string]string{}
+		for name, d := range p.Devices {
+			for _, taint := range d.Taints {
+				got[name] = taint.Key
+			}
+		}
+		if p.Complete && fmt.Sprint(got) == fmt.Sprint(want) {
+			return ""
+		}
+		return fmt.Sprintf("pool %s complete=%v has taints %v\n%sdevhost log tail:\n%s",
+			cluster.NodeName, p.Complete, got, slicesSummary(driver), n.logTail(20))
+	})
+}
+
 // attr is a device's attribute id of the driver's domain (qualified or not, both mean the
 // same to CEL).
 func attr(d resourcev1.Device, driver, id string) (resourcev1.DeviceAttribute, bool) {

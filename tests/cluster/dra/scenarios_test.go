@@ -181,20 +181,48 @@ func TestTwoGPUsOnOneNUMANode(t *testing.T) {
 	t.Logf("first claim: %v; second: %s", nodes, msg)
 }
 
-// A device turning Unhealthy (the example driver's health file) leaves the published pool,
-// and comes back when Healthy again.
-func TestUnhealthyDeviceLeavesThePublishedSlice(t *testing.T) {
+// A device turning Unhealthy (the example driver's health file) stays in the published pool
+// with devhost's health taint (accel.example.com/unhealthy, NoSchedule). The real scheduler
+// then gives it to no claim that does not tolerate the taint, gives it to one that does (and
+// devhost prepares it for that claim), and once the device is Healthy again the taint is gone
+// and the claim that waited gets it.
+func TestUnhealthyDeviceIsTaintedAndAllocatedOnlyToATolerantClaimUntilItRecovers(t *testing.T) {
 	n := startPublishing(t, devhost.DRAOptions{Accel: true})
+	ensureDeviceClass(t, devhost.AccelDriver)
 	all := n.healthyNames(t, "example.com/accel")
+	sick, key := devhost.DRADeviceName("example-1"), devhost.AccelDriver+"/unhealthy"
 	if err := os.WriteFile(n.health, []byte("example-1\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	down := n.waitSliceDevices(t, devhost.AccelDriver, n.healthyNames(t, "example.com/accel", "example-1"), 60*time.Second)
+	down := n.waitTaints(t, devhost.AccelDriver, map[string]string{sick: key}, 60*time.Second)
+	if got := readPool(t, devhost.AccelDriver).Names(); strings.Join(got, ",") != strings.Join(all, ",") {
+		t.Fatalf("the pool offers %v, want every device %v (the unhealthy one tainted)", got, all)
+	}
+	only := fmt.Sprintf(`device.attributes[%q].index == 1`, devhost.AccelDriver)
+	createClaimTemplate(t, "untolerant", resourcev1.DeviceClaim{Requests: []resourcev1.DeviceRequest{
+		request("accel", devhost.AccelDriver, 1, only)}})
+	createClaimPod(t, "untolerant", []string{"untolerant"}, nil)
+	msg := waitUnschedulable(t, n, "untolerant", 60*time.Second)
+	tolerant := request("accel", devhost.AccelDriver, 1, only)
+	tolerant.Exactly.Tolerations = []resourcev1.DeviceToleration{{
+		Key: key, Operator: resourcev1.DeviceTolerationOpExists, Effect: resourcev1.DeviceTaintEffectNoSchedule}}
+	createClaimTemplate(t, "tolerant", resourcev1.DeviceClaim{Requests: []resourcev1.DeviceRequest{tolerant}})
+	createClaimPod(t, "tolerant", []string{"tolerant"}, nil)
+	p := n.waitPodRunning(t, "tolerant", 120*time.Second)
+	if got := allocated(t, podClaim(t, p, "tolerant"), devhost.AccelDriver); strings.Join(got, ",") != sick {
+		t.Fatalf("the tolerant claim got %v, want %s", got, sick)
+	}
+	deletePod(t, "tolerant")
 	if err := os.WriteFile(n.health, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	up := n.waitSliceDevices(t, devhost.AccelDriver, all, 60*time.Second)
-	t.Logf("example-1 left the slice %v after Unhealthy, back %v after Healthy", down.Round(time.Millisecond), up.Round(time.Millisecond))
+	up := n.waitTaints(t, devhost.AccelDriver, map[string]string{}, 60*time.Second)
+	p = n.waitPodRunning(t, "untolerant", 120*time.Second)
+	if got := allocated(t, podClaim(t, p, "untolerant"), devhost.AccelDriver); strings.Join(got, ",") != sick {
+		t.Fatalf("the claim that waited got %v, want %s", got, sick)
+	}
+	t.Logf("example-1 tainted %v after Unhealthy (a claim without a toleration: %q), untainted %v after Healthy",
+		down.Round(time.Millisecond), msg, up.Round(time.Millisecond))
 }
 
 // preparedAccelPod runs a pod with one example.com/accel device through a claim and returns
