@@ -10,7 +10,7 @@
 //!    fsyncs) made by the bench. Then NodeUnprepareResources of the claim (the release hook).
 //!    Rounds take the calls in turn, so load drift hits all alike.
 //! 2. The example driver's health file flipped: the clock runs from the write to the bench's own
-//!    watch of the node's ResourceSlices showing the device gone (or back); the floor is a slice
+//!    watch of the node's ResourceSlices showing the device tainted (or not); the floor is a slice
 //!    of the bench's own changed by one PATCH and seen by the same kind of watch.
 
 use crate::node::{Artifacts, Node, Proc};
@@ -21,7 +21,7 @@ use devhost_proto::dra::v1 as dra;
 use dra::dra_plugin_client::DraPluginClient;
 use dra::dra_plugin_server::{DraPlugin, DraPluginServer};
 use k8s_openapi::api::core::v1::{Namespace, Node as NodeObject};
-use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::{Device as DraDevice, ResourceClaim, ResourceSlice};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -64,8 +64,8 @@ pub struct Figures {
     pub disk: Summary,
     pub null_unprepare: Summary,
     pub unprepare: Summary,
-    pub gone: Summary,
-    pub back: Summary,
+    pub tainted: Summary,
+    pub untainted: Summary,
     /// The bench's own slice: PATCH → its watch event.
     pub floor: Summary,
     /// Load average (1 min) before and after.
@@ -330,8 +330,8 @@ impl SliceWatch {
         Ok(SliceWatch { api, selector, version, events: None })
     }
 
-    /// Waits for a slice event whose device names satisfy `done`.
-    async fn until(&mut self, what: &str, done: impl Fn(&[String]) -> bool) -> Result<()> {
+    /// Waits for a slice event whose devices satisfy `done`.
+    async fn until(&mut self, what: &str, done: impl Fn(&[DraDevice]) -> bool) -> Result<()> {
         let deadline = tokio::time::Instant::now() + SLICE_WITHIN;
         loop {
             if self.events.is_none() {
@@ -360,8 +360,7 @@ impl SliceWatch {
                 }
             };
             self.version = slice.metadata.resource_version.clone().unwrap_or_default();
-            let names: Vec<String> = slice.spec.devices.iter().flatten().map(|d| d.name.clone()).collect();
-            if done(&names) {
+            if done(slice.spec.devices.as_deref().unwrap_or_default()) {
                 return Ok(());
             }
         }
@@ -583,7 +582,7 @@ pub async fn run(art: &Artifacts, claims: usize, flips: usize) -> Result<Figures
     if released != made.len() {
         bail!("the release hook ran {released} times for {} unprepared claims:\n{}", made.len(), daemon.log_tail());
     }
-    let (mut gone, mut back, mut floor) = (Samples::default(), Samples::default(), Samples::default());
+    let (mut tainted, mut untainted, mut floor) = (Samples::default(), Samples::default(), Samples::default());
     for _ in 0..flips {
         for count in [1, 2] {
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -596,13 +595,14 @@ pub async fn run(art: &Artifacts, claims: usize, flips: usize) -> Result<Figures
         tokio::time::sleep(Duration::from_millis(50)).await;
         let t = Instant::now();
         std::fs::write(&health, format!("{FLIPPED}\n"))?;
-        slices.until("the device leaving", |d| d.len() == DEVICES - 1 && !d.iter().any(|x| x == FLIPPED)).await?;
-        gone.push(t.elapsed());
+        let is_tainted = |d: &[DraDevice]| d.iter().any(|x| x.name == FLIPPED && x.taints.is_some());
+        slices.until("the device tainted", |d| d.len() == DEVICES && is_tainted(d)).await?;
+        tainted.push(t.elapsed());
         tokio::time::sleep(Duration::from_millis(50)).await;
         let t = Instant::now();
         std::fs::write(&health, "")?;
-        slices.until("the device coming back", |d| d.len() == DEVICES).await?;
-        back.push(t.elapsed());
+        slices.until("the device untainted", |d| d.len() == DEVICES && d.iter().all(|x| x.taints.is_none())).await?;
+        untainted.push(t.elapsed());
     }
     let s = |x: &Samples, what: &str| x.summary().with_context(|| format!("no {what} samples"));
     Ok(Figures {
@@ -613,8 +613,8 @@ pub async fn run(art: &Artifacts, claims: usize, flips: usize) -> Result<Figures
         disk: s(&s_disk, "disk")?,
         null_unprepare: s(&s_null_un, "null unprepare")?,
         unprepare: s(&s_un, "unprepare")?,
-        gone: s(&gone, "device leaving")?,
-        back: s(&back, "device back")?,
+        tainted: s(&tainted, "device tainted")?,
+        untainted: s(&untainted, "device untainted")?,
         floor: s(&floor, "floor slice")?,
         load: (load_before, crate::report::loadavg()),
         profile: art.profile(),
@@ -650,10 +650,10 @@ pub fn rows(f: &Figures, report: &mut Report) {
         None,
     );
     report.row(
-        "DRA device unhealthy → gone from its ResourceSlice, by watch (p50 / max)",
-        format!("{} / {}", fmt_dur(f.gone.p50), fmt_dur(f.gone.max)),
+        "DRA device unhealthy → tainted in its ResourceSlice, by watch (p50 / max)",
+        format!("{} / {}", fmt_dur(f.tainted.p50), fmt_dur(f.tainted.max)),
         format!("the bench's own slice PATCH → watch p50 {}", fmt_dur(f.floor.p50)),
-        format!("{} (p50)", ratio(f.gone.p50, f.floor.p50)),
+        format!("{} (p50)", ratio(f.tainted.p50, f.floor.p50)),
         "–",
         None,
     );
@@ -690,7 +690,7 @@ pub fn section(f: &Figures) -> String {
          claims, then {claims}; in each round the calls take turns in a rotating order.\n\n\
          | Call | n | p50 | p99 | min | max | p50 vs null |\n| --- | --- | --- | --- | --- | --- | --- |\n",
         claims = f.claims,
-        flips = f.gone.n,
+        flips = f.tainted.n,
         profile = f.profile,
         k8s = f.k8s,
         lb = f.load.0,
@@ -736,11 +736,11 @@ pub fn section(f: &Figures) -> String {
          baseline, in the same rounds: a slice of the bench's own (driver `{FLOOR_DRIVER}`, same node) changed by \
          one merge PATCH from the bench, timed to its own watch's event: the API server's write-to-watch floor.\n\n\
          | change | n | p50 | p99 | min | max | p50 vs floor |\n| --- | --- | --- | --- | --- | --- | --- |",
-        f.gone.n
+        f.tainted.n
     );
     row(&mut md, "the bench's slice PATCH → watch (floor)", &f.floor, &f.floor);
-    row(&mut md, "device unhealthy → gone from the slice", &f.gone, &f.floor);
-    row(&mut md, "device healthy → back in the slice", &f.back, &f.floor);
+    row(&mut md, "device unhealthy → tainted in the slice", &f.tainted, &f.floor);
+    row(&mut md, "device healthy → untainted in the slice", &f.untainted, &f.floor);
     md
 }
 

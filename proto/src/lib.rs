@@ -17,13 +17,34 @@ pub mod v1beta1 {
     tonic::include_proto!("v1beta1");
 }
 
+/// The proto package `v1`, which two upstream APIs share: PodResources and DRA resource health.
+mod package_v1 {
+    tonic::include_proto!("v1");
+}
+
 /// The kubelet's PodResources API: which container holds which device.
 pub mod podresources {
     /// Generated messages plus `pod_resources_lister_client` and
     /// `pod_resources_lister_server`. The proto package is exactly `v1`, so
     /// the wire paths are `/v1.PodResourcesLister/<Method>`.
     pub mod v1 {
-        tonic::include_proto!("v1");
+        pub use crate::package_v1::*;
+    }
+}
+
+/// The kubelet's DRA resource health service (`DRAResourceHealth.NodeWatchResources`), which a
+/// DRA plugin serves on its plugin socket: `v1` (Kubernetes 1.37+) and `v1alpha1` (1.34 to 1.36).
+pub mod dra_health {
+    /// `/v1.DRAResourceHealth/NodeWatchResources`; the package is shared with PodResources v1.
+    pub mod v1 {
+        pub use crate::package_v1::{
+            DeviceHealth, DeviceIdentifier, HealthStatus, NodeWatchResourcesRequest, NodeWatchResourcesResponse,
+            dra_resource_health_client, dra_resource_health_server,
+        };
+    }
+    /// `/v1alpha1.DRAResourceHealth/NodeWatchResources`.
+    pub mod v1alpha1 {
+        tonic::include_proto!("v1alpha1");
     }
 }
 
@@ -70,6 +91,12 @@ pub const DRA_V1_SERVICE: &str = "v1.DRAPlugin";
 
 /// `PluginInfo.supported_versions` entry for the DRA plugin service v1beta1.
 pub const DRA_V1BETA1_SERVICE: &str = "v1beta1.DRAPlugin";
+
+/// `PluginInfo.supported_versions` entry for the DRA resource health service v1 (optional).
+pub const DRA_HEALTH_V1_SERVICE: &str = "v1.DRAResourceHealth";
+
+/// `PluginInfo.supported_versions` entry for the DRA resource health service v1alpha1.
+pub const DRA_HEALTH_V1ALPHA1_SERVICE: &str = "v1alpha1.DRAResourceHealth";
 
 /// Where the kubelet serves the PodResources API. Mount the folder, not the
 /// socket, into a container: the kubelet recreates the socket on restart.

@@ -13,6 +13,7 @@ pub mod checkpoint;
 pub mod claim_spec;
 pub mod claims;
 mod front;
+pub mod health;
 mod outage;
 #[doc(hidden)]
 pub use authority::mend_requests;

@@ -12,8 +12,14 @@ use tonic::{Request, Response, Status};
 pub type RegistrationVerdict = Arc<Mutex<Option<(bool, String)>>>;
 
 /// The services offered on the plugin socket, most preferred first (the kubelet takes the first
-/// it knows): v1 first, v1beta1 for 1.32 and 1.33 kubelets.
-pub const SUPPORTED_VERSIONS: &[&str] = &[devhost_proto::DRA_V1_SERVICE, devhost_proto::DRA_V1BETA1_SERVICE];
+/// it knows): v1 first, v1beta1 for 1.32 and 1.33 kubelets; then the optional resource health
+/// service, v1 (1.37) before v1alpha1 (1.34 to 1.36), which the kubelet watches when it knows one.
+pub const SUPPORTED_VERSIONS: &[&str] = &[
+    devhost_proto::DRA_V1_SERVICE,
+    devhost_proto::DRA_V1BETA1_SERVICE,
+    devhost_proto::DRA_HEALTH_V1_SERVICE,
+    devhost_proto::DRA_HEALTH_V1ALPHA1_SERVICE,
+];
 
 /// Answers the plugin watcher for one DRA driver.
 pub struct Registration {

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use devhost_proto::dra::{v1, v1beta1};
+use devhost_proto::dra_health;
 use devhost_proto::pluginregistration::registration_server::RegistrationServer;
 use tokio::net::UnixListener;
 use tokio::sync::watch;
@@ -19,6 +20,7 @@ use tonic::service::Routes;
 
 use super::api::ApiServer;
 use super::claims::Settings;
+use super::health::Health;
 use super::registration::{self, RegistrationVerdict};
 use super::{authority, plugin, slices};
 use crate::engine::registry::Resource;
@@ -100,9 +102,12 @@ impl ServedDriver {
         };
         settings.metrics.dra_resource_configured(&resource.config.name);
         let publisher = slices::spawn(driver, resource.clone(), api.clone(), settings.metrics.clone(), stop_rx.clone());
+        let health = Health::new(&api.node, resource.clone(), stop_rx.clone());
         let service = Arc::new(plugin::Plugin::new(driver, resource, api, settings));
         let dra = Routes::new(v1::dra_plugin_server::DraPluginServer::from_arc(service.clone()))
-            .add_service(v1beta1::dra_plugin_server::DraPluginServer::from_arc(service));
+            .add_service(v1beta1::dra_plugin_server::DraPluginServer::from_arc(service))
+            .add_service(dra_health::v1::dra_resource_health_server::DraResourceHealthServer::new(health.clone()))
+            .add_service(dra_health::v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(health));
         let reg = Routes::new(RegistrationServer::new(registration::Registration::new(
             driver,
             &paths.plugin,

@@ -69,8 +69,8 @@ async fn register(root: &Path) -> String {
     assert_eq!(info.name, DRIVER);
     assert_eq!(
         info.supported_versions,
-        ["v1.DRAPlugin", "v1beta1.DRAPlugin"],
-        "v1 first: the kubelet takes the first it knows"
+        ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"],
+        "v1 first: the kubelet takes the first it knows; then the health service, v1 first"
     );
     let status = RegistrationStatus { plugin_registered: true, error: String::new() };
     client.notify_registration_status(status).await.unwrap();

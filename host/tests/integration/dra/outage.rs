@@ -44,6 +44,8 @@ struct Setup {
     kubelet: Kubelet,
     metrics: SocketAddr,
     daemon: Daemon,
+    /// How many devices the example driver has.
+    count: usize,
 }
 
 /// Whose credentials devhost uses.
@@ -112,7 +114,7 @@ driver = "plugin"
         ));
         let daemon = Daemon::start(&manifest, &node.kubelet_dir());
         kubelet.wait_registered(PLUGIN_RES, WAIT).await.unwrap_or_else(|e| panic!("{e:?}\n{}", daemon.logs()));
-        Setup { harness, upstream, proxy, admin, node, kubelet, metrics, daemon }
+        Setup { harness, upstream, proxy, admin, node, kubelet, metrics, daemon, count }
     }
 
     async fn plugin(&self) -> DraPluginClient<tonic::transport::Channel> {
@@ -137,18 +139,27 @@ driver = "plugin"
         self.metric("devhost_dra_slice_publishes_total{resource=\"example.com/accel\",outcome=\"error\"}")
     }
 
+    /// The published devices, sorted, an unhealthy one (tainted) as `NAME (tainted)`.
     async fn published(&self) -> Vec<String> {
         let api: Api<ResourceSlice> = Api::all(self.admin.clone());
         let params = ListParams::default().fields(&format!("spec.driver={DRIVER},spec.nodeName={NODE}"));
         let slices = api.list(&params).await.expect("list ResourceSlices").items;
-        let mut names: Vec<String> =
-            slices.iter().flat_map(|s| s.spec.devices.iter().flatten().map(|d| d.name.clone())).collect();
+        let devices = slices.iter().flat_map(|s| s.spec.devices.iter().flatten());
+        let mut names: Vec<String> = devices
+            .map(|d| if d.taints.is_some() { format!("{} (tainted)", d.name) } else { d.name.clone() })
+            .collect();
         names.sort();
         names
     }
 
-    /// Waits until the published devices are `want`; returns how long it took.
-    async fn wait_published(&self, want: &[&str], within: Duration) -> Duration {
+    /// Waits until every device is published, those of `healthy` without a taint and the others
+    /// tainted; returns how long it took.
+    async fn wait_published(&self, healthy: &[&str], within: Duration) -> Duration {
+        let mut want: Vec<String> = (0..self.count)
+            .map(|i| format!("example-{i}"))
+            .map(|n| if healthy.contains(&n.as_str()) { n } else { format!("{n} (tainted)") })
+            .collect();
+        want.sort();
         let start = Instant::now();
         loop {
             let got = self.published().await;

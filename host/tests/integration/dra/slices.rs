@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use crate::common::apiserver::ApiServerHarness;
 use crate::common::*;
 use devhost::fronts::dra::api::ApiServer;
+use devhost_proto::dra_health::v1 as health;
 use k8s_openapi::api::core::v1::Node as NodeObject;
 use k8s_openapi::api::resource::v1::{DeviceTaint, ResourceSlice};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -481,4 +482,73 @@ async fn without_device_taints_on_the_server_an_unhealthy_device_leaves_its_slic
     std::fs::write(dir.path().join("health"), "").unwrap();
     wait_slices(&s.client, node, &d, "example-2 back", |x| device_names(x).len() == 3).await;
     assert!(d.terminate(Duration::from_secs(20)).is_some());
+}
+
+/// The next report of `stream` whose devices `done` accepts, as (device, health, message).
+async fn next_report<S>(
+    stream: &mut S,
+    what: &str,
+    done: impl Fn(&[(String, i32, String)]) -> bool,
+) -> Vec<(String, i32, String)>
+where
+    S: tokio_stream::Stream<Item = Result<health::NodeWatchResourcesResponse, tonic::Status>> + Unpin,
+{
+    use tokio_stream::StreamExt;
+    loop {
+        let report = tokio::time::timeout(WAIT, stream.next()).await;
+        let report = report.unwrap_or_else(|_| panic!("{what}: no report within {WAIT:?}"));
+        let report = report.expect("the stream goes on").expect("a report");
+        let devices: Vec<(String, i32, String)> = report
+            .devices
+            .iter()
+            .map(|d| {
+                let id = d.device.as_ref().expect("a device identifier");
+                assert_eq!(id.pool_name, "node-health-stream", "the pool is the node");
+                assert_eq!(d.health_check_timeout_seconds, 30);
+                (id.device_name.clone(), d.health, d.message.clone())
+            })
+            .collect();
+        if done(&devices) {
+            return devices;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_health_service_streams_every_device_with_its_reason_at_each_change() {
+    use devhost_proto::dra_health::v1alpha1;
+    let node = "node-health-stream";
+    let s = setup(node).await;
+    let dir = Node::new();
+    let file = dir.path().join("health");
+    std::fs::write(&file, "r-1 temperature 97 C (limit 95)\n").unwrap();
+    let d = start_reasons(&dir, &s, node);
+    let socket = dir.path().join("kubelet-root/plugins").join(DRIVER).join("dra.sock");
+    eventually_with("the plugin socket", WAIT, || socket.exists(), || d.logs()).await;
+    let channel = devhost_proto::connect_uds(&socket).await.expect("the plugin socket");
+    let mut client = health::dra_resource_health_client::DraResourceHealthClient::new(channel.clone());
+    let mut stream = client.node_watch_resources(health::NodeWatchResourcesRequest {}).await.unwrap().into_inner();
+    let (healthy, unhealthy) = (health::HealthStatus::Healthy as i32, health::HealthStatus::Unhealthy as i32);
+    let first = next_report(&mut stream, "the first report", |r| r.len() == 3).await;
+    assert_eq!(
+        first,
+        [
+            ("r-0".to_string(), healthy, String::new()),
+            ("r-1".to_string(), unhealthy, "temperature 97 C (limit 95)".to_string()),
+            ("r-2".to_string(), healthy, String::new()),
+        ]
+    );
+    // A change is reported as it happens, not at the next 10 s report.
+    let start = Instant::now();
+    std::fs::write(&file, "").unwrap();
+    let all = next_report(&mut stream, "the recovery", |r| r.iter().all(|(_, h, _)| *h == healthy)).await;
+    assert!(start.elapsed() < Duration::from_secs(5), "reported {:?} after the change", start.elapsed());
+    assert_eq!(all.len(), 3);
+    // v1alpha1, for 1.34 to 1.36 kubelets: the same report.
+    let mut alpha = v1alpha1::dra_resource_health_client::DraResourceHealthClient::new(channel);
+    let mut stream = alpha.node_watch_resources(v1alpha1::NodeWatchResourcesRequest {}).await.unwrap().into_inner();
+    let report =
+        tokio::time::timeout(WAIT, tokio_stream::StreamExt::next(&mut stream)).await.unwrap().unwrap().unwrap();
+    assert_eq!(report.devices.len(), 3);
+    assert!(report.devices.iter().all(|d| d.health == v1alpha1::HealthStatus::Healthy as i32));
 }
