@@ -225,6 +225,47 @@ func TestUnhealthyDeviceIsTaintedAndAllocatedOnlyToATolerantClaimUntilItRecovers
 		down.Round(time.Millisecond), msg, up.Round(time.Millisecond))
 }
 
+// A device of a running pod turning Unhealthy reaches the pod's status through devhost's
+// resource health service (DRAResourceHealth, which the kubelet watches once the registration
+// lists it): status.containerStatuses[].allocatedResourcesStatus shows the claim's device
+// Unhealthy, and Healthy again after recovery.
+func TestUnhealthyDeviceOfARunningPodShowsInThePodsStatus(t *testing.T) {
+	n := startPublishing(t, devhost.DRAOptions{Accel: true})
+	id, _ := preparedAccelPod(t, n, "watched")
+	took := map[v1.ResourceHealthStatus]time.Duration{}
+	for _, step := range []struct {
+		health string
+		want   v1.ResourceHealthStatus
+	}{{id + "\n", v1.ResourceHealthStatusUnhealthy}, {"", v1.ResourceHealthStatusHealthy}} {
+		if err := os.WriteFile(n.health, []byte(step.health), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		took[step.want] = devhost.Eventually(t, 60*time.Second, fmt.Sprintf("pod watched's device %s", step.want), func() string {
+			got := podDeviceHealth(getPod(t, "watched"), "claim:watched")
+			if len(got) == 1 && got[0].Health == step.want {
+				return ""
+			}
+			return fmt.Sprintf("allocatedResourcesStatus of claim:watched: %+v\nkubelet DRA lines:\n%s", got,
+				strings.Join(kubeletDRALines(devhost.AccelDriver), "\n"))
+		})
+	}
+	t.Logf("%s Unhealthy in the pod's status %v after the change, Healthy again %v after recovery", id,
+		took[v1.ResourceHealthStatusUnhealthy].Round(time.Millisecond), took[v1.ResourceHealthStatusHealthy].Round(time.Millisecond))
+}
+
+// podDeviceHealth is the resources of the pod's first container's allocatedResourcesStatus
+// entry called name.
+func podDeviceHealth(p *v1.Pod, name v1.ResourceName) []v1.ResourceHealth {
+	for _, c := range p.Status.ContainerStatuses {
+		for _, s := range c.AllocatedResourcesStatus {
+			if s.Name == name {
+				return s.Resources
+			}
+		}
+	}
+	return nil
+}
+
 // preparedAccelPod runs a pod with one example.com/accel device through a claim and returns
 // the device ID and the claim's name.
 func preparedAccelPod(t *testing.T, n *node, pod string) (string, string) {
