@@ -1,5 +1,6 @@
 //! The kubelet Device Plugin API v1beta1, PodResources API v1, DRA kubelet
-//! plugin API v1 and plugin registration API v1 as Rust types, tonic clients
+//! plugin API v1 (and v1beta1), the DRA resource health service v1 and v1alpha1, plugin
+//! registration v1 and the CRI's ListContainers as Rust types, tonic clients
 //! and tonic servers, generated at build time from the `.proto` files beside
 //! this crate.
 //!
