@@ -214,7 +214,8 @@ impl Publisher {
     /// Remembers what the server stored for `sent`, warning once per slice if it differs. A
     /// server that drops the devices' taints turns publishing to leaving unhealthy devices out.
     fn check_stored(&mut self, name: &str, sent: &ResourceSliceSpec, stored: &ResourceSliceSpec) {
-        if taints_in(sent) > 0 && taints_in(stored) == 0 && self.unhealthy != Unhealthy::LeftOut {
+        let dropped_taints = taints_in(sent) > 0 && taints_in(stored) == 0;
+        if dropped_taints && self.unhealthy != Unhealthy::LeftOut {
             self.unhealthy = Unhealthy::LeftOut;
             tracing::warn!(resource = %self.resource, dra_driver = %self.driver, node = %self.node,
                 "the API server dropped the device taints of ResourceSlice {name} (its DRADeviceTaints feature gate \
@@ -224,8 +225,9 @@ impl Publisher {
         let (sent, stored) = (json(sent), json(stored));
         let mut paths = Vec::new();
         differences(&sent, &stored, "spec", &mut paths);
-        // The server stamps a new taint's time; dropped taints were handled above.
-        paths.retain(|p| !p.ends_with(".timeAdded (added)") && !p.contains(".taints"));
+        // The server stamps a new taint's time; dropped taints were handled above. Any other
+        // change to a taint is reported like any other field.
+        paths.retain(|p| !p.ends_with(".timeAdded (added)") && !(dropped_taints && p.contains(".taints")));
         if !paths.is_empty() {
             let text = format!(
                 "the API server stored ResourceSlice {name} of DRA driver {} on node {} with fields dropped or \
