@@ -227,7 +227,7 @@ impl Publisher {
         differences(&sent, &stored, "spec", &mut paths);
         // The server stamps a new taint's time; dropped taints were handled above. Any other
         // change to a taint is reported like any other field.
-        paths.retain(|p| !p.ends_with(".timeAdded (added)") && !(dropped_taints && p.contains(".taints")));
+        paths.retain(|p| !p.ends_with(".timeAdded (added)") && (!dropped_taints || !p.contains(".taints")));
         if !paths.is_empty() {
             let text = format!(
                 "the API server stored ResourceSlice {name} of DRA driver {} on node {} with fields dropped or \
