@@ -12,7 +12,7 @@
 use devhost_proto::podresources::v1::ListPodResourcesRequest;
 use devhost_proto::podresources::v1::ListPodResourcesResponse;
 use devhost_proto::podresources::v1::pod_resources_lister_client::PodResourcesListerClient;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -146,11 +146,18 @@ async fn connect(socket: &Path) -> Result<PodResourcesListerClient<Channel>, Lis
 }
 
 async fn list(client: &mut PodResourcesListerClient<Channel>, socket: &Path) -> Result<HolderMap, ListError> {
+    Ok(holders_of(&list_pods(client, socket).await?))
+}
+
+async fn list_pods(
+    client: &mut PodResourcesListerClient<Channel>,
+    socket: &Path,
+) -> Result<ListPodResourcesResponse, ListError> {
     let mut request = tonic::Request::new(ListPodResourcesRequest {});
     request.set_timeout(CALL_TIMEOUT);
     let err = |detail: String| ListError::List { path: socket.to_path_buf(), detail };
     match tokio::time::timeout(CALL_TIMEOUT, client.list(request)).await {
-        Ok(Ok(answer)) => Ok(holders_of(answer.get_ref())),
+        Ok(Ok(answer)) => Ok(answer.into_inner()),
         Ok(Err(status)) => Err(err(format!("{:?}: {}", status.code(), status.message()))),
         Err(_) => Err(err(format!("no answer within {CALL_TIMEOUT:?}"))),
     }
@@ -160,6 +167,42 @@ async fn list(client: &mut PodResourcesListerClient<Channel>, socket: &Path) -> 
 pub async fn list_once(socket: &Path) -> Result<HolderMap, ListError> {
     let mut client = connect(socket).await?;
     list(&mut client, socket).await
+}
+
+/// The DRA claims the kubelet tracks for its pods' containers (PodResources `dynamic_resources`,
+/// on by default since 1.34 and locked on since 1.36). The kubelet names a claim by namespace
+/// and name only, and lists the CDI devices it gave the containers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TrackedClaims {
+    /// (namespace, name) of every claim a container lists.
+    pub claims: BTreeSet<(String, String)>,
+    /// Every CDI device name (`vendor/class=name`) those claims gave a container.
+    pub cdi_devices: BTreeSet<String>,
+}
+
+impl TrackedClaims {
+    /// Whether a container of the node lists claim `namespace/name`.
+    pub fn tracks(&self, namespace: &str, name: &str) -> bool {
+        self.claims.contains(&(namespace.to_owned(), name.to_owned()))
+    }
+}
+
+/// The claims of one List answer.
+pub fn claims_of(list: &ListPodResourcesResponse) -> TrackedClaims {
+    let mut tracked = TrackedClaims::default();
+    let all = list.pod_resources.iter().flat_map(|p| &p.containers).flat_map(|c| &c.dynamic_resources);
+    for claim in all {
+        tracked.claims.insert((claim.claim_namespace.clone(), claim.claim_name.clone()));
+        let cdi = claim.claim_resources.iter().flat_map(|r| &r.cdi_devices).map(|d| d.name.clone());
+        tracked.cdi_devices.extend(cdi);
+    }
+    tracked
+}
+
+/// One List on `socket`: the claims the kubelet tracks now.
+pub async fn tracked_claims(socket: &Path) -> Result<TrackedClaims, ListError> {
+    let mut client = connect(socket).await?;
+    Ok(claims_of(&list_pods(&mut client, socket).await?))
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {
@@ -337,6 +380,30 @@ mod tests {
                 })
                 .collect(),
         }
+    }
+
+    #[test]
+    fn claims_of_lists_every_containers_claims_and_their_cdi_devices() {
+        use devhost_proto::podresources::v1::{CdiDevice, ClaimResource, DynamicResource};
+        let claim = |ns: &str, name: &str, cdi: &[&str]| DynamicResource {
+            claim_name: name.into(),
+            claim_namespace: ns.into(),
+            claim_resources: vec![ClaimResource {
+                cdi_devices: cdi.iter().map(|n| CdiDevice { name: n.to_string() }).collect(),
+                driver_name: "gpu.example.com".into(),
+                pool_name: "node-1".into(),
+                device_name: "gpu-0".into(),
+            }],
+        };
+        let mut two = pod("ns", "p", vec![("a", "example.com/x", &["1"]), ("b", "example.com/x", &["2"])]);
+        two.containers[0].dynamic_resources = vec![claim("ns", "c1", &["gpu.example.com/claim=u1-gpu-0"])];
+        two.containers[1].dynamic_resources = vec![claim("ns", "c1", &[]), claim("other", "c2", &["x/y=z"])];
+        let tracked = claims_of(&ListPodResourcesResponse { pod_resources: vec![two, pod("ns", "q", vec![])] });
+        assert!(tracked.tracks("ns", "c1") && tracked.tracks("other", "c2"));
+        assert!(!tracked.tracks("ns", "c2"), "a claim is its namespace and name");
+        assert_eq!(tracked.claims.len(), 2);
+        let cdi: Vec<&str> = tracked.cdi_devices.iter().map(String::as_str).collect();
+        assert_eq!(cdi, ["gpu.example.com/claim=u1-gpu-0", "x/y=z"]);
     }
 
     fn holder(ns: &str, pod: &str, c: &str) -> Holder {

@@ -49,6 +49,17 @@ struct ClaimCallLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StaleLabels {
+    resource: String,
+    what: &'static str,
+    outcome: &'static str,
+}
+
+/// Every (what, outcome) of `dra_stale_claims`, created at 0 with the resource.
+const STALE_SERIES: [(&str, &str); 4] =
+    [("claim", "ok"), ("claim", "error"), ("cdi_spec", "ok"), ("cdi_spec", "error")];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DriverLabels {
     driver: String,
 }
@@ -75,6 +86,7 @@ pub struct Metrics {
     dra_published_devices: Family<ResourceLabels, Gauge>,
     dra_claim_calls: Family<ClaimCallLabels, Counter>,
     dra_prepared_claims: Family<ResourceLabels, Gauge>,
+    dra_stale_claims: Family<StaleLabels, Counter>,
     runtime_tasks: Gauge,
 }
 
@@ -187,6 +199,12 @@ impl Metrics {
                 "dra_prepared_claims",
                 "Claims a DRA resource holds prepared (its checkpoint)",
             ),
+            dra_stale_claims: registered(
+                r,
+                "dra_stale_claims",
+                "Stale claims (gone from the API server, used by no container) a DRA resource unprepared by itself, \
+                 and stale CDI specs it removed, per what and outcome",
+            ),
             registry: {
                 register_build_info(r);
                 registry
@@ -208,6 +226,15 @@ impl Metrics {
         }
         drop(self.dra_published_devices.get_or_create(&resource(name)));
         drop(self.dra_prepared_claims.get_or_create(&resource(name)));
+        for (what, outcome) in STALE_SERIES {
+            drop(self.dra_stale_claims.get_or_create(&StaleLabels { resource: name.to_string(), what, outcome }));
+        }
+    }
+
+    /// One stale claim unprepared (`what` = "claim") or stale CDI spec removed ("cdi_spec").
+    pub fn dra_stale_cleanup(&self, name: &str, what: &'static str, ok: bool) {
+        let outcome = if ok { "ok" } else { "error" };
+        self.dra_stale_claims.get_or_create(&StaleLabels { resource: name.to_string(), what, outcome }).inc();
     }
 
     /// A publishing pass of a DRA resource's slices: `Some(devices)` published, `None` failed.
@@ -360,6 +387,9 @@ impl Metrics {
         }
         self.dra_published_devices.remove(&resource(name));
         self.dra_prepared_claims.remove(&resource(name));
+        for (what, outcome) in STALE_SERIES {
+            self.dra_stale_claims.remove(&StaleLabels { resource: name.to_string(), what, outcome });
+        }
     }
 
     /// The exposition text: OpenMetrics 1.0 or the Prometheus text format 0.0.4.

@@ -19,8 +19,9 @@ use super::values::{DurationSetting, flatten_options};
 use crate::manifest::capabilities::capability_number;
 
 use super::model::{
-    DEFAULT_CALL_TIMEOUT, DEFAULT_DRIVER_DIR, DEFAULT_KUBELET_DIR, DEFAULT_LOCK_DIR, DEFAULT_POD_RESOURCES_INTERVAL,
-    DEFAULT_STATE_DIR, Diagnostic, DriverConfig, Isolation, MAX_SOCKET_PATH, Manifest, ManifestErrors, ResourceConfig,
+    DEFAULT_CALL_TIMEOUT, DEFAULT_DRA_CLAIM_CHECK_INTERVAL, DEFAULT_DRIVER_DIR, DEFAULT_KUBELET_DIR, DEFAULT_LOCK_DIR,
+    DEFAULT_POD_RESOURCES_INTERVAL, DEFAULT_STATE_DIR, Diagnostic, DriverConfig, Isolation, MAX_SOCKET_PATH, Manifest,
+    ManifestErrors, ResourceConfig,
 };
 
 #[derive(Default, Deserialize)]
@@ -31,6 +32,7 @@ struct RawTop {
     kubelet_root_dir: Option<Spanned<String>>,
     kubeconfig: Option<Spanned<String>>,
     node_name: Option<Spanned<String>>,
+    dra_claim_check_interval: Option<DurationSetting>,
     call_timeout: Option<DurationSetting>,
     allow_untrusted_modules: Option<bool>,
     cdi_dir: Option<Spanned<String>>,
@@ -168,6 +170,7 @@ fn parse(text: &str, path: &Path, kubelet_dir_override: Option<&Path>) -> Result
     manifest.kubelet_root_dir = kubelet_root_dir;
     manifest.kubeconfig = kubeconfig;
     manifest.node_name = node_name;
+    manifest.dra_claim_check_interval = top.dra_claim_check_interval.map_or(DEFAULT_DRA_CLAIM_CHECK_INTERVAL, |t| t.0);
     warn_of_no_effect(&mut manifest);
     Ok(manifest)
 }
@@ -522,6 +525,7 @@ impl Builder<'_> {
             kubelet_root_dir: PathBuf::from(super::model::DEFAULT_KUBELET_ROOT_DIR),
             kubeconfig: None,
             node_name: None,
+            dra_claim_check_interval: DEFAULT_DRA_CLAIM_CHECK_INTERVAL,
             drivers: self.drivers,
             resources: self.resources,
             warnings,

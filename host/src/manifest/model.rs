@@ -27,6 +27,9 @@ pub const DEFAULT_POD_RESOURCES_SOCKET: &str = devhost_proto::POD_RESOURCES_SOCK
 pub const DEFAULT_RUNTIME_SOCKET: &str = devhost_proto::CONTAINERD_SOCKET;
 /// How often the host asks the kubelet who holds which device unless the manifest says otherwise.
 pub const DEFAULT_POD_RESOURCES_INTERVAL: Duration = Duration::from_secs(2);
+/// How often each DRA driver looks for stale claims (besides once at its start) unless the
+/// manifest says otherwise (`dra_claim_check_interval`).
+pub const DEFAULT_DRA_CLAIM_CHECK_INTERVAL: Duration = Duration::from_secs(300);
 /// Where the lock that keeps a second daemon off the same kubelet folder lives unless the
 /// manifest says otherwise (outside the kubelet's folder, which the kubelet empties).
 pub const DEFAULT_LOCK_DIR: &str = "/run/devhost";
@@ -53,6 +56,9 @@ pub struct Manifest {
     /// This node's name as the API server knows it (`node_name`); `None`: `$NODE_NAME`, else
     /// the host name.
     pub node_name: Option<String>,
+    /// How often each DRA driver checks its prepared claims against the API server and the
+    /// kubelet, besides once at its start (`dra_claim_check_interval`).
+    pub dra_claim_check_interval: Duration,
     /// Every driver instance: declared with `[driver.X]` and implicit (named only by a resource).
     pub drivers: BTreeMap<String, DriverConfig>,
     /// The `[[resource]]` entries, in file order.

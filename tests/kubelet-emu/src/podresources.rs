@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use devhost_proto::podresources::v1::pod_resources_lister_server::{PodResourcesLister, PodResourcesListerServer};
 use devhost_proto::podresources::v1::{
-    AllocatableResourcesRequest, AllocatableResourcesResponse, ContainerDevices, ContainerResources,
+    AllocatableResourcesRequest, AllocatableResourcesResponse, ContainerDevices, ContainerResources, DynamicResource,
     GetPodResourcesRequest, GetPodResourcesResponse, ListPodResourcesRequest, ListPodResourcesResponse, PodResources,
 };
 use tokio::sync::{oneshot, watch};
@@ -38,6 +38,8 @@ const DIR_MODE: u32 = 0o750;
 struct Pods {
     /// (namespace, pod) → its containers, in the order the test gave them.
     pods: BTreeMap<(String, String), Vec<PodContainer>>,
+    /// (namespace, pod) → (container, the DRA claims it lists), in the order the test gave them.
+    claims: BTreeMap<(String, String), Vec<(String, DynamicResource)>>,
     /// (resource, device IDs) for GetAllocatableResources.
     allocatable: BTreeMap<String, Vec<String>>,
     /// List calls answered so far.
@@ -67,7 +69,27 @@ fn pod_resources(namespace: &str, name: &str, containers: &[PodContainer]) -> Po
 
 impl Pods {
     fn list(&self) -> Vec<PodResources> {
-        self.pods.iter().map(|((ns, name), containers)| pod_resources(ns, name, containers)).collect()
+        let mut keys: Vec<&(String, String)> = self.pods.keys().chain(self.claims.keys()).collect();
+        keys.sort();
+        keys.dedup();
+        keys.into_iter().map(|key| self.pod(key)).collect()
+    }
+
+    /// The kubelet's view of one pod: its devices, then its containers' claims.
+    fn pod(&self, (ns, name): &(String, String)) -> PodResources {
+        let key = (ns.clone(), name.clone());
+        let mut pod = pod_resources(ns, name, self.pods.get(&key).map_or(&[], Vec::as_slice));
+        for (container, claim) in self.claims.get(&key).into_iter().flatten() {
+            let at = match pod.containers.iter().position(|c| &c.name == container) {
+                Some(at) => at,
+                None => {
+                    pod.containers.push(ContainerResources { name: container.clone(), ..Default::default() });
+                    pod.containers.len() - 1
+                }
+            };
+            pod.containers[at].dynamic_resources.push(claim.clone());
+        }
+        pod
     }
 }
 
@@ -126,7 +148,7 @@ impl PodResourcesLister for Service {
     async fn get(&self, request: Request<GetPodResourcesRequest>) -> Result<Response<GetPodResourcesResponse>, Status> {
         let GetPodResourcesRequest { pod_name, pod_namespace } = request.into_inner();
         let key = (pod_namespace, pod_name);
-        match self.0.read(|p| p.pods.get(&key).map(|c| pod_resources(&key.0, &key.1, c))) {
+        match self.0.read(|p| (p.pods.contains_key(&key) || p.claims.contains_key(&key)).then(|| p.pod(&key))) {
             Some(pod) => Ok(Response::new(GetPodResourcesResponse { pod_resources: Some(pod) })),
             None => Err(Status::not_found(format!("pod {}/{} not found", key.0, key.1))),
         }
@@ -175,10 +197,17 @@ impl PodResourcesServer {
         self.shared.update(|p| p.pods.insert((namespace.to_string(), pod.to_string()), containers));
     }
 
-    /// Forgets pod `namespace/pod`, as the kubelet does once it is deleted.
-    /// Returns whether it was there.
+    /// Records (or replaces) the DRA claims the containers of pod `namespace/pod` list
+    /// (`dynamic_resources`): (container, claim).
+    pub fn set_pod_claims(&self, namespace: &str, pod: &str, claims: Vec<(String, DynamicResource)>) {
+        self.shared.update(|p| p.claims.insert((namespace.to_string(), pod.to_string()), claims));
+    }
+
+    /// Forgets pod `namespace/pod` (its devices and claims), as the kubelet does once it is
+    /// deleted. Returns whether it was there.
     pub fn remove_pod(&self, namespace: &str, pod: &str) -> bool {
-        self.shared.update(|p| p.pods.remove(&(namespace.to_string(), pod.to_string())).is_some())
+        let key = (namespace.to_string(), pod.to_string());
+        self.shared.update(|p| p.pods.remove(&key).is_some() | p.claims.remove(&key).is_some())
     }
 
     /// Makes every List answer only after `delay`, like a busy kubelet.

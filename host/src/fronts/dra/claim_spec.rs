@@ -37,6 +37,13 @@ pub fn path(cdi_dir: &Path, driver: &str, uid: &str) -> PathBuf {
     cdi_dir.join(format!("devhost.dra_{driver}_{uid}.json"))
 }
 
+/// The claim UID of a spec file named as [`path`] names `driver`'s specs; `None` for any other
+/// file (another driver's, a temporary file, someone else's spec).
+pub fn uid_of<'a>(file_name: &'a str, driver: &str) -> Option<&'a str> {
+    let uid = file_name.strip_prefix("devhost.dra_")?.strip_prefix(driver)?.strip_prefix('_')?.strip_suffix(".json")?;
+    (!uid.is_empty() && !uid.contains('_')).then_some(uid)
+}
+
 /// Each device's edits in the claim's spec: `devices` are (CDI device name, the device's own
 /// scanned edits) and `total` the claim's composed and amended edits. A device keeps those of
 /// its own edits that `total` kept unchanged; what `total` holds that no device has verbatim is
@@ -117,6 +124,19 @@ pub fn remove(path: &Path) -> io::Result<()> {
 mod tests {
     use super::*;
     use crate::driver::device::DeviceNode;
+
+    #[test]
+    fn uid_of_reads_back_only_this_drivers_spec_names() {
+        let name = |uid: &str| {
+            path(Path::new("/cdi"), "gpu.example.com", uid).file_name().unwrap().to_string_lossy().into_owned()
+        };
+        assert_eq!(uid_of(&name("3f2a-11"), "gpu.example.com"), Some("3f2a-11"));
+        assert_eq!(uid_of(&name("3f2a-11"), "gpu.example"), None, "another driver's");
+        assert_eq!(uid_of(&name("3f2a-11"), "example.com"), None);
+        assert_eq!(uid_of(&format!(".{}.77.tmp", name("u")), "gpu.example.com"), None, "a temporary file");
+        assert_eq!(uid_of("devhost.dra_gpu.example.com_.json", "gpu.example.com"), None);
+        assert_eq!(uid_of("nvidia.yaml", "gpu.example.com"), None);
+    }
 
     fn node(host: &str, container: &str) -> DeviceNode {
         DeviceNode { host_path: host.into(), container_path: container.into(), permissions: "rw".into() }

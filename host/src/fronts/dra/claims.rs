@@ -36,6 +36,11 @@ pub struct Settings {
     /// The folder of the checkpoint (`dra-<driver>.json`).
     pub state_dir: PathBuf,
     pub metrics: Arc<Metrics>,
+    /// The kubelet's PodResources socket, asked which claims its containers use before a
+    /// stale claim is unprepared ([`super::stale`]).
+    pub pod_resources_socket: PathBuf,
+    /// How often prepared claims are checked for staleness, besides once at the start.
+    pub claim_check_interval: Duration,
 }
 
 /// A claim the kubelet names: namespace, UID, name.
@@ -47,7 +52,7 @@ pub struct ClaimRef {
 }
 
 impl ClaimRef {
-    fn shown(&self) -> String {
+    pub(super) fn shown(&self) -> String {
         format!("{}/{} (uid {})", self.namespace, self.name, self.uid)
     }
 }
@@ -276,6 +281,71 @@ impl Claims {
             answers.push((claim.uid, answer));
         }
         answers
+    }
+
+    /// The DRA driver's name.
+    pub(super) fn driver(&self) -> &str {
+        &self.driver
+    }
+
+    /// The client of the API server the claims are read from.
+    pub(super) fn client(&self) -> kube::Client {
+        self.api.client.clone()
+    }
+
+    /// Every claim prepared now.
+    pub(super) async fn prepared(&self) -> Vec<ClaimRef> {
+        let checkpoint = self.checkpoint.lock().await;
+        let claims = checkpoint.claims.iter();
+        claims
+            .map(|(uid, c)| ClaimRef { namespace: c.namespace.clone(), uid: uid.clone(), name: c.name.clone() })
+            .collect()
+    }
+
+    /// Unprepares `claim`, found stale (`why`), as the kubelet's Unprepare would: release hook,
+    /// CDI spec, checkpoint. A claim no longer prepared by then is left as it is.
+    pub(super) async fn unprepare_stale(&self, claim: &ClaimRef, why: &str) {
+        let mut checkpoint = self.checkpoint.lock().await;
+        if !checkpoint.claims.get(&claim.uid).is_some_and(|c| c.namespace == claim.namespace && c.name == claim.name) {
+            return;
+        }
+        let done = self.unprepare_one(&mut checkpoint, claim).await;
+        let name = &self.resource.config.name;
+        self.metrics.dra_stale_cleanup(name, "claim", done.is_ok());
+        self.metrics.dra_claim_call(name, "unprepare", done.is_ok(), checkpoint.claims.len());
+        match done {
+            Ok(()) => tracing::warn!(dra_driver = %self.driver, claim = %claim.shown(),
+                "DRA: unprepared a stale claim by itself ({why}, and no container on this node uses it)"),
+            Err(e) => tracing::warn!(dra_driver = %self.driver, claim = %claim.shown(),
+                "DRA: cannot unprepare a stale claim ({why}); tried again at the next check: {e}"),
+        }
+    }
+
+    /// The claim UIDs of this driver's CDI spec files that no prepared claim owns.
+    pub(super) async fn orphan_specs(&self) -> Vec<String> {
+        let Ok(entries) = std::fs::read_dir(&self.cdi_dir) else { return Vec::new() };
+        let names: Vec<String> = entries.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+        let checkpoint = self.checkpoint.lock().await;
+        let uids = names.iter().filter_map(|n| claim_spec::uid_of(n, &self.driver));
+        uids.filter(|uid| !checkpoint.claims.contains_key(*uid)).map(str::to_owned).collect()
+    }
+
+    /// Removes the CDI spec of claim `uid`, which no prepared claim owns and no container uses.
+    pub(super) async fn remove_orphan_spec(&self, uid: &str) {
+        let checkpoint = self.checkpoint.lock().await;
+        if checkpoint.claims.contains_key(uid) {
+            return; // prepared meanwhile
+        }
+        let path = claim_spec::path(&self.cdi_dir, &self.driver, uid);
+        let removed = claim_spec::remove(&path);
+        self.metrics.dra_stale_cleanup(&self.resource.config.name, "cdi_spec", removed.is_ok());
+        match removed {
+            Ok(()) => tracing::warn!(dra_driver = %self.driver, path = %path.display(), claim_uid = uid,
+                "DRA: removed a stale CDI spec (no prepared claim owns it and no container on this node uses it)"),
+            Err(e) => {
+                tracing::warn!(dra_driver = %self.driver, claim_uid = uid, "DRA: cannot remove a stale CDI spec: {e}")
+            }
+        }
     }
 
     async fn unprepare_one(&self, checkpoint: &mut Checkpoint, claim: &ClaimRef) -> Result<(), String> {

@@ -37,7 +37,13 @@ impl DraFront {
             kubeconfig: manifest.kubeconfig.clone(),
             node_name: manifest.node_name.clone(),
             api: None,
-            settings: Settings { cdi_dir, state_dir: manifest.state_dir.clone(), metrics },
+            settings: Settings {
+                cdi_dir,
+                state_dir: manifest.state_dir.clone(),
+                metrics,
+                pod_resources_socket: manifest.pod_resources_socket.clone(),
+                claim_check_interval: manifest.dra_claim_check_interval,
+            },
             served: Vec::new(),
             failed: Vec::new(),
         }

@@ -22,6 +22,7 @@ pub mod prepare;
 pub mod registration;
 mod served;
 pub mod slices;
+mod stale;
 pub mod taint;
 
 pub use claims::Settings;

@@ -12,19 +12,18 @@ use std::sync::Arc;
 use devhost_proto::dra::{v1, v1beta1};
 use tonic::{Request, Response, Status};
 
-use super::api::ApiServer;
-use super::claims::{ClaimRef, Claims, Settings};
-use crate::engine::registry::Resource;
+use super::claims::{ClaimRef, Claims};
 
 /// The plugin service of one DRA driver, served as both v1 and v1beta1 on one socket (the
 /// messages are the same on the wire, apart from v1's share ID).
 pub struct Plugin {
-    claims: Claims,
+    claims: Arc<Claims>,
 }
 
 impl Plugin {
-    pub fn new(driver: &str, resource: Arc<Resource>, api: ApiServer, settings: &Settings) -> Plugin {
-        Plugin { claims: Claims::new(driver, resource, api, settings) }
+    /// The service over `claims` (which the stale-claim check shares).
+    pub fn new(claims: Arc<Claims>) -> Plugin {
+        Plugin { claims }
     }
 }
 

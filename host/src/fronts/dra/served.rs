@@ -19,10 +19,10 @@ use tokio_stream::wrappers::UnixListenerStream;
 use tonic::service::Routes;
 
 use super::api::ApiServer;
-use super::claims::Settings;
+use super::claims::{Claims, Settings};
 use super::health::Health;
 use super::registration::{self, RegistrationVerdict};
-use super::{authority, plugin, slices};
+use super::{authority, plugin, slices, stale};
 use crate::engine::registry::Resource;
 use crate::manifest::MAX_SOCKET_PATH;
 
@@ -103,7 +103,9 @@ impl ServedDriver {
         settings.metrics.dra_resource_configured(&resource.config.name);
         let publisher = slices::spawn(driver, resource.clone(), api.clone(), settings.metrics.clone(), stop_rx.clone());
         let health = Health::new(&api.node, resource.clone(), stop_rx.clone());
-        let service = Arc::new(plugin::Plugin::new(driver, resource, api, settings));
+        let claims = Arc::new(Claims::new(driver, resource, api, settings));
+        let stale = stale::spawn(claims.clone(), settings, stop_rx.clone());
+        let service = Arc::new(plugin::Plugin::new(claims));
         let dra = Routes::new(v1::dra_plugin_server::DraPluginServer::from_arc(service.clone()))
             .add_service(v1beta1::dra_plugin_server::DraPluginServer::from_arc(service))
             .add_service(dra_health::v1::dra_resource_health_server::DraResourceHealthServer::new(health.clone()))
@@ -118,6 +120,7 @@ impl ServedDriver {
             // The kubelet's plugin watcher sends the socket path as :authority (see `authority`).
             spawn_server(driver, "registration", reg, registration, true, stop_rx),
             publisher,
+            stale,
         ];
         tracing::info!(dra_driver = driver, registration = %paths.registration.display(), plugin = %paths.plugin.display(),
             "DRA driver sockets are up; waiting for the kubelet's plugin watcher");

@@ -23,20 +23,22 @@ const NODE: &str = "node-1";
 async fn start(root: &Path) -> Result<ServedDriver, FrontError> {
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = crate::common::unreachable_kubeconfig(dir.path());
-    start_at(root, dir.path(), &kubeconfig, Arc::new(Metrics::new())).await
+    start_at(root, dir.path(), &kubeconfig, Arc::new(Metrics::new()), "").await
 }
 
 /// The front of one DRA resource of the C example driver (two devices, its releases recorded in
 /// `<dir>/released`, failing for the IDs listed in `<dir>/release-fails`), keeping claims in
-/// `<dir>/state` and their CDI specs in `<dir>/cdi`, reaching the API server through `kubeconfig`.
+/// `<dir>/state` and their CDI specs in `<dir>/cdi`, reaching the API server through `kubeconfig`;
+/// `top` holds more top-level manifest keys.
 async fn start_at(
     root: &Path,
     dir: &Path,
     kubeconfig: &Path,
     metrics: Arc<Metrics>,
+    top: &str,
 ) -> Result<ServedDriver, FrontError> {
     let text = format!(
-        "kubelet_dir = \"{dir}\"\nstate_dir = \"{dir}/state\"\nlock_dir = \"{dir}\"\n\
+        "{top}kubelet_dir = \"{dir}\"\nstate_dir = \"{dir}/state\"\nlock_dir = \"{dir}\"\n\
          [driver.example_c]\nmodule = \"{module}\"\nisolation = \"in-process\"\n[driver.example_c.options]\ncount = 2\n\
          release_file = \"{dir}/released\"\nrelease_fail_file = \"{dir}/release-fails\"\n\
          [[resource]]\nname = \"example.com/gpu\"\ndriver = \"example_c\"\napi = \"dra\"\ndra_driver = \"{DRIVER}\"\n",
@@ -48,7 +50,13 @@ async fn start_at(
     let resource: Arc<_> = registry.resources().into_iter().next().expect("one resource");
     assert!(resource.driver.is_some(), "the example driver is loaded: {:?}", resource.error);
     let api = ApiServer::connect(Some(kubeconfig), Some(NODE)).await.expect("client");
-    let settings = Settings { cdi_dir: dir.join("cdi"), state_dir: manifest.state_dir.clone(), metrics };
+    let settings = Settings {
+        cdi_dir: dir.join("cdi"),
+        state_dir: manifest.state_dir.clone(),
+        metrics,
+        pod_resources_socket: manifest.pod_resources_socket.clone(),
+        claim_check_interval: manifest.dra_claim_check_interval,
+    };
     ServedDriver::start(root, DRIVER, resource, api, &settings).await
 }
 
@@ -207,55 +215,66 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 /// A front of the example driver reaching the shared test API server, with its folders.
-struct Served {
-    root: tempfile::TempDir,
-    dir: tempfile::TempDir,
-    front: Option<ServedDriver>,
-    metrics: Arc<Metrics>,
+pub(super) struct Served {
+    pub(super) root: tempfile::TempDir,
+    pub(super) dir: tempfile::TempDir,
+    pub(super) front: Option<ServedDriver>,
+    pub(super) metrics: Arc<Metrics>,
     plugin: DraPluginClient<tonic::transport::Channel>,
+    /// The top-level manifest keys it was started with.
+    top: String,
 }
 
 impl Served {
     async fn start() -> Served {
         let (root, dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        Served::start_in(root, dir).await
+        Served::start_in(root, dir, String::new()).await
+    }
+
+    /// A front whose manifest has `top(dir)` as more top-level keys.
+    pub(super) async fn start_with(top: impl Fn(&Path) -> String) -> Served {
+        let (root, dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let top = top(dir.path());
+        Served::start_in(root, dir, top).await
     }
 
     /// A new front (a restarted devhost) on the same kubelet root and state.
-    async fn restart(mut self) -> Served {
-        self.front.take().unwrap().stop().await;
-        Served::start_in(self.root, self.dir).await
+    pub(super) async fn restart(mut self) -> Served {
+        if let Some(front) = self.front.take() {
+            front.stop().await;
+        }
+        Served::start_in(self.root, self.dir, self.top).await
     }
 
-    async fn start_in(root: tempfile::TempDir, dir: tempfile::TempDir) -> Served {
+    async fn start_in(root: tempfile::TempDir, dir: tempfile::TempDir, top: String) -> Served {
         let server = ApiServerHarness::shared();
         let metrics = Arc::new(Metrics::new());
-        let front = start_at(root.path(), dir.path(), server.kubeconfig(), metrics.clone()).await.unwrap();
+        let front = start_at(root.path(), dir.path(), server.kubeconfig(), metrics.clone(), &top).await.unwrap();
         let endpoint = register(root.path()).await;
         let plugin = DraPluginClient::new(devhost_proto::connect_uds(&endpoint).await.unwrap());
-        Served { root, dir, front: Some(front), metrics, plugin }
+        Served { root, dir, front: Some(front), metrics, plugin, top }
     }
 
-    async fn prepare(&mut self, claims: &[(&str, &str)]) -> HashMap<String, NodePrepareResourceResponse> {
+    pub(super) async fn prepare(&mut self, claims: &[(&str, &str)]) -> HashMap<String, NodePrepareResourceResponse> {
         let claims = claims.iter().map(|(name, uid)| claim(name, uid)).collect();
         self.plugin.node_prepare_resources(NodePrepareResourcesRequest { claims }).await.unwrap().into_inner().claims
     }
 
-    async fn unprepare(&mut self, name: &str, uid: &str) -> String {
+    pub(super) async fn unprepare(&mut self, name: &str, uid: &str) -> String {
         let request = NodeUnprepareResourcesRequest { claims: vec![claim(name, uid)] };
         let mut answer = self.plugin.node_unprepare_resources(request).await.unwrap().into_inner().claims;
         answer.remove(uid).expect("an entry for the claim").error
     }
 
-    fn spec_path(&self, uid: &str) -> PathBuf {
+    pub(super) fn spec_path(&self, uid: &str) -> PathBuf {
         self.dir.path().join("cdi").join(format!("devhost.dra_{DRIVER}_{uid}.json"))
     }
 
-    fn checkpoint(&self) -> String {
+    pub(super) fn checkpoint(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("state").join(format!("dra-{DRIVER}.json"))).unwrap_or_default()
     }
 
-    fn released(&self) -> String {
+    pub(super) fn released(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("released")).unwrap_or_default()
     }
 
@@ -269,7 +288,7 @@ impl Served {
     }
 
     /// The value of the metric series whose line starts with `series` (name and labels).
-    fn metric(&self, series: &str) -> f64 {
+    pub(super) fn metric(&self, series: &str) -> f64 {
         let text = self.metrics.encode(false).unwrap();
         text.lines().find(|l| l.starts_with(series)).and_then(|l| l.rsplit(' ').next()?.parse().ok()).unwrap_or(-1.0)
     }
@@ -281,7 +300,7 @@ fn claim(name: &str, uid: &str) -> Claim {
 
 /// Creates ResourceClaim `name` (namespace `default`) asking for `count` devices in request
 /// `gpu`, and returns its UID.
-fn create_claim(name: &str, count: u32) -> String {
+pub(super) fn create_claim(name: &str, count: u32) -> String {
     create_claim_asking(name, &format!("count: {count}"))
 }
 
@@ -298,7 +317,7 @@ fn create_claim_asking(name: &str, ask: &str) -> String {
 }
 
 /// Writes the claim's allocation as the scheduler would: `devices` of this driver's pool.
-fn allocate(name: &str, devices: &[&str]) {
+pub(super) fn allocate(name: &str, devices: &[&str]) {
     allocate_with(name, devices, serde_json::json!({}));
 }
 

@@ -4,3 +4,4 @@
 mod front;
 mod outage;
 mod slices;
+mod stale;

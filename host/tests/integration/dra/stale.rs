@@ -1,0 +1,142 @@
+//! Stale claims: a prepared claim gone from the real API server is unprepared by devhost itself
+//! (release hook, CDI spec, checkpoint) unless a container still lists it in the kubelet's
+//! PodResources (the kubelet emulator's `dynamic_resources`), at start and periodically; nothing
+//! is touched while the kubelet cannot be asked.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use devhost_proto::podresources::v1::{CdiDevice, ClaimResource, DynamicResource};
+use kubelet_emu::PodResourcesServer;
+
+use super::front::{Served, allocate, create_claim};
+use crate::common::apiserver::ApiServerHarness;
+use crate::common::wait::eventually_within;
+
+const DRIVER: &str = "gpu.example.com";
+
+fn socket(dir: &Path) -> PathBuf {
+    dir.join("pod-resources").join("kubelet.sock")
+}
+
+/// Top-level keys: the kubelet's PodResources socket in `dir`, and the check's interval.
+fn keys(interval: &str) -> impl Fn(&Path) -> String {
+    let interval = interval.to_owned();
+    move |dir| {
+        format!("pod_resources_socket = \"{}\"\ndra_claim_check_interval = \"{interval}\"\n", socket(dir).display())
+    }
+}
+
+/// What the kubelet lists for a container using claim `default/name` (uid `uid`) on `device`.
+fn listed(name: &str, uid: &str, device: &str) -> (String, DynamicResource) {
+    let claim = DynamicResource {
+        claim_name: name.into(),
+        claim_namespace: "default".into(),
+        claim_resources: vec![ClaimResource {
+            cdi_devices: vec![CdiDevice { name: format!("{DRIVER}/claim={uid}-{device}") }],
+            driver_name: DRIVER.into(),
+            pool_name: "node-1".into(),
+            device_name: device.into(),
+        }],
+    };
+    ("app".to_owned(), claim)
+}
+
+fn delete_claim(name: &str) {
+    ApiServerHarness::shared().kubectl(&["delete", "resourceclaim", name, "-n", "default", "--wait=true"]);
+}
+
+const STALE_OK: &str = r#"devhost_dra_stale_claims_total{resource="example.com/gpu",what="claim",outcome="ok"} "#;
+const STALE_SPEC_OK: &str =
+    r#"devhost_dra_stale_claims_total{resource="example.com/gpu",what="cdi_spec",outcome="ok"} "#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_gone_from_the_api_server_is_unprepared_by_itself_unless_a_container_lists_it() {
+    let gone = create_claim("stale-gone", 1);
+    allocate("stale-gone", &["example-0"]);
+    let kept = create_claim("stale-listed", 1);
+    allocate("stale-listed", &["example-1"]);
+    let mut served = Served::start_with(keys("200ms")).await;
+    let pods = PodResourcesServer::start(&socket(served.dir.path())).unwrap();
+    let answer = served.prepare(&[("stale-gone", &gone), ("stale-listed", &kept)]).await;
+    assert!(answer.values().all(|a| a.error.is_empty()), "{answer:?}");
+    // Both claims exist: several checks leave them alone.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(served.checkpoint().contains(&gone) && served.checkpoint().contains(&kept), "{}", served.checkpoint());
+    assert_eq!(served.released(), "", "nothing released while the claims exist");
+
+    // The pod using stale-listed still runs (the kubelet lists it); stale-gone's pod was force-deleted.
+    pods.set_pod_claims("default", "user", vec![listed("stale-listed", &kept, "example-1")]);
+    delete_claim("stale-gone");
+    delete_claim("stale-listed");
+    eventually_within("the gone claim unprepared", Duration::from_secs(20), || !served.checkpoint().contains(&gone))
+        .await;
+    assert_eq!(served.released(), "released example-0\n", "its release hook ran");
+    assert!(!served.spec_path(&gone).exists(), "its CDI spec is removed");
+    assert_eq!(served.metric(STALE_OK), 1.0, "counted");
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(served.checkpoint().contains(&kept), "a claim a container lists is never touched");
+    assert!(served.spec_path(&kept).exists());
+
+    // The pod goes away without an Unprepare: its claim is stale now.
+    pods.remove_pod("default", "user");
+    eventually_within("the listed claim unprepared once its pod is gone", Duration::from_secs(20), || {
+        !served.checkpoint().contains(&kept)
+    })
+    .await;
+    assert_eq!(served.released(), "released example-0\nreleased example-1\n");
+    assert_eq!(served.metric(STALE_OK), 2.0);
+    // The kubelet's late Unprepare finds nothing left to do.
+    assert_eq!(served.unprepare("stale-gone", &gone).await, "");
+    assert_eq!(served.released(), "released example-0\nreleased example-1\n", "released once");
+    served.front.take().unwrap().stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_start_a_replaced_claim_and_an_unowned_spec_are_cleaned_up_only_once_the_kubelet_can_be_asked() {
+    let old = create_claim("stale-replaced", 1);
+    allocate("stale-replaced", &["example-0"]);
+    // A long interval: only the check at start can find them.
+    let mut served = Served::start_with(keys("60m")).await;
+    assert_eq!(served.prepare(&[("stale-replaced", &old)]).await[&old].error, "");
+    served.front.take().unwrap().stop().await;
+    // While devhost is down the claim is deleted and a new claim of that name is made.
+    delete_claim("stale-replaced");
+    let new = create_claim("stale-replaced", 1);
+    assert_ne!(new, old);
+    // Two spec files of this driver no claim owns (a checkpoint lost, say): one a container uses.
+    let cdi = served.dir.path().join("cdi");
+    let (unowned, in_use) = (
+        cdi.join(format!("devhost.dra_{DRIVER}_u-orphan.json")),
+        cdi.join(format!("devhost.dra_{DRIVER}_u-used.json")),
+    );
+    std::fs::write(&unowned, "{}").unwrap();
+    std::fs::write(&in_use, "{}").unwrap();
+    let other = cdi.join("vendor.yaml");
+    std::fs::write(&other, "{}").unwrap();
+
+    // No PodResources socket: nothing is touched.
+    let served = served.restart().await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(served.checkpoint().contains(&old), "{}", served.checkpoint());
+    assert!(unowned.exists() && in_use.exists());
+    assert_eq!(served.released(), "");
+
+    let pods = PodResourcesServer::start(&socket(served.dir.path())).unwrap();
+    pods.set_pod_claims("default", "user", vec![listed("elsewhere", "u-used", "example-1")]);
+    let mut served = served.restart().await;
+    eventually_within("the replaced claim unprepared at start", Duration::from_secs(20), || {
+        !served.checkpoint().contains(&old) && !unowned.exists()
+    })
+    .await;
+    assert_eq!(served.released(), "released example-0\n");
+    assert!(!served.spec_path(&old).exists());
+    assert!(in_use.exists(), "a spec whose CDI device a container uses is kept");
+    assert!(other.exists(), "another vendor's spec is not ours to remove");
+    assert_eq!(served.metric(STALE_OK), 1.0);
+    assert_eq!(served.metric(STALE_SPEC_OK), 1.0);
+    // The new claim of that name prepares as any claim does.
+    allocate("stale-replaced", &["example-0"]);
+    assert_eq!(served.prepare(&[("stale-replaced", &new)]).await[&new].error, "");
+    served.front.take().unwrap().stop().await;
+}
