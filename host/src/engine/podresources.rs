@@ -174,6 +174,8 @@ pub async fn list_once(socket: &Path) -> Result<HolderMap, ListError> {
 /// and name only, and lists the CDI devices it gave the containers.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TrackedClaims {
+    /// (namespace, name) of every pod the kubelet lists (every active pod of the node).
+    pub pods: BTreeSet<(String, String)>,
     /// (namespace, name) of every claim a container lists.
     pub claims: BTreeSet<(String, String)>,
     /// Every CDI device name (`vendor/class=name`) those claims gave a container.
@@ -185,11 +187,17 @@ impl TrackedClaims {
     pub fn tracks(&self, namespace: &str, name: &str) -> bool {
         self.claims.contains(&(namespace.to_owned(), name.to_owned()))
     }
+
+    /// Whether pod `namespace/name` is active on the node.
+    pub fn runs(&self, namespace: &str, name: &str) -> bool {
+        self.pods.contains(&(namespace.to_owned(), name.to_owned()))
+    }
 }
 
 /// The claims of one List answer.
 pub fn claims_of(list: &ListPodResourcesResponse) -> TrackedClaims {
     let mut tracked = TrackedClaims::default();
+    tracked.pods = list.pod_resources.iter().map(|p| (p.namespace.clone(), p.name.clone())).collect();
     let all = list.pod_resources.iter().flat_map(|p| &p.containers).flat_map(|c| &c.dynamic_resources);
     for claim in all {
         tracked.claims.insert((claim.claim_namespace.clone(), claim.claim_name.clone()));
@@ -401,6 +409,7 @@ mod tests {
         let tracked = claims_of(&ListPodResourcesResponse { pod_resources: vec![two, pod("ns", "q", vec![])] });
         assert!(tracked.tracks("ns", "c1") && tracked.tracks("other", "c2"));
         assert!(!tracked.tracks("ns", "c2"), "a claim is its namespace and name");
+        assert!(tracked.runs("ns", "p") && tracked.runs("ns", "q") && !tracked.runs("other", "p"));
         assert_eq!(tracked.claims.len(), 2);
         let cdi: Vec<&str> = tracked.cdi_devices.iter().map(String::as_str).collect();
         assert_eq!(cdi, ["gpu.example.com/claim=u1-gpu-0", "x/y=z"]);

@@ -45,6 +45,11 @@ pub struct PreparedClaim {
     pub cdi_spec: Option<PathBuf>,
     /// The spec file's content, to write it again when it is gone (CDI folders on tmpfs).
     pub cdi_spec_content: Option<String>,
+    /// The pods (in the claim's namespace) the claim was reserved for when it was prepared: while
+    /// one of them still runs on the node, the claim is never taken for stale. Empty in entries
+    /// written before devhost kept them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pods: Vec<String>,
 }
 
 impl PreparedClaim {
@@ -194,7 +199,22 @@ mod tests {
             }],
             cdi_spec: Some("/run/cdi/x.json".into()),
             cdi_spec_content: Some("{}".into()),
+            pods: vec!["p".into()],
         }
+    }
+
+    #[test]
+    fn an_entry_written_before_pods_were_kept_reads_as_no_pods() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cp = Checkpoint::load(dir.path(), "d.example.com");
+        cp.claims.insert("uid-1".into(), claim("gpu-0"));
+        cp.save().unwrap();
+        let text = std::fs::read_to_string(cp.path()).unwrap();
+        assert!(text.contains("\"pods\": [\n        \"p\"\n      ]"), "{text}");
+        std::fs::write(cp.path(), text.replace(",\n      \"pods\": [\n        \"p\"\n      ]", "")).unwrap();
+        let old = Checkpoint::load(dir.path(), "d.example.com");
+        assert_eq!(old.claims["uid-1"].pods, Vec::<String>::new(), "{}", std::fs::read_to_string(cp.path()).unwrap());
+        assert_eq!(old.claims["uid-1"].devices, cp.claims["uid-1"].devices);
     }
 
     #[test]

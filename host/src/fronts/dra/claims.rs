@@ -134,12 +134,12 @@ impl Claims {
         &self,
         checkpoint: &mut Checkpoint,
         claim: &ClaimRef,
-        got: Result<Vec<AllocationResult>, String>,
+        got: Result<Allocation, String>,
     ) -> Prepared {
         if let Some(known) = checkpoint.claims.get(&claim.uid) {
             return self.answer_again(known, claim);
         }
-        let results = got?;
+        let Allocation { results, pods } = got?;
         let view = self.resource.snapshot();
         let planned = prepare::plan(
             &self.driver,
@@ -149,7 +149,7 @@ impl Claims {
             &results,
         )?;
         check_room(checkpoint, &planned, claim)?;
-        let mut prepared = self.new_claim(claim, &planned);
+        let mut prepared = self.new_claim(claim, &planned, pods);
         if !planned.is_empty() {
             self.add_cdi(&mut prepared, &planned, &view, claim).await?;
         }
@@ -170,7 +170,7 @@ impl Claims {
     }
 
     /// The claim as the checkpoint keeps it, before its CDI names are known.
-    fn new_claim(&self, claim: &ClaimRef, planned: &[prepare::Planned]) -> PreparedClaim {
+    fn new_claim(&self, claim: &ClaimRef, planned: &[prepare::Planned], pods: Vec<String>) -> PreparedClaim {
         PreparedClaim {
             namespace: claim.namespace.clone(),
             name: claim.name.clone(),
@@ -187,6 +187,7 @@ impl Claims {
                 .collect(),
             cdi_spec: None,
             cdi_spec_content: None,
+            pods,
         }
     }
 
@@ -293,12 +294,14 @@ impl Claims {
         self.api.client.clone()
     }
 
-    /// Every claim prepared now.
-    pub(super) async fn prepared(&self) -> Vec<ClaimRef> {
+    /// Every claim prepared now, with the pods it was reserved for.
+    pub(super) async fn prepared(&self) -> Vec<(ClaimRef, Vec<String>)> {
         let checkpoint = self.checkpoint.lock().await;
         let claims = checkpoint.claims.iter();
         claims
-            .map(|(uid, c)| ClaimRef { namespace: c.namespace.clone(), uid: uid.clone(), name: c.name.clone() })
+            .map(|(uid, c)| {
+                (ClaimRef { namespace: c.namespace.clone(), uid: uid.clone(), name: c.name.clone() }, c.pods.clone())
+            })
             .collect()
     }
 
@@ -386,9 +389,17 @@ impl Claims {
 /// The answer for a claim that was in the checkpoint when Prepare began but is not any more.
 const NOT_READ: &str = "the claim was unprepared while this Prepare call ran; not read from the API server";
 
-/// What reading a claim gave: its allocation results, or (inner error) why the claim cannot be
-/// prepared as it is; the outer error fails the whole call.
-type Read = Result<Result<Vec<AllocationResult>, String>, String>;
+/// What reading a claim gave: its allocation, or (inner error) why the claim cannot be prepared
+/// as it is; the outer error fails the whole call.
+type Read = Result<Result<Allocation, String>, String>;
+
+/// A claim's allocation as Prepare reads it.
+#[derive(Clone)]
+struct Allocation {
+    results: Vec<AllocationResult>,
+    /// The pods the claim is reserved for (`status.reservedFor`).
+    pods: Vec<String>,
+}
 
 /// Reads a claim from the API server (see [`Read`]).
 async fn get(client: kube::Client, driver: &str, claim: &ClaimRef) -> Read {
@@ -407,11 +418,13 @@ async fn get(client: kube::Client, driver: &str, claim: &ClaimRef) -> Read {
     if uid != claim.uid {
         return Ok(Err(format!("the claim of that name now has uid {uid}: it got replaced since the kubelet read it")));
     }
-    let Some(allocation) = got.status.and_then(|s| s.allocation) else {
+    let status = got.status.unwrap_or_default();
+    let pods = status.reserved_for.iter().flatten().filter(|r| r.resource == "pods").map(|r| r.name.clone()).collect();
+    let Some(allocation) = status.allocation else {
         return Ok(Err("the claim is not allocated (no status.allocation)".to_owned()));
     };
     let results = allocation.devices.and_then(|d| d.results).unwrap_or_default();
-    Ok(Ok(results
+    let results = results
         .into_iter()
         .map(|r| AllocationResult {
             request: r.request,
@@ -421,7 +434,8 @@ async fn get(client: kube::Client, driver: &str, claim: &ClaimRef) -> Read {
             admin_access: r.admin_access.unwrap_or(false),
             tolerations: r.tolerations.iter().flatten().map(Toleration::from).collect(),
         })
-        .collect()))
+        .collect();
+    Ok(Ok(Allocation { results, pods }))
 }
 
 /// Whether the planned devices are free for `claim` (admin access shares a device with

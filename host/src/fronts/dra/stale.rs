@@ -2,15 +2,18 @@
 //! while its pods went away, an Unprepare that never came: the claim's devices stay held in the
 //! checkpoint, and its CDI spec stays in the runtime's folder. So, once when the driver starts
 //! and then every `dra_claim_check_interval`, each prepared claim is read from the API server by
-//! namespace and name; a claim that is gone there (not found, or the name now belongs to a claim
-//! with another UID) and that no container on the node lists in the kubelet's PodResources
-//! `dynamic_resources` is unprepared as the kubelet's Unprepare would do it: release hook, CDI
-//! spec, checkpoint. A CDI spec of this driver that no prepared claim owns and whose CDI devices
-//! no container uses is removed too.
+//! namespace and name. A claim that is gone there (not found, or the name now belongs to a claim
+//! with another UID) is unprepared as the kubelet's Unprepare would do it (release hook, CDI
+//! spec, checkpoint) once the kubelet's PodResources shows that none of the pods it was reserved
+//! for at Prepare still runs on the node and that no container lists it in `dynamic_resources`.
+//! (The pods matter: a claim removed from under a running pod gets a successor from the claim
+//! controller, and the kubelet then names the successor, not the prepared claim.) A CDI spec of
+//! this driver that no prepared claim owns and whose CDI devices no container uses is removed too.
 //!
 //! Nothing is touched on doubt: a claim the API server did not answer for, any claim while the
-//! kubelet cannot be asked, and a claim the kubelet still lists stay as they are.
+//! kubelet cannot be asked, and a claim whose pod runs or that a container lists stay as they are.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,7 +36,7 @@ pub(super) fn spawn(claims: Arc<Claims>, settings: &Settings, mut stop: watch::R
     let socket = settings.pod_resources_socket.clone();
     let interval = settings.claim_check_interval;
     tokio::spawn(async move {
-        let mut check = Check { claims, socket, kubelet_error: None };
+        let mut check = Check { claims, socket, kubelet_error: None, kept: BTreeSet::new() };
         loop {
             check.round().await;
             tokio::select! {
@@ -49,6 +52,8 @@ struct Check {
     socket: PathBuf,
     /// Why the kubelet could not be asked last time, so that a lasting failure is logged once.
     kubelet_error: Option<String>,
+    /// The claims already logged as kept because a container lists them (logged once each).
+    kept: BTreeSet<String>,
 }
 
 impl Check {
@@ -61,10 +66,12 @@ impl Check {
             return;
         }
         let Some(tracked) = self.ask_kubelet(gone.len() + orphans.len()).await else { return };
-        for (claim, why) in gone {
-            if tracked.tracks(&claim.namespace, &claim.name) {
-                tracing::debug!(dra_driver = %self.claims.driver(), claim = %claim.shown(),
-                    "DRA: a claim gone from the API server is kept: a container on this node still lists it ({why})");
+        for (claim, pods, why) in gone {
+            if let Some(user) = in_use(&tracked, &claim, &pods) {
+                if self.kept.insert(claim.uid.clone()) {
+                    tracing::info!(dra_driver = %self.claims.driver(), claim = %claim.shown(),
+                        "DRA: a claim gone from the API server stays prepared: {user} ({why})");
+                }
                 continue;
             }
             self.claims.unprepare_stale(&claim, &why).await;
@@ -101,29 +108,41 @@ impl Check {
     }
 }
 
+/// Who on the node may still use `claim`, reserved for `pods` when it was prepared: a pod of
+/// those the kubelet still runs, or a container listing the claim itself.
+fn in_use(tracked: &TrackedClaims, claim: &ClaimRef, pods: &[String]) -> Option<String> {
+    if let Some(pod) = pods.iter().find(|p| tracked.runs(&claim.namespace, p)) {
+        return Some(format!("pod {}/{pod}, which it was reserved for, still runs on this node", claim.namespace));
+    }
+    tracked.tracks(&claim.namespace, &claim.name).then(|| "a container on this node still lists it".to_owned())
+}
+
 /// Whether a container uses a CDI device of the spec of claim `uid`.
 fn uses_spec_of(tracked: &TrackedClaims, driver: &str, uid: &str) -> bool {
     let prefix = format!("{}={uid}-", claim_spec::kind(driver));
     tracked.cdi_devices.iter().any(|name| name.starts_with(&prefix))
 }
 
-/// The claims of `prepared` that the API server says are gone, each with why.
-async fn gone_from_api(claims: &Claims, prepared: Vec<ClaimRef>) -> Vec<(ClaimRef, String)> {
+/// A prepared claim with the pods it was reserved for, and (when gone) why.
+type Candidate = (ClaimRef, Vec<String>);
+
+/// The claims of `prepared` that the API server says are gone, each with its pods and why.
+async fn gone_from_api(claims: &Claims, prepared: Vec<Candidate>) -> Vec<(ClaimRef, Vec<String>, String)> {
     let mut gone = Vec::new();
     let mut unknown: Option<String> = None;
     for batch in prepared.chunks(GETS_AT_ONCE) {
         let mut gets = tokio::task::JoinSet::new();
-        for claim in batch.iter().cloned() {
+        for (claim, pods) in batch.iter().cloned() {
             let client = claims.client();
             gets.spawn(async move {
                 let found = look_up(client, &claim).await;
-                (claim, found)
+                (claim, pods, found)
             });
         }
-        while let Some(Ok((claim, found))) = gets.join_next().await {
+        while let Some(Ok((claim, pods, found))) = gets.join_next().await {
             match found {
                 Found::Same => {}
-                Found::Gone(why) => gone.push((claim, why)),
+                Found::Gone(why) => gone.push((claim, pods, why)),
                 Found::Unknown(why) => unknown = Some(format!("{}/{}: {why}", claim.namespace, claim.name)),
             }
         }
@@ -172,5 +191,19 @@ mod tests {
         assert!(uses_spec_of(&tracked, "gpu.example.com", "u1"));
         assert!(!uses_spec_of(&tracked, "gpu.example.com", "u2"), "another driver's device of that claim");
         assert!(!uses_spec_of(&tracked, "gpu.example.com", "u"), "a UID is matched whole");
+    }
+
+    #[test]
+    fn a_gone_claim_is_in_use_while_a_pod_it_was_reserved_for_runs_or_a_container_lists_it() {
+        let mut tracked = TrackedClaims::default();
+        tracked.pods.insert(("ns".to_owned(), "web".to_owned()));
+        let claim = ClaimRef { namespace: "ns".into(), uid: "u".into(), name: "c".into() };
+        let web = in_use(&tracked, &claim, &["gone".into(), "web".into()]).unwrap();
+        assert_eq!(web, "pod ns/web, which it was reserved for, still runs on this node");
+        assert_eq!(in_use(&tracked, &claim, &["gone".into()]), None);
+        let other_ns = ClaimRef { namespace: "other".into(), ..claim.clone() };
+        assert_eq!(in_use(&tracked, &other_ns, &["web".into()]), None, "a pod of the claim's namespace");
+        tracked.claims.insert(("ns".to_owned(), "c".to_owned()));
+        assert_eq!(in_use(&tracked, &claim, &[]).as_deref(), Some("a container on this node still lists it"));
     }
 }

@@ -1,7 +1,7 @@
 //! Stale claims: a prepared claim gone from the real API server is unprepared by devhost itself
-//! (release hook, CDI spec, checkpoint) unless a container still lists it in the kubelet's
-//! PodResources (the kubelet emulator's `dynamic_resources`), at start and periodically; nothing
-//! is touched while the kubelet cannot be asked.
+//! (release hook, CDI spec, checkpoint) once no pod it was reserved for runs and no container
+//! lists it in the kubelet's PodResources (the kubelet emulator's pods and `dynamic_resources`),
+//! at start and periodically; nothing is touched while the kubelet cannot be asked.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -50,45 +50,69 @@ const STALE_OK: &str = r#"devhost_dra_stale_claims_total{resource="example.com/g
 const STALE_SPEC_OK: &str =
     r#"devhost_dra_stale_claims_total{resource="example.com/gpu",what="cdi_spec",outcome="ok"} "#;
 
+/// Reserves claim `default/name` for pod `pod`, as the scheduler does before the kubelet prepares.
+fn reserve(name: &str, pod: &str) {
+    let patch = serde_json::json!({"status": {"reservedFor": [{"resource": "pods", "name": pod, "uid": format!("uid-{pod}")}]}});
+    let args = ["patch", "resourceclaim", name, "-n", "default", "--subresource=status", "--type=merge", "-p"];
+    let mut args: Vec<&str> = args.to_vec();
+    let patch = patch.to_string();
+    args.push(&patch);
+    ApiServerHarness::shared().kubectl(&args);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_gone_from_the_api_server_is_unprepared_by_itself_unless_a_container_lists_it() {
+async fn a_claim_gone_from_the_api_server_is_unprepared_by_itself_once_no_pod_or_container_uses_it() {
     let gone = create_claim("stale-gone", 1);
     allocate("stale-gone", &["example-0"]);
-    let kept = create_claim("stale-listed", 1);
-    allocate("stale-listed", &["example-1"]);
+    let reserved = create_claim("stale-reserved", 1);
+    allocate("stale-reserved", &["example-1"]);
+    reserve("stale-reserved", "runner");
     let mut served = Served::start_with(keys("200ms")).await;
     let pods = PodResourcesServer::start(&socket(served.dir.path())).unwrap();
-    let answer = served.prepare(&[("stale-gone", &gone), ("stale-listed", &kept)]).await;
+    pods.set_pod("default", "runner", vec![]);
+    let answer = served.prepare(&[("stale-gone", &gone), ("stale-reserved", &reserved)]).await;
     assert!(answer.values().all(|a| a.error.is_empty()), "{answer:?}");
     // Both claims exist: several checks leave them alone.
     tokio::time::sleep(Duration::from_millis(800)).await;
-    assert!(served.checkpoint().contains(&gone) && served.checkpoint().contains(&kept), "{}", served.checkpoint());
+    assert!(served.checkpoint().contains(&gone) && served.checkpoint().contains(&reserved), "{}", served.checkpoint());
     assert_eq!(served.released(), "", "nothing released while the claims exist");
 
-    // The pod using stale-listed still runs (the kubelet lists it); stale-gone's pod was force-deleted.
-    pods.set_pod_claims("default", "user", vec![listed("stale-listed", &kept, "example-1")]);
+    // stale-gone's pod was force-deleted; the pod stale-reserved was reserved for still runs.
     delete_claim("stale-gone");
-    delete_claim("stale-listed");
+    delete_claim("stale-reserved");
     eventually_within("the gone claim unprepared", Duration::from_secs(20), || !served.checkpoint().contains(&gone))
         .await;
     assert_eq!(served.released(), "released example-0\n", "its release hook ran");
     assert!(!served.spec_path(&gone).exists(), "its CDI spec is removed");
     assert_eq!(served.metric(STALE_OK), 1.0, "counted");
+    // A claim without reservation (as devhost's older checkpoints keep them) that a container lists.
+    let listed_uid = create_claim("stale-listed", 1);
+    allocate("stale-listed", &["example-0"]);
+    assert_eq!(served.prepare(&[("stale-listed", &listed_uid)]).await[&listed_uid].error, "");
+    pods.set_pod_claims("default", "user", vec![listed("stale-listed", &listed_uid, "example-0")]);
+    delete_claim("stale-listed");
     tokio::time::sleep(Duration::from_millis(800)).await;
-    assert!(served.checkpoint().contains(&kept), "a claim a container lists is never touched");
-    assert!(served.spec_path(&kept).exists());
+    assert!(served.checkpoint().contains(&reserved), "a claim whose pod runs is never touched");
+    assert!(served.checkpoint().contains(&listed_uid), "nor one a container lists");
+    assert!(served.spec_path(&reserved).exists() && served.spec_path(&listed_uid).exists());
 
-    // The pod goes away without an Unprepare: its claim is stale now.
-    pods.remove_pod("default", "user");
-    eventually_within("the listed claim unprepared once its pod is gone", Duration::from_secs(20), || {
-        !served.checkpoint().contains(&kept)
+    // The pods go away without an Unprepare: their claims are stale now.
+    pods.remove_pod("default", "runner");
+    eventually_within("the reserved claim unprepared once its pod is gone", Duration::from_secs(20), || {
+        !served.checkpoint().contains(&reserved)
     })
     .await;
     assert_eq!(served.released(), "released example-0\nreleased example-1\n");
-    assert_eq!(served.metric(STALE_OK), 2.0);
+    pods.remove_pod("default", "user");
+    eventually_within("the listed claim unprepared once its pod is gone", Duration::from_secs(20), || {
+        !served.checkpoint().contains(&listed_uid)
+    })
+    .await;
+    assert_eq!(served.released(), "released example-0\nreleased example-1\nreleased example-0\n");
+    assert_eq!(served.metric(STALE_OK), 3.0);
     // The kubelet's late Unprepare finds nothing left to do.
     assert_eq!(served.unprepare("stale-gone", &gone).await, "");
-    assert_eq!(served.released(), "released example-0\nreleased example-1\n", "released once");
+    assert_eq!(served.released().lines().count(), 3, "released once each");
     served.front.take().unwrap().stop().await;
 }
 

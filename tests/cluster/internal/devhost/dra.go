@@ -29,6 +29,7 @@ type DRAOptions struct {
 	ReleaseFile          string // the example_c driver's release record ("" = none)
 	MetricsAddr          string // metrics_addr, for /status ("" = none)
 	StateDir             string // state_dir ("" = devhost's default)
+	ClaimCheckInterval   string // dra_claim_check_interval ("" = devhost's default, 5 minutes)
 	// GPU serves nvidia.com/gpu (the fake NVML machine of config/sim/nvidia: three H100s,
 	// GPUs 0 and 1 on NUMA node 0, GPU 2 on node 1) as DRA driver gpu.nvidia.com.
 	GPU bool
@@ -78,6 +79,9 @@ func WriteDRAConfig(t testing.TB, dir string, opts DRAOptions) string {
 	}
 	if opts.StateDir != "" {
 		line("state_dir = %q", opts.StateDir)
+	}
+	if opts.ClaimCheckInterval != "" {
+		line("dra_claim_check_interval = %q", opts.ClaimCheckInterval)
 	}
 	if opts.Accel {
 		example := fmt.Sprintf("count = 4, numa_nodes = 2, health_file = %q", opts.HealthFile)
