@@ -75,6 +75,15 @@ fn a_taint_effect_needs_dra_and_a_known_effect() {
 }
 
 #[test]
+fn stale_claims_are_checked_every_five_minutes_unless_dra_claim_check_interval_says_otherwise() {
+    assert_eq!(parse(RESOURCE).unwrap().dra_claim_check_interval, std::time::Duration::from_secs(300));
+    let manifest = parse(&format!("dra_claim_check_interval = \"30s\"\n{RESOURCE}")).unwrap();
+    assert_eq!(manifest.dra_claim_check_interval, std::time::Duration::from_secs(30));
+    let error = only_error(&format!("dra_claim_check_interval = \"0s\"\n{RESOURCE}"));
+    assert!(error.starts_with(&format!("{PATH}:1:28: dra_claim_check_interval: duration `0s` is zero")), "{error}");
+}
+
+#[test]
 fn invalid_dra_driver_is_an_error() {
     let error = only_error(&format!("{RESOURCE}api = \"dra\"\ndra_driver = \"GPU_driver\"\n"));
     assert!(error.starts_with(&format!("{PATH}:5:14: resource[0].dra_driver: `GPU_driver` is not a valid")), "{error}");
