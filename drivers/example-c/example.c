@@ -5,7 +5,9 @@
  * edits, adds an env var and an annotation in allocate, watches a text
  * file for health changes on a thread of its own (inotify: it sleeps until
  * the file changes, no polling), and "resets" devices in release (ABI 1.1)
- * when their pod is gone. Only libc and pthreads; it compiles cleanly with
+ * when their pod is gone. A DRA claim may pass {"greeting": "<text>"} as its
+ * opaque parameters (ABI 1.3): allocate validates them and adds
+ * EXAMPLE_GREETING. Only libc and pthreads; it compiles cleanly with
  * -std=c11 -Wall -Wextra -Werror.
  *
  * Options (all optional, see README.md):
@@ -447,10 +449,93 @@ static devhost_status example_scan(void *instance, devhost_call *call) {
     return st;
 }
 
+/* ---- claim parameters (ABI 1.3) -------------------------------------------------- */
+
+/* Longest greeting a claim may ask for. */
+#define MAX_GREETING 64
+
+/* Reads one JSON string at *p without escapes: printable ASCII other than '"'
+ * and '\'. Enough here, as the host hands the parameters compact. */
+static bool scan_string(const char **p, const char *end, const char **text, size_t *len) {
+    const char *s = *p;
+    if (s == end || *s++ != '"') return false;
+    *text = s;
+    while (s < end && *s != '"') {
+        if (*s < 0x20 || *s > 0x7e || *s == '\\') return false;
+        s++;
+    }
+    if (s == end) return false;
+    *len = (size_t)(s - *text);
+    *p = s + 1;
+    return true;
+}
+
+/* The greeting of a DRA claim's parameters: a JSON array of objects whose
+ * only key is "greeting", a string of 1 to MAX_GREETING characters; the last
+ * entry that sets it wins. *found stays false for a device-plugin container,
+ * a host older than 1.3 and a claim without one. A real driver would use a
+ * JSON library; this scanner takes what the example needs and refuses the
+ * rest with a message, which fails the claim's NodePrepareResources. */
+static devhost_status claim_greeting(example *ex, devhost_call *call, char out[MAX_GREETING + 1],
+                                     bool *found) {
+    *found = false;
+    if (!HOST_HAS(ex->host, claim_parameters)) return DEVHOST_OK;
+    devhost_str json = {NULL, 0};
+    devhost_status st = ex->host->claim_parameters(call, &json);
+    if (st == DEVHOST_ERR_NOT_FOUND) return DEVHOST_OK; /* a device-plugin container */
+    if (st != DEVHOST_OK) return fail(ex->host, call, st, "the host gave no claim parameters");
+    const char *p = json.ptr, *end = json.ptr + json.len, *text;
+    size_t len;
+    if (p == end || *p++ != '[') goto bad;
+    if (p < end && *p == ']') {
+        p++;
+        goto done;
+    }
+    for (;;) {
+        if (p == end || *p++ != '{') goto bad;
+        while (p < end && *p != '}') {
+            if (!scan_string(&p, end, &text, &len) || p == end || *p++ != ':') goto bad;
+            if (len != 8 || memcmp(text, "greeting", 8) != 0)
+                return fail(ex->host, call, DEVHOST_ERR_INVALID_ARGUMENT,
+                            "unknown parameter \"%.*s\"; example-c takes only \"greeting\"",
+                            (int)(len > 64 ? 64 : len), text);
+            if (!scan_string(&p, end, &text, &len) || len < 1 || len > MAX_GREETING)
+                return fail(ex->host, call, DEVHOST_ERR_INVALID_ARGUMENT,
+                            "parameter greeting must be a string of 1 to %d printable ASCII "
+                            "characters without quotes or backslashes", MAX_GREETING);
+            memcpy(out, text, len);
+            out[len] = '\0';
+            *found = true;
+            if (p < end && *p == ',') p++;
+        }
+        if (p == end) goto bad;
+        p++; /* '}' */
+        if (p < end && *p == ',') {
+            p++;
+            continue;
+        }
+        if (p < end && *p == ']') {
+            p++;
+            break;
+        }
+        goto bad;
+    }
+done:
+    if (p == end) return DEVHOST_OK;
+bad:
+    return fail(ex->host, call, DEVHOST_ERR_INVALID_ARGUMENT,
+                "claim parameters are not a list of objects of strings: %.*s", SHOW(json));
+}
+
 /* The host already hands out each device's scan edits; add what is per-request. */
 static devhost_status example_allocate(void *instance, const devhost_str *ids, size_t count,
                                        devhost_call *call) {
     example *ex = instance;
+    char greeting[MAX_GREETING + 1];
+    bool greeted;
+    /* Validate first: a refused claim gets no edits. */
+    devhost_status checked = claim_greeting(ex, call, greeting, &greeted);
+    if (checked != DEVHOST_OK) return checked;
     for (size_t i = 0; i < count; i++) {
         unsigned index;
         if (!device_index(ex, ids[i], &index))
@@ -463,6 +548,8 @@ static devhost_status example_allocate(void *instance, const devhost_str *ids, s
     devhost_status st = ex->host->add_env(call, str_of("EXAMPLE_ALLOCATED"), str_of(joined));
     if (st == DEVHOST_OK)
         st = ex->host->add_annotation(call, str_of("example.com/allocated-count"), str_of(number));
+    if (st == DEVHOST_OK && greeted)
+        st = ex->host->add_env(call, str_of("EXAMPLE_GREETING"), str_of(greeting));
     free(joined);
     return st;
 }
@@ -574,7 +661,9 @@ static const devhost_driver_desc DESCRIPTOR = {
     .abi_major = DEVHOST_ABI_MAJOR,
     .abi_minor = DEVHOST_ABI_MINOR,
     .reserved0 = 0,
-    .capabilities = 0, /* calls are serialised: no DEVHOST_CAP_CONCURRENT */
+    /* Calls are serialised (no DEVHOST_CAP_CONCURRENT); allocate reads a DRA
+     * claim's parameters (ABI 1.3; a 1.2 host ignores the bit). */
+    .capabilities = DEVHOST_CAP_CLAIM_PARAMETERS,
     .name = "example-c",
     .version = "0.1.0",
     .description = "Fake devices for trying devhost; the template for C drivers",

@@ -1,5 +1,5 @@
 /*
- * devhost_driver.h — the devhost driver ABI, version 1.2.
+ * devhost_driver.h — the devhost driver ABI, version 1.3.
  *
  * This header is the contract between the devhost host daemon and a driver
  * module (a shared object the host loads with dlopen). It is the single source
@@ -49,6 +49,8 @@
  *    set_error, device_*,       the thread    -                  until the call that got the
  *    add_*, prefer_device       of the call                      devhost_call * returns
  *    (device_* includes device_health_reason, 1.2)
+ *    claim_parameters           the thread    -                  during allocate (1.3)
+ *                               of the call
  *
  *    Without DEVHOST_CAP_CONCURRENT the host makes at most one call at a
  *    time into an instance. log and devices_changed are cheap, never block
@@ -64,6 +66,9 @@
  *    1.1 appended `release` to the descriptor; a 1.0 module simply has none.
  *    1.2 appended `device_health_reason` to the host API; a driver checks
  *    host->struct_size before calling it (a 1.0 or 1.1 host has none).
+ *    1.3 appended `claim_parameters` to the host API (same check: a 1.0 to
+ *    1.2 host has none): the DRA claim's parameters for the driver, read
+ *    from inside allocate.
  */
 #ifndef DEVHOST_DRIVER_H
 #define DEVHOST_DRIVER_H
@@ -77,7 +82,7 @@ extern "C" {
 
 /* ABI version this header describes. */
 #define DEVHOST_ABI_MAJOR 1u
-#define DEVHOST_ABI_MINOR 2u
+#define DEVHOST_ABI_MINOR 3u
 
 /* First field of the descriptor: the bytes "DVHD" read as a little-endian u32. */
 #define DEVHOST_DRIVER_MAGIC 0x44485644u
@@ -139,6 +144,10 @@ typedef uint64_t devhost_caps;
  * pre_start and release may be called concurrently from several host
  * threads (the threading table at the top of this file). */
 #define DEVHOST_CAP_CONCURRENT (1ull << 0)
+/* allocate reads a DRA claim's parameters through host->claim_parameters
+ * (1.3). Without it the host refuses a claim that carries opaque parameters
+ * for the driver, instead of preparing it as if they were not there. */
+#define DEVHOST_CAP_CLAIM_PARAMETERS (1ull << 1)
 
 /* ---- shared types -------------------------------------------------------- */
 
@@ -227,6 +236,24 @@ typedef struct devhost_host_api {
      * and the health history. Calling it again for the same device replaces
      * the reason. */
     devhost_status (*device_health_reason)(devhost_call *call, devhost_str reason);
+
+    /* ---- added in 1.3: check struct_size before use ---- */
+
+    /* allocate: the vendor parameters of the DRA claim being prepared, for
+     * this driver. Sets *out to a JSON array (compact UTF-8, object keys
+     * sorted) of the `parameters` objects of every opaque config entry that
+     * names this driver's DRA driver name and applies to the claim's
+     * requests, in precedence order: the DeviceClass's entries first, then
+     * the claim's, each in its listed order; a later entry overrides an
+     * earlier one where they disagree. `[]` when the claim has none.
+     * The text is host memory, valid until allocate returns; copy what you
+     * keep. Returns DEVHOST_OK then, DEVHOST_ERR_NOT_FOUND (and *out empty)
+     * when this allocate is for a device-plugin container (no claim), and
+     * DEVHOST_ERR_FAILED_PRECONDITION outside allocate. A driver that finds
+     * the parameters invalid refuses the allocate with
+     * DEVHOST_ERR_INVALID_ARGUMENT and a message from set_error: the claim's
+     * NodePrepareResources fails with that message. */
+    devhost_status (*claim_parameters)(devhost_call *call, devhost_str *out);
 } devhost_host_api;
 
 /* ---- the driver descriptor (driver → host), static and read-only -------- */

@@ -8,7 +8,7 @@
 use core::ffi::{c_char, c_void};
 
 pub const DEVHOST_ABI_MAJOR: u16 = 1;
-pub const DEVHOST_ABI_MINOR: u16 = 2;
+pub const DEVHOST_ABI_MINOR: u16 = 3;
 pub const DEVHOST_DRIVER_MAGIC: u32 = 0x4448_5644;
 pub const DEVHOST_ENTRY_SYMBOL_V1: &str = "devhost_driver_entry_v1";
 
@@ -39,6 +39,8 @@ pub const DEVHOST_NUMA_NONE: i32 = -1;
 
 pub type devhost_caps = u64;
 pub const DEVHOST_CAP_CONCURRENT: devhost_caps = 1 << 0;
+/// `allocate` reads a DRA claim's parameters (`claim_parameters`, 1.3).
+pub const DEVHOST_CAP_CLAIM_PARAMETERS: devhost_caps = 1 << 1;
 
 /// A borrowed UTF-8 string: `len` bytes at `ptr`.
 #[repr(C)]
@@ -114,6 +116,7 @@ pub type AddMountFn = unsafe extern "C" fn(
     read_only: u32,
 ) -> devhost_status;
 pub type OneStrFn = unsafe extern "C" fn(call: *mut devhost_call, value: devhost_str) -> devhost_status;
+pub type StrOutFn = unsafe extern "C" fn(call: *mut devhost_call, out: *mut devhost_str) -> devhost_status;
 
 /// Host → driver callbacks, valid from `create` until `destroy` returns.
 #[repr(C)]
@@ -137,6 +140,9 @@ pub struct devhost_host_api {
     // ---- added in 1.2 ----
     /// Why the current device has its health (`scan`, after `device_begin`).
     pub device_health_reason: Option<OneStrFn>,
+    // ---- added in 1.3 ----
+    /// The DRA claim's parameters for this driver (`allocate` only).
+    pub claim_parameters: Option<StrOutFn>,
 }
 
 pub type CreateFn = unsafe extern "C" fn(
@@ -211,6 +217,11 @@ pub const DESC_SIZE_V1_0: usize =
 pub const HOST_API_SIZE_V1_1: usize =
     core::mem::offset_of!(devhost_host_api, prefer_device) + core::mem::size_of::<usize>();
 
+/// `struct_size` of a v1.2 host API table: everything up to and including
+/// `device_health_reason`. A host declaring this size has no `claim_parameters`.
+pub const HOST_API_SIZE_V1_2: usize =
+    core::mem::offset_of!(devhost_host_api, device_health_reason) + core::mem::size_of::<usize>();
+
 /// Whether a field at `offset` of width `width` lies within a struct whose
 /// other side declared `declared` bytes.
 pub const fn field_present(declared: usize, offset: usize, width: usize) -> bool {
@@ -241,4 +252,5 @@ pub const CONSTANTS: &[(&str, i128)] = &[
     ("DEVHOST_LOG_TRACE", DEVHOST_LOG_TRACE as i128),
     ("DEVHOST_NUMA_NONE", DEVHOST_NUMA_NONE as i128),
     ("DEVHOST_CAP_CONCURRENT", DEVHOST_CAP_CONCURRENT as i128),
+    ("DEVHOST_CAP_CLAIM_PARAMETERS", DEVHOST_CAP_CLAIM_PARAMETERS as i128),
 ];

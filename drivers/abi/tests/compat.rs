@@ -163,3 +163,14 @@ fn the_v1_1_host_api_ends_at_prefer_device() {
     assert!(!field_present(HOST_API_SIZE_V1_1, reason, size_of::<usize>()));
     assert!(field_present(size_of::<devhost_host_api>(), reason, size_of::<usize>()));
 }
+
+#[test]
+fn the_v1_2_host_api_ends_at_device_health_reason() {
+    // A 1.3 driver decides that its host has no `claim_parameters` from the
+    // host's declared size; a 1.2 host declares HOST_API_SIZE_V1_2.
+    let (_, c) = probe_frozen(&repo_root().join("tests/compat/v1_2"));
+    assert_eq!(c.structs["devhost_host_api"].0, HOST_API_SIZE_V1_2);
+    let params = std::mem::offset_of!(devhost_host_api, claim_parameters);
+    assert!(!field_present(HOST_API_SIZE_V1_2, params, size_of::<usize>()));
+    assert!(field_present(size_of::<devhost_host_api>(), params, size_of::<usize>()));
+}

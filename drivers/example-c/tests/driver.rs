@@ -208,7 +208,7 @@ async fn unreadable_health_file_fails_the_scan_naming_it() {
 #[tokio::test]
 async fn allocate_adds_ids_in_request_order_and_count() {
     let inst = create("allocate", &[("count", "4")]).await;
-    let edits = inst.allocate(ids(&["example-3", "example-0"])).await;
+    let edits = inst.allocate(ids(&["example-3", "example-0"]), None).await;
     let edits = edits.unwrap_or_else(|e| panic!("allocate: {e}"));
     let expected = Edits {
         envs: vec![("EXAMPLE_ALLOCATED".into(), "example-3,example-0".into())],
@@ -222,7 +222,7 @@ async fn allocate_adds_ids_in_request_order_and_count() {
 async fn allocate_of_unknown_device_is_not_found_naming_it() {
     let inst = create("unknown", &[("count", "2")]).await;
     for id in ["example-2", "example-01", "other-0", ""] {
-        let error = inst.allocate(ids(&["example-0", id])).await.err();
+        let error = inst.allocate(ids(&["example-0", id]), None).await.err();
         let error = error.unwrap_or_else(|| panic!("{id:?} allocated"));
         let (code, message) = refusal(&error);
         assert_eq!(code, DEVHOST_ERR_NOT_FOUND, "{id:?}: {error}");

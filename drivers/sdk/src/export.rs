@@ -31,7 +31,8 @@ pub const fn descriptor<D: Driver>(
         abi_major: abi::DEVHOST_ABI_MAJOR,
         abi_minor: abi::DEVHOST_ABI_MINOR,
         reserved0: 0,
-        capabilities: if D::CONCURRENT { abi::DEVHOST_CAP_CONCURRENT } else { 0 },
+        capabilities: if D::CONCURRENT { abi::DEVHOST_CAP_CONCURRENT } else { 0 }
+            | if D::READS_CLAIM_PARAMETERS { abi::DEVHOST_CAP_CLAIM_PARAMETERS } else { 0 },
         name,
         version,
         description,

@@ -71,6 +71,10 @@ pub trait Driver: Sized + Send + Sync + 'static {
     const HOOKS: Hooks = Hooks::NONE;
     /// Set when every method may run concurrently on several threads.
     const CONCURRENT: bool = false;
+    /// Set when `allocate` reads a DRA claim's parameters ([`Edits::claim_parameters`], ABI
+    /// 1.3). Without it the host refuses a claim that carries opaque parameters for the driver
+    /// rather than prepare it as if they were not there.
+    const READS_CLAIM_PARAMETERS: bool = false;
 
     /// Builds an instance from its options. Keep `host` to log from your own
     /// threads and to call [`Host::devices_changed`].

@@ -151,6 +151,25 @@ pub struct Edits<'a> {
 
 impl Edits<'_> {
     edit_methods!();
+
+    /// The vendor parameters of the DRA claim this allocate prepares (ABI 1.3): a JSON array
+    /// of the `parameters` objects of every opaque config entry for this driver that applies
+    /// to the claim, the DeviceClass's first, then the claim's (a later entry overrides an
+    /// earlier one), compact with sorted keys; `"[]"` when the claim has none. `None` when the
+    /// allocate is for a device-plugin container, or the host is older than 1.3. Validate it
+    /// and refuse bad parameters with [`Error::invalid_argument`](crate::Error::invalid_argument):
+    /// the claim's NodePrepareResources fails with that message.
+    pub fn claim_parameters(&self) -> Option<&str> {
+        let f = callback!(self.call.api, claim_parameters)?;
+        let mut out = s("");
+        // SAFETY: call handle valid for this call; `out` is a writable slot.
+        if unsafe { f(self.call.call, &mut out) } != abi::DEVHOST_OK {
+            return None;
+        }
+        // SAFETY: the host's text stays valid until the allocate returns, which outlives `self`.
+        let bytes = unsafe { out.as_bytes() }?;
+        std::str::from_utf8(bytes).ok()
+    }
 }
 
 /// The question asked of the `preferred_allocation` hook.

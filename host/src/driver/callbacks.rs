@@ -57,11 +57,20 @@ impl CallState {
 pub struct CallCtx {
     pub kind: CallKind,
     pub state: Mutex<CallState>,
+    /// The DRA claim's parameters an allocate hands out (`claim_parameters`, ABI 1.3); `None`
+    /// for a device-plugin container. Never changed during the call, so a driver may read it
+    /// from any thread while the call runs.
+    parameters: Option<String>,
 }
 
 impl CallCtx {
     pub fn new(kind: CallKind) -> Self {
-        CallCtx { kind, state: Mutex::new(CallState::default()) }
+        CallCtx { kind, state: Mutex::new(CallState::default()), parameters: None }
+    }
+
+    /// An allocate call for a DRA claim with `parameters` (a JSON array).
+    pub fn with_parameters(kind: CallKind, parameters: Option<String>) -> Self {
+        CallCtx { parameters, ..CallCtx::new(kind) }
     }
 
     pub fn as_raw(&self) -> *mut abi::devhost_call {
@@ -299,6 +308,33 @@ pub unsafe extern "C" fn device_health_reason(
         st.devices[i].health_reason = (!reason.is_empty()).then_some(reason);
         abi::DEVHOST_OK
     })
+}
+
+/// # Safety
+/// Called by a driver per the ABI (1.3): `call` is the live handle of the call in progress and
+/// `out` is writable for one `devhost_str`.
+pub unsafe extern "C" fn claim_parameters(
+    call: *mut abi::devhost_call,
+    out: *mut abi::devhost_str,
+) -> abi::devhost_status {
+    if call.is_null() || out.is_null() {
+        return abi::DEVHOST_ERR_INVALID_ARGUMENT;
+    }
+    // SAFETY: the handle is a &CallCtx the host created for a call in progress; its
+    // `parameters` outlive the call, so the borrowed text stays valid until it returns.
+    let ctx = unsafe { &*(call as *const CallCtx) };
+    let (status, text) = match (ctx.kind, &ctx.parameters) {
+        (CallKind::Allocate, Some(json)) => (abi::DEVHOST_OK, abi::devhost_str::from_str(json)),
+        (CallKind::Allocate, None) => (abi::DEVHOST_ERR_NOT_FOUND, abi::devhost_str::from_str("")),
+        _ => {
+            let mut st = ctx.state.lock().unwrap_or_else(|p| p.into_inner());
+            st.problem("claim_parameters called outside allocate".to_owned());
+            (abi::DEVHOST_ERR_FAILED_PRECONDITION, abi::devhost_str::from_str(""))
+        }
+    };
+    // SAFETY: `out` is writable (the caller's promise, checked non-null above).
+    unsafe { out.write(text) };
+    status
 }
 
 /// The edits a callback should add to: the current device in scan, the
@@ -560,6 +596,7 @@ pub fn host_api(ctx: *mut c_void) -> abi::devhost_host_api {
         add_cdi_device: Some(add_cdi_device),
         prefer_device: Some(prefer_device),
         device_health_reason: Some(device_health_reason),
+        claim_parameters: Some(claim_parameters),
     }
 }
 
@@ -587,5 +624,28 @@ mod tests {
         assert!(long.len() <= MAX_HEALTH_REASON && long.starts_with("éé"), "{long}");
         assert_eq!(st.devices[2].health_reason, None);
         assert_eq!(st.problems.len(), 1, "{:?}", st.problems);
+    }
+
+    #[test]
+    fn claim_parameters_are_the_claims_in_allocate_absent_for_a_container_and_refused_elsewhere() {
+        let read = |ctx: &CallCtx| {
+            let mut out = abi::devhost_str::from_str("stale");
+            // SAFETY: a live call handle and a writable out slot.
+            let status = unsafe { claim_parameters(ctx.as_raw(), &mut out) };
+            // SAFETY: the text borrows ctx, alive here.
+            (status, unsafe { out.as_bytes() }.map(|b| String::from_utf8_lossy(b).into_owned()))
+        };
+        let claim = CallCtx::with_parameters(CallKind::Allocate, Some(r#"[{"a":1}]"#.into()));
+        assert_eq!(read(&claim), (abi::DEVHOST_OK, Some(r#"[{"a":1}]"#.to_owned())));
+        let container = CallCtx::new(CallKind::Allocate);
+        assert_eq!(read(&container), (abi::DEVHOST_ERR_NOT_FOUND, Some(String::new())));
+        let scan = CallCtx::new(CallKind::Scan);
+        assert_eq!(read(&scan).0, abi::DEVHOST_ERR_FAILED_PRECONDITION);
+        assert_eq!(scan.into_state().problems, ["claim_parameters called outside allocate"]);
+        // SAFETY: null handles are refused without a write.
+        assert_eq!(
+            unsafe { claim_parameters(std::ptr::null_mut(), std::ptr::null_mut()) },
+            abi::DEVHOST_ERR_INVALID_ARGUMENT
+        );
     }
 }

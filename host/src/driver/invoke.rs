@@ -14,8 +14,13 @@ use std::ffi::c_void;
 pub enum Hook<'a> {
     Scan,
     WatchStart,
-    Allocate(&'a [String]),
-    Preferred { available: &'a [String], must: &'a [String], size: u32 },
+    /// The IDs, and the DRA claim's parameters (`None` for a device-plugin container).
+    Allocate(&'a [String], Option<&'a str>),
+    Preferred {
+        available: &'a [String],
+        must: &'a [String],
+        size: u32,
+    },
     PreStart(&'a [String]),
     Release(&'a [String]),
 }
@@ -26,7 +31,7 @@ impl Hook<'_> {
         match self {
             Hook::Scan => "scan",
             Hook::WatchStart => "watch_start",
-            Hook::Allocate(_) => "allocate",
+            Hook::Allocate(..) => "allocate",
             Hook::Preferred { .. } => "preferred_allocation",
             Hook::PreStart(_) => "pre_start",
             Hook::Release(_) => "release",
@@ -37,7 +42,7 @@ impl Hook<'_> {
         match self {
             Hook::Scan => CallKind::Scan,
             Hook::WatchStart => CallKind::Watch,
-            Hook::Allocate(_) => CallKind::Allocate,
+            Hook::Allocate(..) => CallKind::Allocate,
             Hook::Preferred { .. } => CallKind::Preferred,
             Hook::PreStart(_) => CallKind::PreStart,
             Hook::Release(_) => CallKind::Release,
@@ -66,7 +71,11 @@ pub unsafe fn invoke(module: &Module, inst: *mut c_void, hook: Hook<'_>) -> (abi
         return refuse(format!("module {}: no instance (create has not succeeded)", module.name));
     }
     let missing = || refuse(format!("module {} has no {} hook", module.name, hook.name()));
-    let ctx = CallCtx::new(hook.kind());
+    let parameters = match hook {
+        Hook::Allocate(_, parameters) => parameters.map(str::to_owned),
+        _ => None,
+    };
+    let ctx = CallCtx::with_parameters(hook.kind(), parameters);
     let status = match hook {
         Hook::Scan | Hook::WatchStart => {
             let f = if matches!(hook, Hook::Scan) { module.desc.scan } else { module.watch_start() };
@@ -77,9 +86,9 @@ pub unsafe fn invoke(module: &Module, inst: *mut c_void, hook: Hook<'_>) -> (abi
             // the call.
             unsafe { f(inst, ctx.as_raw()) }
         }
-        Hook::Allocate(ids) | Hook::PreStart(ids) | Hook::Release(ids) => {
+        Hook::Allocate(ids, _) | Hook::PreStart(ids) | Hook::Release(ids) => {
             let f = match hook {
-                Hook::Allocate(_) => module.allocate(),
+                Hook::Allocate(..) => module.allocate(),
                 Hook::PreStart(_) => module.pre_start(),
                 _ => module.release(),
             };

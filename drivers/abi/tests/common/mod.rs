@@ -71,6 +71,7 @@ pub fn rust_layouts() -> BTreeMap<String, Layout> {
             add_cdi_device,
             prefer_device,
             device_health_reason,
+            claim_parameters,
         }
     );
     rust_layout!(

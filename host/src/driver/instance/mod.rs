@@ -266,12 +266,13 @@ impl Instance {
         self.hook(Request::WatchStart).await.map(drop)
     }
 
-    /// The driver's allocate hook for one container, if it has one.
-    pub async fn allocate(&self, ids: Vec<String>) -> Result<Option<Edits>, CallError> {
+    /// The driver's allocate hook for one container (`parameters: None`) or one DRA claim
+    /// (its parameters, a JSON array), if it has one.
+    pub async fn allocate(&self, ids: Vec<String>, parameters: Option<String>) -> Result<Option<Edits>, CallError> {
         if !self.module.allocate {
             return Ok(None);
         }
-        Ok(Some(self.hook(Request::Allocate { ids }).await?.edits))
+        Ok(Some(self.hook(Request::Allocate { ids, parameters }).await?.edits))
     }
 
     pub async fn preferred(

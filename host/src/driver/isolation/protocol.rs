@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::io::{self, Read};
 
 /// Bumped whenever a frame's layout or meaning changes.
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 /// The call ID of the scan a worker runs by itself on a change notice: the
 /// host's own requests count from 1.
 pub const NOTICE_ID: u32 = 0;
@@ -31,6 +31,8 @@ pub enum Request {
     Scan,
     Allocate {
         ids: Vec<String>,
+        /// The DRA claim's parameters (ABI 1.3 `claim_parameters`); `None` for a container.
+        parameters: Option<String>,
     },
     Preferred {
         available: Vec<String>,
@@ -53,7 +55,7 @@ impl Request {
         Some(match self {
             Request::Scan => Hook::Scan,
             Request::WatchStart => Hook::WatchStart,
-            Request::Allocate { ids } => Hook::Allocate(ids),
+            Request::Allocate { ids, parameters } => Hook::Allocate(ids, parameters.as_deref()),
             Request::Preferred { available, must, size } => Hook::Preferred { available, must, size: *size },
             Request::PreStart { ids } => Hook::PreStart(ids),
             Request::Release { ids } => Hook::Release(ids),
@@ -301,7 +303,7 @@ pub fn request(id: u32, req: &Request) -> Vec<u8> {
         Request::Create { .. } => (tag::CREATE, None),
         Request::WatchStart => (tag::WATCH_START, None),
         Request::Scan => (tag::SCAN, None),
-        Request::Allocate { ids } => (tag::ALLOCATE, Some(ids)),
+        Request::Allocate { ids, .. } => (tag::ALLOCATE, Some(ids)),
         Request::Preferred { .. } => (tag::PREFERRED, None),
         Request::PreStart { ids } => (tag::PRE_START, Some(ids)),
         Request::Release { ids } => (tag::RELEASE, Some(ids)),
@@ -313,6 +315,7 @@ pub fn request(id: u32, req: &Request) -> Vec<u8> {
     }
     match req {
         Request::Create { options } => e.pairs(options.len(), options.iter().map(|(k, v)| (k, v))),
+        Request::Allocate { parameters, .. } => e.opt_str(parameters.as_deref()),
         Request::Preferred { available, must, size } => {
             e.strs(available);
             e.strs(must);
@@ -329,7 +332,7 @@ pub fn decode_request(body: &[u8]) -> Result<(u32, Request), Malformed> {
         tag::CREATE => Request::Create { options: d.pairs()? },
         tag::WATCH_START => Request::WatchStart,
         tag::SCAN => Request::Scan,
-        tag::ALLOCATE => Request::Allocate { ids: d.strs()? },
+        tag::ALLOCATE => Request::Allocate { ids: d.strs()?, parameters: d.opt_str()? },
         tag::PREFERRED => Request::Preferred { available: d.strs()?, must: d.strs()?, size: d.u32()? },
         tag::PRE_START => Request::PreStart { ids: d.strs()? },
         tag::RELEASE => Request::Release { ids: d.strs()? },
@@ -347,7 +350,15 @@ pub fn hello(info: &ModuleInfo) -> Vec<u8> {
     e.str(&info.version);
     e.str(&info.description);
     e.u32(u32::from(info.abi_major) << 16 | u32::from(info.abi_minor));
-    let flags = [info.allocate, info.preferred_allocation, info.pre_start, info.watch, info.release, info.concurrent];
+    let flags = [
+        info.allocate,
+        info.preferred_allocation,
+        info.pre_start,
+        info.watch,
+        info.release,
+        info.concurrent,
+        info.claim_parameters,
+    ];
     for f in flags {
         e.u8(u8::from(f));
     }
@@ -407,6 +418,7 @@ pub fn decode_message(body: &[u8]) -> Result<Message, Malformed> {
                 watch: flag()?,
                 release: flag()?,
                 concurrent: flag()?,
+                claim_parameters: flag()?,
             };
             Message::Hello { version, info }
         }
@@ -443,6 +455,7 @@ fn empty_info() -> ModuleInfo {
         watch: false,
         release: false,
         concurrent: false,
+        claim_parameters: false,
     }
 }
 
@@ -486,7 +499,8 @@ mod tests {
             Request::Create { options: vec![("count".into(), "4".into()), ("empty".into(), String::new())] },
             Request::WatchStart,
             Request::Scan,
-            Request::Allocate { ids: ids.clone() },
+            Request::Allocate { ids: ids.clone(), parameters: None },
+            Request::Allocate { ids: ids.clone(), parameters: Some(r#"[{"sharing":"ü"}]"#.into()) },
             Request::Preferred { available: ids.clone(), must: vec!["a-0".into()], size: 7 },
             Request::PreStart { ids: ids.clone() },
             Request::Release { ids: vec![] },
@@ -551,7 +565,7 @@ mod tests {
 
     #[test]
     fn truncated_or_padded_frames_are_errors_not_panics() {
-        let full = body(&request(1, &Request::Allocate { ids: vec!["abc".into()] }));
+        let full = body(&request(1, &Request::Allocate { ids: vec!["abc".into()], parameters: None }));
         for cut in 0..full.len() {
             assert!(decode_request(&full[..cut]).is_err(), "cut at {cut} decoded");
         }

@@ -131,6 +131,9 @@ impl Module {
         if self.concurrent() {
             caps.push("concurrent");
         }
+        if self.desc.capabilities & abi::DEVHOST_CAP_CLAIM_PARAMETERS != 0 {
+            caps.push("claim_parameters");
+        }
         caps
     }
 
@@ -152,6 +155,7 @@ impl Module {
             watch: self.watch_start().is_some(),
             release: self.release().is_some(),
             concurrent: self.concurrent(),
+            claim_parameters: self.desc.capabilities & abi::DEVHOST_CAP_CLAIM_PARAMETERS != 0,
         }
     }
 }
@@ -173,4 +177,15 @@ pub struct ModuleInfo {
     pub watch: bool,
     pub release: bool,
     pub concurrent: bool,
+    /// The module declared `DEVHOST_CAP_CLAIM_PARAMETERS` (1.3): its allocate reads a DRA
+    /// claim's parameters.
+    pub claim_parameters: bool,
+}
+
+impl ModuleInfo {
+    /// Whether the driver reads a DRA claim's parameters: an allocate hook that declares
+    /// `DEVHOST_CAP_CLAIM_PARAMETERS` (ABI 1.3).
+    pub fn reads_claim_parameters(&self) -> bool {
+        self.allocate && self.claim_parameters
+    }
 }

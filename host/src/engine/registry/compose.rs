@@ -11,21 +11,31 @@ use crate::engine::telemetry::{self, Metrics};
 
 use super::View;
 
-/// The edits for the physical devices `physical` of resource `resource` (their devices are in
-/// `view`; IDs not in it contribute nothing). With `cdi_names`, the answer carries the devices'
-/// CDI names instead of their raw edits (the `cdi` device list strategy). The driver's allocate
-/// hook, if it has one, is called once with all of `physical` and its edits go on top. With
-/// `through_cdi`, a device whose own CDI names devhost defines gives those names instead of the
-/// edits they stand for (`View::through_cdi`).
+/// What one composition is asked for.
+pub struct Ask<'a> {
+    /// The physical devices (their devices are in the view; IDs not in it contribute nothing).
+    pub physical: &'a [String],
+    /// The answer carries the devices' CDI names instead of their raw edits (the `cdi` device
+    /// list strategy).
+    pub cdi_names: bool,
+    /// A device whose own CDI names devhost defines gives those names instead of the edits they
+    /// stand for (`View::through_cdi`).
+    pub through_cdi: bool,
+    /// The DRA claim's parameters for the allocate hook (ABI 1.3); `None` for a container.
+    pub parameters: Option<String>,
+}
+
+/// The edits for `ask.physical` of resource `resource`, whose devices are in `view`. The
+/// driver's allocate hook, if it has one, is called once with all of them (and the claim's
+/// parameters) and its edits go on top.
 pub async fn compose(
     resource: &str,
     view: &View,
-    physical: &[String],
-    cdi_names: bool,
-    through_cdi: bool,
+    ask: Ask<'_>,
     driver: &Instance,
     metrics: &Metrics,
 ) -> Result<Edits, CallError> {
+    let Ask { physical, cdi_names, through_cdi, parameters } = ask;
     let through = |id: &String| match through_cdi {
         true => view.through_cdi.get(id).or_else(|| view.physical(id)),
         false => view.physical(id),
@@ -46,7 +56,7 @@ pub async fn compose(
     if cdi_names {
         edits = cdi::allocate_edits(resource, &view.devices, physical, edits);
     }
-    let result = driver.allocate(physical.to_vec()).await;
+    let result = driver.allocate(physical.to_vec(), parameters).await;
     metrics.driver_call(&driver.name, "allocate", telemetry::call_outcome(&result));
     if let Some(hook) = result? {
         edits.amend(hook);

@@ -308,7 +308,8 @@ impl Endpoint {
         let mut responses = Vec::with_capacity(req.container_requests.len());
         for (i, (c, phys)) in req.container_requests.into_iter().zip(physical).enumerate() {
             let cdi_names = cfg.device_list_strategy == DeviceListStrategy::Cdi;
-            let composed = compose::compose(name, &view, &phys, cdi_names, true, driver, &self.services.metrics).await;
+            let ask = compose::Ask { physical: &phys, cdi_names, through_cdi: true, parameters: None };
+            let composed = compose::compose(name, &view, ask, driver, &self.services.metrics).await;
             let edits = match composed {
                 Ok(edits) => edits,
                 Err(e) => {

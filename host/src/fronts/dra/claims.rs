@@ -19,6 +19,7 @@ use tokio::sync::Mutex;
 use super::api::ApiServer;
 use super::checkpoint::{self, Checkpoint, PreparedClaim, PreparedDevice};
 use super::claim_spec;
+use super::parameters;
 use super::prepare::{self, AllocationResult};
 use super::taint::Toleration;
 use crate::engine::registry::{Resource, View, compose};
@@ -139,7 +140,7 @@ impl Claims {
         if let Some(known) = checkpoint.claims.get(&claim.uid) {
             return self.answer_again(known, claim);
         }
-        let Allocation { results, pods } = got?;
+        let Allocation { results, pods, configs } = got?;
         let view = self.resource.snapshot();
         let planned = prepare::plan(
             &self.driver,
@@ -151,7 +152,10 @@ impl Claims {
         check_room(checkpoint, &planned, claim)?;
         let mut prepared = self.new_claim(claim, &planned, pods);
         if !planned.is_empty() {
-            self.add_cdi(&mut prepared, &planned, &view, claim).await?;
+            let requests: Vec<String> =
+                results.iter().filter(|r| r.driver == self.driver).map(|r| r.request.clone()).collect();
+            let parameters = parameters::for_driver(&self.driver, &configs, &requests)?;
+            self.add_cdi(&mut prepared, &planned, &view, claim, parameters).await?;
         }
         self.keep(checkpoint, claim, prepared)
     }
@@ -191,20 +195,23 @@ impl Claims {
         }
     }
 
-    /// Composes the devices' container edits (the driver's allocate hook included), writes the
-    /// claim's CDI spec and names its devices in `prepared`.
+    /// Composes the devices' container edits (the driver's allocate hook included, handed the
+    /// claim's `parameters`), writes the claim's CDI spec and names its devices in `prepared`.
     async fn add_cdi(
         &self,
         prepared: &mut PreparedClaim,
         planned: &[prepare::Planned],
         view: &View,
         claim: &ClaimRef,
+        parameters: String,
     ) -> Result<(), String> {
         let Some(driver) = &self.resource.driver else {
             return Err(format!("the driver of resource {} is not loaded", self.resource.config.name));
         };
+        parameters::check_reader(&self.driver, &driver.module, &parameters)?;
         let ids: Vec<String> = planned.iter().map(|p| p.id.clone()).collect();
-        let total = compose::compose(&self.resource.config.name, view, &ids, false, false, driver, &self.metrics)
+        let ask = compose::Ask { physical: &ids, cdi_names: false, through_cdi: false, parameters: Some(parameters) };
+        let total = compose::compose(&self.resource.config.name, view, ask, driver, &self.metrics)
             .await
             .map_err(|e| e.to_string())?;
         let own: Vec<(String, &crate::driver::device::Edits)> = planned
@@ -399,6 +406,8 @@ struct Allocation {
     results: Vec<AllocationResult>,
     /// The pods the claim is reserved for (`status.reservedFor`).
     pods: Vec<String>,
+    /// The opaque configuration of the class and the claim.
+    configs: Vec<parameters::Config>,
 }
 
 /// Reads a claim from the API server (see [`Read`]).
@@ -423,7 +432,9 @@ async fn get(client: kube::Client, driver: &str, claim: &ClaimRef) -> Read {
     let Some(allocation) = status.allocation else {
         return Ok(Err("the claim is not allocated (no status.allocation)".to_owned()));
     };
-    let results = allocation.devices.and_then(|d| d.results).unwrap_or_default();
+    let devices = allocation.devices.unwrap_or_default();
+    let configs = devices.config.as_deref().map(parameters::from_allocation).unwrap_or_default();
+    let results = devices.results.unwrap_or_default();
     let results = results
         .into_iter()
         .map(|r| AllocationResult {
@@ -435,7 +446,7 @@ async fn get(client: kube::Client, driver: &str, claim: &ClaimRef) -> Read {
             tolerations: r.tolerations.iter().flatten().map(Toleration::from).collect(),
         })
         .collect();
-    Ok(Ok(Allocation { results, pods }))
+    Ok(Ok(Allocation { results, pods, configs }))
 }
 
 /// Whether the planned devices are free for `claim` (admin access shares a device with

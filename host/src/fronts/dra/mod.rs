@@ -17,6 +17,7 @@ pub mod health;
 mod outage;
 #[doc(hidden)]
 pub use authority::mend_requests;
+pub mod parameters;
 pub mod plugin;
 pub mod prepare;
 pub mod registration;

@@ -58,7 +58,7 @@ pub(super) async fn run(r: &mut Report, s: &mut Subject, devices: &[Device]) {
     if !m.allocate {
         none(r, "allocate", "allocate");
     } else {
-        call(r, s, "allocate", &first, async |inst, ids| inst.allocate(ids).await.map(drop)).await;
+        call(r, s, "allocate", &first, async |inst, ids| inst.allocate(ids, None).await.map(drop)).await;
     }
     if !m.preferred_allocation {
         none(r, "preferred_allocation", "preferred_allocation");

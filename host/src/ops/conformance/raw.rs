@@ -105,7 +105,7 @@ fn round(m: &Module, inst: Shared, expected: &[String], first: &[String]) -> Res
         return Err(format!("an overlapping scan reported {ids:?}, not {expected:?}"));
     }
     let calls = [
-        (m.allocate().is_some(), Hook::Allocate(first)),
+        (m.allocate().is_some(), Hook::Allocate(first, None)),
         (m.pre_start().is_some(), Hook::PreStart(first)),
         (m.release().is_some(), Hook::Release(first)),
         (

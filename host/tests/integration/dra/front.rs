@@ -226,7 +226,7 @@ pub(super) struct Served {
 }
 
 impl Served {
-    async fn start() -> Served {
+    pub(super) async fn start() -> Served {
         let (root, dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         Served::start_in(root, dir, String::new()).await
     }

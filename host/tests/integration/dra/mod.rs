@@ -3,5 +3,6 @@
 
 mod front;
 mod outage;
+mod parameters;
 mod slices;
 mod stale;

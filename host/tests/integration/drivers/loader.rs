@@ -244,6 +244,36 @@ async fn frozen_v1_0_driver_has_no_release_hook() {
     assert!(!inst.release(vec!["compat-0".into()]).await.unwrap(), "a 1.0 driver was called for release");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frozen_v1_3_driver_reads_claim_parameters_and_the_v1_2_one_declares_none() {
+    let node = Node::new();
+    let load = |minor: &str| {
+        let dir = repo_root().join(format!("tests/compat/v1_{minor}"));
+        let so = node.path().join(format!("libcompat_v1_{minor}.so"));
+        compile_c(&dir.join("driver.c"), &so, &dir);
+        devhost::driver::loader::load(&so).unwrap()
+    };
+    let old = load("2");
+    assert!(!old.info().claim_parameters && !old.info().reads_claim_parameters(), "1.2 knows no claim parameters");
+    let module = load("3");
+    assert_eq!((module.name, module.abi_version().as_str()), ("compat-v1.3", "1.3"));
+    assert_eq!(module.capabilities(), ["allocate", "claim_parameters"]);
+    assert!(module.info().reads_claim_parameters());
+    let timeout = std::time::Duration::from_secs(5);
+    let inst = devhost::driver::instance::Instance::create("compat13", module, &[], timeout).await.unwrap();
+    let env = |edits: devhost::driver::device::Edits| edits.envs.into_iter().find(|(k, _)| k == "COMPAT_PARAMETERS");
+    let ids = vec!["compat-0".to_string()];
+    let claim = inst.allocate(ids.clone(), Some(r#"[{"a":1}]"#.into())).await.unwrap().unwrap();
+    assert_eq!(env(claim), Some(("COMPAT_PARAMETERS".into(), r#"[{"a":1}]"#.into())));
+    let container = inst.allocate(ids.clone(), None).await.unwrap().unwrap();
+    assert_eq!(env(container).map(|(_, v)| v).as_deref(), Some("none"), "a device-plugin container has no claim");
+    let refused = inst.allocate(ids, Some(r#"[{"x":"refuse"}]"#.into())).await.unwrap_err().to_string();
+    assert!(
+        refused.contains("INVALID_ARGUMENT") && refused.contains("compat-v1.3 refuses these parameters"),
+        "{refused}"
+    );
+}
+
 #[test]
 fn panicking_rust_driver_returns_panic_and_the_host_survives() {
     let rt = tokio::runtime::Runtime::new().unwrap();

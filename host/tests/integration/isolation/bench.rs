@@ -91,7 +91,7 @@ async fn allocate_cost_at_the_instance() {
     async fn round(inst: &Arc<Instance>, n: usize, out: &mut Vec<Duration>) {
         for i in 0..n {
             let t = Instant::now();
-            let edits = inst.allocate(vec![format!("example-{}", i % 8)]).await.unwrap();
+            let edits = inst.allocate(vec![format!("example-{}", i % 8)], None).await.unwrap();
             out.push(t.elapsed());
             assert!(edits.is_some());
         }

@@ -25,11 +25,14 @@ const CALLS: i64 = 400;
 /// How often the calling thread blocked during `CALLS` Allocates of `inst`.
 async fn blocked_in_allocates(inst: &Instance) -> i64 {
     for i in 0..20 {
-        inst.allocate(vec![format!("example-{}", i % 4)]).await.unwrap().expect("the C example has an allocate hook");
+        inst.allocate(vec![format!("example-{}", i % 4)], None)
+            .await
+            .unwrap()
+            .expect("the C example has an allocate hook");
     }
     let before = blocked_so_far();
     for i in 0..CALLS {
-        inst.allocate(vec![format!("example-{}", i % 4)]).await.unwrap();
+        inst.allocate(vec![format!("example-{}", i % 4)], None).await.unwrap();
     }
     blocked_so_far() - before
 }
@@ -93,11 +96,11 @@ fn thread_blocked(name: &str) -> i64 {
 async fn each_call_wakes_the_driver_thread_once() {
     let inst = c_example_in_process("handoff").await;
     for i in 0..20 {
-        inst.allocate(vec![format!("example-{}", i % 4)]).await.unwrap();
+        inst.allocate(vec![format!("example-{}", i % 4)], None).await.unwrap();
     }
     let before = thread_blocked("drv-handoff");
     for i in 0..CALLS {
-        inst.allocate(vec![format!("example-{}", i % 4)]).await.unwrap();
+        inst.allocate(vec![format!("example-{}", i % 4)], None).await.unwrap();
     }
     let blocked = thread_blocked("drv-handoff") - before;
     eprintln!("the driver thread blocked {blocked} times in {CALLS} calls");

@@ -68,9 +68,21 @@ async fn isolated_driver_answers_like_the_in_process_one() {
     assert!(remote.module.pre_start && remote.module.allocate);
     assert_eq!(remote.scan().await.unwrap().devices, local.scan().await.unwrap().devices);
     let req = ids(&["example-2", "example-0"]);
-    assert_eq!(remote.allocate(req.clone()).await.unwrap(), local.allocate(req.clone()).await.unwrap());
+    assert_eq!(remote.allocate(req.clone(), None).await.unwrap(), local.allocate(req.clone(), None).await.unwrap());
     remote.pre_start(req.clone()).await.unwrap();
-    assert_eq!(remote.release(req.clone()).await.unwrap(), local.release(req).await.unwrap());
+    assert_eq!(remote.release(req.clone()).await.unwrap(), local.release(req.clone()).await.unwrap());
+    // A DRA claim's parameters (ABI 1.3) cross to the worker and reach the driver's allocate.
+    assert!(remote.module.reads_claim_parameters(), "the C example declares DEVHOST_CAP_CLAIM_PARAMETERS");
+    let hello = Some(r#"[{"greeting":"hello"},{"greeting":"bye"}]"#.to_owned());
+    let edits = remote.allocate(req.clone(), hello.clone()).await.unwrap().unwrap();
+    assert_eq!(edits, local.allocate(req.clone(), hello).await.unwrap().unwrap());
+    let greeting = edits.envs.iter().find(|(k, _)| k == "EXAMPLE_GREETING");
+    assert_eq!(greeting.map(|(_, v)| v.as_str()), Some("bye"), "the last entry wins: {edits:?}");
+    let bad = Some(r#"[{"colour":"red"}]"#.to_owned());
+    let error = remote.allocate(req.clone(), bad).await.unwrap_err().to_string();
+    assert!(error.contains("INVALID_ARGUMENT") && error.contains(r#"unknown parameter "colour""#), "{error}");
+    let none = remote.allocate(req, None).await.unwrap().unwrap();
+    assert!(none.envs.iter().all(|(k, _)| k != "EXAMPLE_GREETING"), "a container gets no greeting");
     assert_eq!(remote.worker_pid(), Some(pid), "no restart happened");
 }
 
@@ -80,9 +92,9 @@ async fn a_crash_fails_the_call_in_flight_with_unavailable_then_the_worker_resta
         let dir = tempfile::tempdir().unwrap();
         let (inst, arm) = crashy(dir.path(), "allocate", how, "5s").await;
         let first = inst.worker_pid().unwrap();
-        assert_eq!(inst.allocate(ids(&["crash-0"])).await.unwrap().unwrap().envs[0].1, "1");
+        assert_eq!(inst.allocate(ids(&["crash-0"]), None).await.unwrap().unwrap().envs[0].1, "1");
         std::fs::write(&arm, "").unwrap();
-        let err = fails(inst.allocate(ids(&["crash-0"])).await);
+        let err = fails(inst.allocate(ids(&["crash-0"]), None).await);
         assert_eq!(tonic::Status::from(&err).code(), tonic::Code::Unavailable, "{how}: {err}");
         assert!(err.to_string().contains("during allocate"), "{how}: {err}");
         // Broken at once, so the registry reports the devices Unhealthy.
@@ -92,7 +104,7 @@ async fn a_crash_fails_the_call_in_flight_with_unavailable_then_the_worker_resta
         assert_ne!(second, first, "{how}: same worker process");
         let devices = inst.scan().await.unwrap().devices;
         assert!(devices.len() == 2 && devices.iter().all(|d| d.healthy), "{how}: {devices:?}");
-        assert!(inst.allocate(ids(&["crash-1"])).await.unwrap().is_some(), "{how}");
+        assert!(inst.allocate(ids(&["crash-1"]), None).await.unwrap().is_some(), "{how}");
     }
 }
 
@@ -119,7 +131,7 @@ async fn a_worker_stuck_for_three_deadlines_is_killed_and_restarted() {
     let first = inst.worker_pid().unwrap();
     std::fs::write(&arm, "").unwrap();
     let start = Instant::now();
-    let err = fails(inst.allocate(ids(&["crash-0"])).await);
+    let err = fails(inst.allocate(ids(&["crash-0"]), None).await);
     assert!(matches!(err, CallError::Timeout { .. }), "{err}");
     let err = fails(inst.scan().await);
     assert!(matches!(err, CallError::Hung { call: "allocate", .. }), "calls are refused while it hangs: {err}");
@@ -129,7 +141,7 @@ async fn a_worker_stuck_for_three_deadlines_is_killed_and_restarted() {
     let took = start.elapsed();
     assert!(took >= Duration::from_millis(850), "killed after {took:?}, before three deadlines");
     assert!(inst.hung().is_none() && !inst.poisoned());
-    assert!(inst.allocate(ids(&["crash-0"])).await.unwrap().is_some());
+    assert!(inst.allocate(ids(&["crash-0"]), None).await.unwrap().is_some());
 }
 
 #[tokio::test]
