@@ -148,6 +148,11 @@ typedef uint64_t devhost_caps;
  * (1.3). Without it the host refuses a claim that carries opaque parameters
  * for the driver, instead of preparing it as if they were not there. */
 #define DEVHOST_CAP_CLAIM_PARAMETERS (1ull << 1)
+/* allocate is called only for DRA claims, never for a device-plugin
+ * container (1.3): for a driver whose allocate has nothing to add without a
+ * claim's parameters, this saves the call on every container start. A host
+ * older than 1.3 ignores the bit and calls allocate for both. */
+#define DEVHOST_CAP_ALLOCATE_CLAIMS_ONLY (1ull << 2)
 
 /* ---- shared types -------------------------------------------------------- */
 

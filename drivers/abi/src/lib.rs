@@ -41,6 +41,8 @@ pub type devhost_caps = u64;
 pub const DEVHOST_CAP_CONCURRENT: devhost_caps = 1 << 0;
 /// `allocate` reads a DRA claim's parameters (`claim_parameters`, 1.3).
 pub const DEVHOST_CAP_CLAIM_PARAMETERS: devhost_caps = 1 << 1;
+/// `allocate` is called only for DRA claims, never for a device-plugin container (1.3).
+pub const DEVHOST_CAP_ALLOCATE_CLAIMS_ONLY: devhost_caps = 1 << 2;
 
 /// A borrowed UTF-8 string: `len` bytes at `ptr`.
 #[repr(C)]
@@ -253,4 +255,5 @@ pub const CONSTANTS: &[(&str, i128)] = &[
     ("DEVHOST_NUMA_NONE", DEVHOST_NUMA_NONE as i128),
     ("DEVHOST_CAP_CONCURRENT", DEVHOST_CAP_CONCURRENT as i128),
     ("DEVHOST_CAP_CLAIM_PARAMETERS", DEVHOST_CAP_CLAIM_PARAMETERS as i128),
+    ("DEVHOST_CAP_ALLOCATE_CLAIMS_ONLY", DEVHOST_CAP_ALLOCATE_CLAIMS_ONLY as i128),
 ];

@@ -14,9 +14,10 @@ pub mod edits;
 pub mod health;
 pub mod node;
 pub mod presence;
+pub mod sharing;
 pub mod topology;
 
-use devhost_sdk::{Driver, Hooks, Host, Options, Result, Scan};
+use devhost_sdk::{Driver, Edits, Error, Hooks, Host, Options, Result, Scan};
 use std::sync::Arc;
 
 /// One driver instance.
@@ -25,9 +26,13 @@ pub struct NvidiaDriver {
 }
 
 impl Driver for NvidiaDriver {
-    const HOOKS: Hooks = Hooks { watch: true, ..Hooks::NONE };
-    // scan only reads data fixed at create plus the health board (a mutex).
+    const HOOKS: Hooks = Hooks { watch: true, allocate: true, ..Hooks::NONE };
+    // scan only reads data fixed at create plus the health board (a mutex); allocate only
+    // data fixed at create.
     const CONCURRENT: bool = true;
+    // allocate reads a DRA claim's sharing settings (`sharing`) and adds nothing without them.
+    const READS_CLAIM_PARAMETERS: bool = true;
+    const ALLOCATE_CLAIMS_ONLY: bool = true;
 
     fn create(host: Host, options: &Options) -> Result<Self> {
         let config = config::Config::from_options(options)?;
@@ -60,6 +65,16 @@ impl Driver for NvidiaDriver {
             for name in &edits.cdi {
                 out.cdi(name);
             }
+        }
+        Ok(())
+    }
+
+    fn allocate(&self, device_ids: &[&str], edits: &mut Edits<'_>) -> Result<()> {
+        let Some(json) = edits.claim_parameters() else { return Ok(()) };
+        let sharing = sharing::parse(json).map_err(Error::invalid_argument)?;
+        let memory: Vec<Option<u64>> = device_ids.iter().map(|id| self.node.memory_mib(id)).collect();
+        for (key, value) in sharing::env(&sharing, device_ids, &memory).map_err(Error::invalid_argument)? {
+            edits.env(&key, &value);
         }
         Ok(())
     }

@@ -86,6 +86,12 @@ impl Node {
     }
 
     /// Why a device is Unhealthy (empty when Healthy).
+    /// The memory of device `id` in MiB, if NVML told it.
+    pub fn memory_mib(&self, id: &str) -> Option<u64> {
+        let device = self.devices.iter().find(|d| d.id == id)?;
+        device.attrs.iter().find(|(k, _)| k == "memory").and_then(|(_, v)| v.parse().ok())
+    }
+
     pub fn unhealthy_reason(&self, id: &str) -> String {
         self.devices.iter().find(|d| d.id == id).map(|d| self.board.reason(&d.gpu_uuid)).unwrap_or_default()
     }

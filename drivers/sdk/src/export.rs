@@ -32,7 +32,8 @@ pub const fn descriptor<D: Driver>(
         abi_minor: abi::DEVHOST_ABI_MINOR,
         reserved0: 0,
         capabilities: if D::CONCURRENT { abi::DEVHOST_CAP_CONCURRENT } else { 0 }
-            | if D::READS_CLAIM_PARAMETERS { abi::DEVHOST_CAP_CLAIM_PARAMETERS } else { 0 },
+            | if D::READS_CLAIM_PARAMETERS { abi::DEVHOST_CAP_CLAIM_PARAMETERS } else { 0 }
+            | if D::ALLOCATE_CLAIMS_ONLY { abi::DEVHOST_CAP_ALLOCATE_CLAIMS_ONLY } else { 0 },
         name,
         version,
         description,

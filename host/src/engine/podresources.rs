@@ -196,8 +196,8 @@ impl TrackedClaims {
 
 /// The claims of one List answer.
 pub fn claims_of(list: &ListPodResourcesResponse) -> TrackedClaims {
-    let mut tracked = TrackedClaims::default();
-    tracked.pods = list.pod_resources.iter().map(|p| (p.namespace.clone(), p.name.clone())).collect();
+    let pods = list.pod_resources.iter().map(|p| (p.namespace.clone(), p.name.clone())).collect();
+    let mut tracked = TrackedClaims { pods, ..TrackedClaims::default() };
     let all = list.pod_resources.iter().flat_map(|p| &p.containers).flat_map(|c| &c.dynamic_resources);
     for claim in all {
         tracked.claims.insert((claim.claim_namespace.clone(), claim.claim_name.clone()));

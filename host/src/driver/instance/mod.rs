@@ -267,9 +267,10 @@ impl Instance {
     }
 
     /// The driver's allocate hook for one container (`parameters: None`) or one DRA claim
-    /// (its parameters, a JSON array), if it has one.
+    /// (its parameters, a JSON array), if it has one (for containers: unless it is for claims
+    /// only, `DEVHOST_CAP_ALLOCATE_CLAIMS_ONLY`).
     pub async fn allocate(&self, ids: Vec<String>, parameters: Option<String>) -> Result<Option<Edits>, CallError> {
-        if !self.module.allocate {
+        if !self.module.allocate || (parameters.is_none() && self.module.allocate_claims_only) {
             return Ok(None);
         }
         Ok(Some(self.hook(Request::Allocate { ids, parameters }).await?.edits))

@@ -358,6 +358,7 @@ pub fn hello(info: &ModuleInfo) -> Vec<u8> {
         info.release,
         info.concurrent,
         info.claim_parameters,
+        info.allocate_claims_only,
     ];
     for f in flags {
         e.u8(u8::from(f));
@@ -419,6 +420,7 @@ pub fn decode_message(body: &[u8]) -> Result<Message, Malformed> {
                 release: flag()?,
                 concurrent: flag()?,
                 claim_parameters: flag()?,
+                allocate_claims_only: flag()?,
             };
             Message::Hello { version, info }
         }
@@ -456,6 +458,7 @@ fn empty_info() -> ModuleInfo {
         release: false,
         concurrent: false,
         claim_parameters: false,
+        allocate_claims_only: false,
     }
 }
 

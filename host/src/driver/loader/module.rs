@@ -134,6 +134,9 @@ impl Module {
         if self.desc.capabilities & abi::DEVHOST_CAP_CLAIM_PARAMETERS != 0 {
             caps.push("claim_parameters");
         }
+        if self.desc.capabilities & abi::DEVHOST_CAP_ALLOCATE_CLAIMS_ONLY != 0 {
+            caps.push("allocate_claims_only");
+        }
         caps
     }
 
@@ -156,6 +159,7 @@ impl Module {
             release: self.release().is_some(),
             concurrent: self.concurrent(),
             claim_parameters: self.desc.capabilities & abi::DEVHOST_CAP_CLAIM_PARAMETERS != 0,
+            allocate_claims_only: self.desc.capabilities & abi::DEVHOST_CAP_ALLOCATE_CLAIMS_ONLY != 0,
         }
     }
 }
@@ -180,6 +184,9 @@ pub struct ModuleInfo {
     /// The module declared `DEVHOST_CAP_CLAIM_PARAMETERS` (1.3): its allocate reads a DRA
     /// claim's parameters.
     pub claim_parameters: bool,
+    /// The module declared `DEVHOST_CAP_ALLOCATE_CLAIMS_ONLY` (1.3): its allocate is for DRA
+    /// claims only.
+    pub allocate_claims_only: bool,
 }
 
 impl ModuleInfo {

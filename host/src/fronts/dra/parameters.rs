@@ -169,6 +169,7 @@ mod tests {
             release: false,
             concurrent: false,
             claim_parameters: false,
+            allocate_claims_only: false,
         };
         assert_eq!(check_reader("d", &frozen, "[]"), Ok(()), "a claim without parameters prepares as before");
         let error = check_reader("d", &frozen, r#"[{"a":1}]"#).unwrap_err();

@@ -204,6 +204,7 @@ fn configured_resources_and_drivers_have_their_series_at_zero_until_something_ha
         release: false,
         concurrent: false,
         claim_parameters: false,
+        allocate_claims_only: false,
     };
     m.driver_configured("nv", Some(&info));
     m.driver_configured("broken", None);
