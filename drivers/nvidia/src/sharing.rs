@@ -74,7 +74,9 @@ fn parse_mps(value: Option<&Value>) -> Result<Mps, String> {
         Some(v) => match v.as_u64() {
             Some(n @ 1..=100) => Some(n as u32),
             _ => {
-                return Err(format!("sharing.mps.activeThreadPercentage must be a whole number from 1 to 100, not {v}"));
+                return Err(format!(
+                    "sharing.mps.activeThreadPercentage must be a whole number from 1 to 100, not {v}"
+                ));
             }
         },
     };
