@@ -7,6 +7,7 @@ use super::report::{Report, Verdict};
 use super::subject::Subject;
 use crate::driver::device::Device;
 use crate::driver::instance::{CallError, Instance};
+use devhost_abi as abi;
 use std::time::Instant;
 
 fn ms(d: std::time::Duration) -> String {
@@ -36,8 +37,14 @@ async fn answered<T>(
 
 /// Each optional hook once, with the first device the scan reported.
 pub(super) async fn run(r: &mut Report, s: &mut Subject, devices: &[Device]) {
-    const CHECKS: [&str; 5] =
-        ["watch_start", "allocate", "preferred_allocation", "pre_start", "release after the pod ends"];
+    const CHECKS: [&str; 6] = [
+        "watch_start",
+        "allocate",
+        "claim parameters",
+        "preferred_allocation",
+        "pre_start",
+        "release after the pod ends",
+    ];
     let m = match s.live() {
         Ok(inst) => inst.module.clone(),
         Err(why) => return CHECKS.iter().for_each(|c| r.add(c, Verdict::Skip, why.clone())),
@@ -59,6 +66,16 @@ pub(super) async fn run(r: &mut Report, s: &mut Subject, devices: &[Device]) {
         none(r, "allocate", "allocate");
     } else {
         call(r, s, "allocate", &first, async |inst, ids| inst.allocate(ids, None).await.map(drop)).await;
+    }
+    if !m.reads_claim_parameters() {
+        r.add(
+            "claim parameters",
+            Verdict::Skip,
+            "the driver does not declare DEVHOST_CAP_CLAIM_PARAMETERS with an allocate hook: the host refuses DRA \
+             claims that carry parameters for it",
+        );
+    } else {
+        claim_parameters(r, s, &first).await;
     }
     if !m.preferred_allocation {
         none(r, "preferred_allocation", "preferred_allocation");
@@ -92,6 +109,41 @@ async fn call(
     let (started, pid) = (Instant::now(), s.pid());
     let result = f(&inst, ids.to_vec()).await;
     answered(r, s, (check, check), (started, pid), result).await;
+}
+
+/// A DRA claim's allocate (ABI 1.3): without parameters (`[]`) it must pass; with a key no
+/// driver can know it should be refused with INVALID_ARGUMENT, so that a misspelt setting fails
+/// the claim instead of being ignored.
+async fn claim_parameters(r: &mut Report, s: &mut Subject, first: &[String]) {
+    const CHECK: &str = "claim parameters";
+    const UNKNOWN: &str = r#"[{"devhost-conformance-unknown-key":true}]"#;
+    let inst = match s.live() {
+        Ok(inst) => inst.clone(),
+        Err(why) => return r.add(CHECK, Verdict::Skip, why),
+    };
+    let pid = s.pid();
+    if let Err(e) = inst.allocate(first.to_vec(), Some("[]".into())).await {
+        let why = s.failed(CHECK, pid, e).await;
+        return r.add(CHECK, Verdict::Fail, format!("a claim without parameters ([]): {why}"));
+    }
+    let pid = s.pid();
+    match inst.allocate(first.to_vec(), Some(UNKNOWN.into())).await {
+        Ok(_) => r.add(
+            CHECK,
+            Verdict::Warn,
+            format!("{UNKNOWN} was accepted: refuse unknown keys (INVALID_ARGUMENT), or a misspelt setting is ignored"),
+        ),
+        Err(CallError::Status { code: abi::DEVHOST_ERR_INVALID_ARGUMENT, message, .. }) => {
+            r.add(CHECK, Verdict::Pass, format!("[] accepted; an unknown key refused with INVALID_ARGUMENT: {message}"))
+        }
+        Err(e @ CallError::Status { .. }) => {
+            r.add(CHECK, Verdict::Warn, format!("an unknown key was refused, but not with INVALID_ARGUMENT: {e}"))
+        }
+        Err(e) => {
+            let why = s.failed(CHECK, pid, e).await;
+            r.add(CHECK, Verdict::Fail, why);
+        }
+    }
 }
 
 /// A proposal for two devices that must include the first one.

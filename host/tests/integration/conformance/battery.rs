@@ -47,11 +47,15 @@ fn the_c_example_conforms() {
     // It has a release hook, so the pod-end check ran rather than being skipped.
     assert!(line(&report, "release after the pod ends").starts_with("PASS"), "{report}");
     assert!(line(&report, "unknown and duplicate IDs refused").starts_with("PASS"), "{report}");
+    // It reads claim parameters (ABI 1.3) and refuses a key it does not know.
+    let params = line(&report, "claim parameters");
+    assert!(params.starts_with("PASS") && params.contains("refused with INVALID_ARGUMENT"), "{report}");
 }
 
 #[test]
 fn the_rust_example_conforms() {
-    assert_conforms(&module("example_rust"), &[]);
+    let report = assert_conforms(&module("example_rust"), &[]);
+    assert!(line(&report, "claim parameters").starts_with("PASS"), "{report}");
 }
 
 #[test]
@@ -74,6 +78,7 @@ fn the_tpu_driver_conforms_and_survives_overlapping_calls() {
     );
     // The TPU driver claims DEVHOST_CAP_CONCURRENT: the overlapping calls ran.
     assert!(line(&report, "concurrent calls").starts_with("PASS"), "{report}");
+    assert!(line(&report, "claim parameters").starts_with("SKIP"), "it takes no claim parameters: {report}");
 }
 
 #[test]
@@ -91,6 +96,7 @@ fn the_nvidia_driver_conforms_against_the_fake_nvml() {
     );
     assert!(line(&report, "concurrent calls").starts_with("PASS"), "{report}");
     assert!(line(&report, "links").starts_with("PASS"), "{report}");
+    assert!(line(&report, "claim parameters").starts_with("PASS"), "its MPS settings refuse an unknown key: {report}");
 }
 
 #[test]

@@ -41,7 +41,7 @@ fn line<'a>(report: &'a str, check: &str) -> &'a str {
 }
 
 /// Every check of the battery, in report order: all appear, whatever crashed.
-const CHECKS: [&str; 19] = [
+const CHECKS: [&str; 20] = [
     "trust",
     "handshake and descriptor",
     "create",
@@ -51,6 +51,7 @@ const CHECKS: [&str; 19] = [
     "edits between devices",
     "watch_start",
     "allocate",
+    "claim parameters",
     "preferred_allocation",
     "pre_start",
     "release after the pod ends",
