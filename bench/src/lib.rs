@@ -5,8 +5,10 @@
 //! measured in the same run, and writes `docs/benchmarks.md`. The criterion
 //! micro-benchmarks live in `benches/hot_paths.rs`.
 
+pub mod cluster;
 pub mod demo;
 pub mod dra;
+pub mod drapeer;
 pub mod events;
 pub mod footprint;
 pub mod handoff;

@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand};
 use devhost_bench::node::{Artifacts, Node};
 use devhost_bench::report::{self, Report};
 use devhost_bench::{
-    demo, dra, events, footprint, handoff, icount, latency, micro, nodescale, null, peers, scale, startup,
+    demo, dra, drapeer, events, footprint, handoff, icount, latency, micro, nodescale, null, peers, scale, startup,
 };
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -64,6 +64,18 @@ enum Sub {
         #[arg(long, default_value_t = 25)]
         flips: usize,
         /// Replace (or add) the "DRA" section and the summary's DRA rows of this file.
+        #[arg(long)]
+        record: Option<PathBuf>,
+    },
+    /// devhost's DRA front beside a DRA driver of the bench's own on the upstream kubeletplugin
+    /// helper (built from bench/drapeer) on one API server; prints the "DRA peer" table.
+    DraPeers {
+        #[arg(long, default_value_t = 200)]
+        claims: usize,
+        /// Health changes each way, per driver.
+        #[arg(long, default_value_t = 25)]
+        flips: usize,
+        /// Replace (or add) the "DRA peer" part of the "Peers" section of this file.
         #[arg(long)]
         record: Option<PathBuf>,
     },
@@ -141,6 +153,7 @@ fn main() -> ExitCode {
         Some(Sub::NodeScale { sizes, starts, restarts, record }) => node_scale_main(&sizes, starts, restarts, record),
         Some(Sub::Icount { check, record, keep }) => icount_main(check, record, keep),
         Some(Sub::Dra { claims, flips, record }) => dra_main(claims, flips, record),
+        Some(Sub::DraPeers { claims, flips, record }) => dra_peers_main(claims, flips, record),
         Some(Sub::NullDraServer { socket }) => dra::serve_null(&socket),
         None => bench(&cli.out, Duration::from_secs(cli.idle_secs), cli.no_build, cli.no_micro),
     };
@@ -216,7 +229,26 @@ fn peers_main(record: Option<PathBuf>) -> Result<()> {
     let md = rt.block_on(peers::run(&art, &peer))?;
     print!("{md}");
     if let Some(path) = record {
-        record_section(&path, "Peers", &md)?;
+        // The section's sub-sections (the DRA peer's) are written by their own commands: keep them.
+        let old = std::fs::read_to_string(&path).unwrap_or_default();
+        let kept = drapeer::subsections(&old, drapeer::SECTION);
+        record_section(&path, drapeer::SECTION, &format!("{}\n\n{kept}", md.trim_end()))?;
+    }
+    Ok(())
+}
+
+fn dra_peers_main(claims: usize, flips: usize, record: Option<PathBuf>) -> Result<()> {
+    let art = Artifacts::locate()?;
+    art.require()?;
+    let peer = drapeer::build(&art)?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let figures = rt.block_on(drapeer::run(&art, &peer, claims, flips))?;
+    let md = drapeer::section(&art, &figures, flips);
+    print!("{md}");
+    if let Some(path) = record {
+        let old = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+        let new = drapeer::replace_subsection(&old, drapeer::SECTION, drapeer::SUBHEADING, &md);
+        std::fs::write(&path, new).with_context(|| format!("cannot write {}", path.display()))?;
     }
     Ok(())
 }
