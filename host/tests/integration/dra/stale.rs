@@ -84,7 +84,7 @@ async fn a_claim_gone_from_the_api_server_is_unprepared_by_itself_once_no_pod_or
         .await;
     assert_eq!(served.released(), "released example-0\n", "its release hook ran");
     assert!(!served.spec_path(&gone).exists(), "its CDI spec is removed");
-    assert_eq!(served.metric(STALE_OK), 1.0, "counted");
+    eventually_within("counted", Duration::from_secs(5), || served.metric(STALE_OK) == 1.0).await;
     // A claim without reservation (as devhost's older checkpoints keep them) that a container lists.
     let listed_uid = create_claim("stale-listed", 1);
     allocate("stale-listed", &["example-0"]);
@@ -109,7 +109,7 @@ async fn a_claim_gone_from_the_api_server_is_unprepared_by_itself_once_no_pod_or
     })
     .await;
     assert_eq!(served.released(), "released example-0\nreleased example-1\nreleased example-0\n");
-    assert_eq!(served.metric(STALE_OK), 3.0);
+    eventually_within("all three counted", Duration::from_secs(5), || served.metric(STALE_OK) == 3.0).await;
     // The kubelet's late Unprepare finds nothing left to do.
     assert_eq!(served.unprepare("stale-gone", &gone).await, "");
     assert_eq!(served.released().lines().count(), 3, "released once each");
@@ -157,8 +157,10 @@ async fn at_start_a_replaced_claim_and_an_unowned_spec_are_cleaned_up_only_once_
     assert!(!served.spec_path(&old).exists());
     assert!(in_use.exists(), "a spec whose CDI device a container uses is kept");
     assert!(other.exists(), "another vendor's spec is not ours to remove");
-    assert_eq!(served.metric(STALE_OK), 1.0);
-    assert_eq!(served.metric(STALE_SPEC_OK), 1.0);
+    eventually_within("counted", Duration::from_secs(5), || {
+        served.metric(STALE_OK) == 1.0 && served.metric(STALE_SPEC_OK) == 1.0
+    })
+    .await;
     // The new claim of that name prepares as any claim does.
     allocate("stale-replaced", &["example-0"]);
     assert_eq!(served.prepare(&[("stale-replaced", &new)]).await[&new].error, "");

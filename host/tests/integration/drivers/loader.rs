@@ -157,13 +157,13 @@ fn drivers_command_lists_good_and_bad_modules() {
     build_bad(dir.path(), "BAD_MAJOR");
     let (code, out, _) = devhost(&["drivers", "--dir", dir.path().to_str().unwrap()]);
     assert_eq!(code, 0);
-    assert!(out.contains("libdevhost_example_c.so: example-c") && out.contains("(ABI 1.2)"), "{out}");
+    assert!(out.contains("libdevhost_example_c.so: example-c") && out.contains("(ABI 1.3)"), "{out}");
     assert!(out.contains("allocate, pre_start, watch, release"), "{out}");
     let sha = devhost::driver::loader::sha256_file(&module("example_c")).unwrap();
     assert!(out.contains(&format!("    sha256 {sha} (the bytes loaded")), "{out}");
     assert!(
         out.contains(
-            "libdevhost_testdrv.so: testdrv 0.0.1 (ABI 1.2) [allocate, preferred_allocation, pre_start, watch]"
+            "libdevhost_testdrv.so: testdrv 0.0.1 (ABI 1.3) [allocate, preferred_allocation, pre_start, watch]"
         ),
         "{out}"
     );
