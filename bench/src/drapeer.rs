@@ -416,6 +416,14 @@ fn reading(f: &Figures) -> String {
              reads its file in its own process.\n\n",
         );
     }
+    if p.prepare.p99 < d.prepare.p99 || p.unprepare.p99 < d.unprepare.p99 {
+        let _ = writeln!(
+            md,
+            "**The p99s** (a few of the slowest of {} calls per side, on a shared machine) follow the machine's \
+             other load (the load averages above) more than either driver, and change sides between runs.\n",
+            d.prepare.n
+        );
+    }
     if p.prepare.p50 < d.prepare.p50 || p.unprepare.p50 < d.unprepare.p50 {
         md.push_str(
             "**Where the peer is ahead on a call.** devhost's Prepare and Unprepare also call the C example's \
