@@ -36,10 +36,10 @@ func (d *driver) resources() resourceslice.DriverResources {
 		dev := resourceapi.Device{
 			Name: d.deviceName(i),
 			Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
-				"index":  {IntValue: ptr.To(int64(i))},
+				"index":    {IntValue: ptr.To(int64(i))},
 				"model":    {StringValue: ptr.To("example-v1")},
 				"numaNode": {IntValue: ptr.To(int64(0))},
-				"vendor": {StringValue: ptr.To("example.com")},
+				"vendor":   {StringValue: ptr.To("example.com")},
 			},
 		}
 		if d.unhealthy[dev.Name] {
