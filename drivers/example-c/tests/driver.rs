@@ -56,9 +56,9 @@ fn host_loader_accepts_the_descriptor() {
     assert!(!m.description.is_empty());
     assert_eq!(m.abi_version(), format!("{DEVHOST_ABI_MAJOR}.{DEVHOST_ABI_MINOR}"));
     assert_eq!(m.declared, size_of::<devhost_driver_desc>());
-    assert_eq!((m.desc.reserved0, m.desc.capabilities), (0, 0));
+    assert_eq!((m.desc.reserved0, m.desc.capabilities), (0, devhost_abi::DEVHOST_CAP_CLAIM_PARAMETERS));
     // No preferred_allocation: the example relies on the host's default.
-    assert_eq!(m.capabilities(), ["allocate", "pre_start", "watch", "release"]);
+    assert_eq!(m.capabilities(), ["allocate", "pre_start", "watch", "release", "claim_parameters"]);
     assert!(m.watch_stop().is_some() && m.desc.destroy.is_some());
 }
 

@@ -7,6 +7,7 @@
 pub mod call;
 pub mod callbacks;
 pub mod device;
+pub mod host_ctx;
 pub mod instance;
 pub mod invoke;
 pub mod isolation;
