@@ -231,6 +231,11 @@ impl Metrics {
         }
     }
 
+    /// The claims a DRA resource holds prepared now.
+    pub fn dra_prepared(&self, name: &str, prepared: usize) {
+        self.dra_prepared_claims.get_or_create(&resource(name)).set(prepared as i64);
+    }
+
     /// One stale claim unprepared (`what` = "claim") or stale CDI spec removed ("cdi_spec").
     pub fn dra_stale_cleanup(&self, name: &str, what: &'static str, ok: bool) {
         let outcome = if ok { "ok" } else { "error" };

@@ -445,21 +445,7 @@ pub fn decode_message(body: &[u8]) -> Result<Message, Malformed> {
 }
 
 fn empty_info() -> ModuleInfo {
-    ModuleInfo {
-        name: String::new(),
-        version: String::new(),
-        description: String::new(),
-        abi_major: 0,
-        abi_minor: 0,
-        allocate: false,
-        preferred_allocation: false,
-        pre_start: false,
-        watch: false,
-        release: false,
-        concurrent: false,
-        claim_parameters: false,
-        allocate_claims_only: false,
-    }
+    ModuleInfo::default()
 }
 
 /// Reads one frame body; `None` at a clean end of stream (between frames).

@@ -168,7 +168,7 @@ impl Module {
 /// hooks it has and how it names itself. Every driver instance carries one,
 /// whether the module is mapped into this process or into an isolated
 /// worker process (which reports it when it starts).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ModuleInfo {
     pub name: String,
     pub version: String,

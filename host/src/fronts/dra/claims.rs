@@ -321,8 +321,9 @@ impl Claims {
         }
         let done = self.unprepare_one(&mut checkpoint, claim).await;
         let name = &self.resource.config.name;
+        // Not a call of the kubelet's: only the stale counter and the prepared gauge move.
         self.metrics.dra_stale_cleanup(name, "claim", done.is_ok());
-        self.metrics.dra_claim_call(name, "unprepare", done.is_ok(), checkpoint.claims.len());
+        self.metrics.dra_prepared(name, checkpoint.claims.len());
         match done {
             Ok(()) => tracing::warn!(dra_driver = %self.driver, claim = %claim.shown(),
                 "DRA: unprepared a stale claim by itself ({why}, and no container on this node uses it)"),

@@ -158,18 +158,10 @@ mod tests {
     fn parameters_for_a_module_that_does_not_read_them_are_refused_naming_it() {
         let frozen = ModuleInfo {
             name: "compat-v1.2".into(),
-            version: "1.2.0".into(),
-            description: String::new(),
             abi_major: 1,
             abi_minor: 2,
             allocate: true,
-            preferred_allocation: false,
-            pre_start: false,
-            watch: false,
-            release: false,
-            concurrent: false,
-            claim_parameters: false,
-            allocate_claims_only: false,
+            ..ModuleInfo::default()
         };
         assert_eq!(check_reader("d", &frozen, "[]"), Ok(()), "a claim without parameters prepares as before");
         let error = check_reader("d", &frozen, r#"[{"a":1}]"#).unwrap_err();
