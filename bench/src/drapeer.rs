@@ -37,18 +37,7 @@ const SETTLE: Duration = Duration::from_millis(50);
 
 /// Builds the peer from `bench/drapeer` into `target/drapeer/dra-peer`.
 pub fn build(art: &Artifacts) -> Result<PathBuf> {
-    let out = art.dir.parent().context("target folder has no parent")?.join("drapeer/dra-peer");
-    let st = Command::new("go")
-        .args(["build", "-o"])
-        .arg(&out)
-        .arg(".")
-        .current_dir(art.repo.join("bench/drapeer"))
-        .status()
-        .context("cannot run `go` (is the Go toolchain installed?)")?;
-    if !st.success() {
-        bail!("`go build` of the DRA peer (bench/drapeer) failed: {st}");
-    }
-    Ok(out)
+    crate::peers::go_build(art, "bench/drapeer", ".", "drapeer/dra-peer", "the DRA peer")
 }
 
 /// One of the two drivers in the run, and what was measured of it.

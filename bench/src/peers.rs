@@ -48,16 +48,23 @@ const NEVER: Duration = Duration::from_secs(5);
 
 /// Builds the peer from `bench/peer` into `target/peer/nvidia-device-plugin`.
 pub fn build(art: &Artifacts) -> Result<PathBuf> {
-    let out = art.dir.parent().context("target folder has no parent")?.join("peer/nvidia-device-plugin");
+    let package = "github.com/NVIDIA/k8s-device-plugin/cmd/nvidia-device-plugin";
+    go_build(art, "bench/peer", package, "peer/nvidia-device-plugin", "NVIDIA's k8s-device-plugin")
+}
+
+/// `go build` of `package` in the Go module `module` (a folder of the repository) into
+/// `<target>/<out>`; `what` names it in the error.
+pub fn go_build(art: &Artifacts, module: &str, package: &str, out: &str, what: &str) -> Result<PathBuf> {
+    let out = art.dir.parent().context("target folder has no parent")?.join(out);
     let st = Command::new("go")
         .args(["build", "-o"])
         .arg(&out)
-        .arg("github.com/NVIDIA/k8s-device-plugin/cmd/nvidia-device-plugin")
-        .current_dir(art.repo.join("bench/peer"))
+        .arg(package)
+        .current_dir(art.repo.join(module))
         .status()
         .context("cannot run `go` (is the Go toolchain installed?)")?;
     if !st.success() {
-        bail!("`go build` of NVIDIA's k8s-device-plugin (bench/peer) failed: {st}");
+        bail!("`go build` of {what} ({module}) failed: {st}");
     }
     Ok(out)
 }
