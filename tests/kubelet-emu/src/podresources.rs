@@ -220,9 +220,9 @@ impl PodResourcesServer {
         self.shared.update(|p| p.allocatable.insert(resource.to_string(), device_ids));
     }
 
-    /// Every pod as (namespace, name), sorted.
+    /// Every pod as (namespace, name), sorted: those with devices and those with claims.
     pub fn pods(&self) -> Vec<(String, String)> {
-        self.shared.read(|p| p.pods.keys().cloned().collect())
+        self.shared.read(|p| p.list().into_iter().map(|pod| (pod.namespace, pod.name)).collect())
     }
 
     /// List calls answered so far (across restarts).

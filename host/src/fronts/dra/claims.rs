@@ -27,7 +27,7 @@ use crate::engine::release::hook::{self as release_hook, Outcome, Releaser};
 use crate::engine::telemetry::Metrics;
 
 /// How long a claim GET may take (they run at once), well within the kubelet's 45 s deadline.
-const GET_TIMEOUT: Duration = Duration::from_secs(10);
+pub(super) const GET_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where a DRA front keeps what it prepares.
 #[derive(Clone)]

@@ -16,18 +16,15 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::claim_spec;
-use super::claims::{ClaimRef, Claims, Settings};
+use super::claims::{ClaimRef, Claims, GET_TIMEOUT, Settings};
 use crate::engine::podresources::{self, TrackedClaims};
 
-/// How long one claim GET may take.
-const GET_TIMEOUT: Duration = Duration::from_secs(10);
 /// GETs in flight at once (a checkpoint holds up to 4096 claims).
 const GETS_AT_ONCE: usize = 16;
 
@@ -60,6 +57,8 @@ impl Check {
     /// One look at every prepared claim and every spec file of the driver.
     async fn round(&mut self) {
         let prepared = self.claims.prepared().await;
+        // Claims unprepared since need no "kept" line any more: the set stays the checkpoint's size.
+        self.kept.retain(|uid| prepared.iter().any(|(c, _)| &c.uid == uid));
         let gone = gone_from_api(&self.claims, prepared).await;
         let orphans = self.claims.orphan_specs().await;
         if gone.is_empty() && orphans.is_empty() {

@@ -64,6 +64,9 @@ pub(super) async fn run(r: &mut Report, s: &mut Subject, devices: &[Device]) {
     }
     if !m.allocate {
         none(r, "allocate", "allocate");
+    } else if m.allocate_claims_only {
+        let why = "DEVHOST_CAP_ALLOCATE_CLAIMS_ONLY: the host calls it only for DRA claims (see claim parameters)";
+        r.add("allocate", Verdict::Skip, why);
     } else {
         call(r, s, "allocate", &first, async |inst, ids| inst.allocate(ids, None).await.map(drop)).await;
     }

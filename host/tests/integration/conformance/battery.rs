@@ -97,6 +97,8 @@ fn the_nvidia_driver_conforms_against_the_fake_nvml() {
     assert!(line(&report, "concurrent calls").starts_with("PASS"), "{report}");
     assert!(line(&report, "links").starts_with("PASS"), "{report}");
     assert!(line(&report, "claim parameters").starts_with("PASS"), "its MPS settings refuse an unknown key: {report}");
+    let allocate = line(&report, "allocate");
+    assert!(allocate.starts_with("SKIP") && allocate.contains("ALLOCATE_CLAIMS_ONLY"), "claims only: {report}");
 }
 
 #[test]
